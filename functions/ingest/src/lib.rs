@@ -1,0 +1,78 @@
+#![recursion_limit = "256"]
+
+//! The ingest Lambda's handler: an API Gateway request in, an HTTP response out. All the work
+//! is `shared::ingest`; this file reads the request and maps the outcome to a status, in one
+//! `match`.
+
+use lambda_http::http::{StatusCode, header};
+use lambda_http::{Body, Request, RequestExt, Response};
+use shared::ingest::{Delivery, IngestError, Ingestor, Receipt};
+use shared::signature::VerifyError;
+
+/// Handles `POST /webhooks/{source_id}`. Never fails: every outcome is an HTTP response.
+pub async fn handler(
+    request: Request,
+    ingestor: &Ingestor,
+) -> Result<Response<Body>, lambda_http::Error> {
+    let params = request.path_parameters();
+    let source_id = params.first("source_id").unwrap_or_default();
+    let result = ingestor
+        .receive(Delivery {
+            source_id,
+            headers: request.headers(),
+            body: request.body().as_ref(),
+        })
+        .await;
+    Ok(respond(result))
+}
+
+/// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
+fn respond(result: Result<Receipt, IngestError>) -> Response<Body> {
+    let (status, body) = match &result {
+        Ok(receipt) => (
+            StatusCode::OK,
+            serde_json::json!({ "status": receipt.outcome.as_str() }),
+        ),
+        Err(IngestError::UnknownSource) => (StatusCode::NOT_FOUND, error("unknown source")),
+        Err(IngestError::PayloadTooLarge { limit, .. }) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            error(&format!("body exceeds {limit} bytes")),
+        ),
+        Err(IngestError::Signature(VerifyError::UnusableSecret { .. })) => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error("signing secret misconfigured"),
+        ),
+        // The reason is logged for the operator; the caller learns only that it failed.
+        Err(IngestError::Signature(_)) => (StatusCode::UNAUTHORIZED, error("invalid signature")),
+        Err(IngestError::Unreadable(e)) => (StatusCode::BAD_REQUEST, error(&e.to_string())),
+        Err(IngestError::Secret(e)) if e.is_misconfiguration() => (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            error("signing secret misconfigured"),
+        ),
+        Err(IngestError::Secret(_)) => (StatusCode::SERVICE_UNAVAILABLE, error("try again later")),
+        Err(IngestError::Store(e)) if e.is_retryable() => {
+            (StatusCode::SERVICE_UNAVAILABLE, error("try again later"))
+        }
+        Err(IngestError::Store(_)) => (StatusCode::INTERNAL_SERVER_ERROR, error("internal error")),
+    };
+    if let Err(e) = &result {
+        let cause = match e {
+            IngestError::Signature(v) => v.reason_code(),
+            _ => "",
+        };
+        tracing::warn!(status = status.as_u16(), reason = cause, error = %e, "delivery refused");
+    }
+    let mut response = Response::builder()
+        .status(status)
+        .header(header::CONTENT_TYPE, "application/json");
+    if status == StatusCode::SERVICE_UNAVAILABLE {
+        response = response.header(header::RETRY_AFTER, "5");
+    }
+    response
+        .body(Body::Text(body.to_string()))
+        .expect("static response parts are valid")
+}
+
+fn error(message: &str) -> serde_json::Value {
+    serde_json::json!({ "error": message })
+}

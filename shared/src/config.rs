@@ -1,0 +1,270 @@
+//! Settings, read once at cold start into typed values with named defaults. An invalid
+//! setting fails the start with a message naming the variable.
+
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use sqlx::postgres::PgConnectOptions;
+
+use crate::secrets::AwsSecretsSettings;
+use crate::store::PoolSettings;
+
+pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
+pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
+pub const DEFAULT_SOURCE_CACHE_TTL: Duration = Duration::from_secs(30);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("{var} is not set{hint}")]
+    Missing {
+        var: &'static str,
+        hint: &'static str,
+    },
+    #[error("{var}: {reason}")]
+    Invalid { var: &'static str, reason: String },
+    #[error("database credentials from Secrets Manager secret {secret_id:?}: {reason}")]
+    DatabaseSecret { secret_id: String, reason: String },
+}
+
+/// Where the database is.
+pub enum DatabaseLocation {
+    /// `DATABASE_URL`, as libpq would take it.
+    Url(SecretString),
+    /// `DATABASE_SECRET_ID`: a Secrets Manager secret in the format RDS writes
+    /// (`{"host","port","username","password","dbname"}`).
+    Secret { secret_id: String },
+}
+
+pub struct DatabaseSettings {
+    pub location: DatabaseLocation,
+    pub pool: PoolSettings,
+}
+
+pub enum SecretsBackend {
+    Aws(AwsSecretsSettings),
+    File(PathBuf),
+}
+
+/// Everything the ingest function needs.
+pub struct IngestSettings {
+    pub database: DatabaseSettings,
+    pub secrets: SecretsBackend,
+    pub max_body_bytes: usize,
+    pub source_cache_ttl: Duration,
+}
+
+/// Reads variables through a lookup function, so tests need not touch the process environment.
+pub struct Vars<F: Fn(&str) -> Option<String>>(pub F);
+
+impl Vars<fn(&str) -> Option<String>> {
+    pub fn process() -> Self {
+        Vars(|name| std::env::var(name).ok().filter(|v| !v.is_empty()))
+    }
+}
+
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn get(&self, var: &'static str) -> Option<String> {
+        (self.0)(var)
+    }
+
+    fn parsed<T: FromStr>(&self, var: &'static str, default: T) -> Result<T, ConfigError>
+    where
+        T::Err: std::fmt::Display,
+    {
+        match self.get(var) {
+            None => Ok(default),
+            Some(raw) => raw.trim().parse().map_err(|e| ConfigError::Invalid {
+                var,
+                reason: format!("{raw:?}: {e}"),
+            }),
+        }
+    }
+
+    fn seconds(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        self.parsed(var, default.as_secs()).map(Duration::from_secs)
+    }
+
+    pub fn database(&self) -> Result<DatabaseSettings, ConfigError> {
+        let location = match (self.get("DATABASE_URL"), self.get("DATABASE_SECRET_ID")) {
+            (Some(url), _) => DatabaseLocation::Url(SecretString::from(url)),
+            (None, Some(secret_id)) => DatabaseLocation::Secret { secret_id },
+            (None, None) => {
+                return Err(ConfigError::Missing {
+                    var: "DATABASE_URL",
+                    hint: " (nor DATABASE_SECRET_ID, a Secrets Manager secret with the credentials)",
+                });
+            }
+        };
+        let defaults = PoolSettings::default();
+        let max_connections = self.parsed("DB_MAX_CONNECTIONS", defaults.max_connections)?;
+        if max_connections == 0 {
+            return Err(ConfigError::Invalid {
+                var: "DB_MAX_CONNECTIONS",
+                reason: "must be at least 1".into(),
+            });
+        }
+        let acquire_timeout_ms = self.parsed(
+            "DB_ACQUIRE_TIMEOUT_MS",
+            defaults.acquire_timeout.as_millis() as u64,
+        )?;
+        Ok(DatabaseSettings {
+            location,
+            pool: PoolSettings {
+                max_connections,
+                acquire_timeout: Duration::from_millis(acquire_timeout_ms),
+            },
+        })
+    }
+
+    pub fn aws_secrets(&self) -> Result<AwsSecretsSettings, ConfigError> {
+        Ok(AwsSecretsSettings {
+            endpoint_url: self.get("SECRETS_MANAGER_ENDPOINT"),
+            region: self.get("AWS_REGION"),
+            ttl: self.seconds("SECRET_CACHE_TTL_SECONDS", DEFAULT_SECRET_CACHE_TTL)?,
+        })
+    }
+
+    pub fn secrets_backend(&self) -> Result<SecretsBackend, ConfigError> {
+        match self.get("SECRETS_BACKEND").as_deref().unwrap_or("aws") {
+            "aws" => Ok(SecretsBackend::Aws(self.aws_secrets()?)),
+            "file" => self
+                .get("SECRETS_FILE")
+                .map(|p| SecretsBackend::File(PathBuf::from(p)))
+                .ok_or(ConfigError::Missing {
+                    var: "SECRETS_FILE",
+                    hint: " (required with SECRETS_BACKEND=file)",
+                }),
+            other => Err(ConfigError::Invalid {
+                var: "SECRETS_BACKEND",
+                reason: format!("{other:?} is neither aws nor file"),
+            }),
+        }
+    }
+
+    pub fn ingest(&self) -> Result<IngestSettings, ConfigError> {
+        let max_body_bytes = self.parsed("MAX_BODY_BYTES", DEFAULT_MAX_BODY_BYTES)?;
+        if max_body_bytes == 0 {
+            return Err(ConfigError::Invalid {
+                var: "MAX_BODY_BYTES",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(IngestSettings {
+            database: self.database()?,
+            secrets: self.secrets_backend()?,
+            max_body_bytes,
+            source_cache_ttl: self.seconds("SOURCE_CACHE_TTL_SECONDS", DEFAULT_SOURCE_CACHE_TTL)?,
+        })
+    }
+}
+
+/// The credentials secret RDS writes for a database.
+#[derive(Deserialize)]
+struct RdsSecret {
+    host: String,
+    port: Option<u16>,
+    username: String,
+    password: String,
+    dbname: Option<String>,
+}
+
+impl DatabaseSettings {
+    /// Connection options; for a Secrets Manager location this fetches the secret once.
+    pub async fn connect_options(
+        &self,
+        aws: &AwsSecretsSettings,
+    ) -> Result<PgConnectOptions, ConfigError> {
+        match &self.location {
+            DatabaseLocation::Url(url) => {
+                PgConnectOptions::from_str(url.expose_secret()).map_err(|e| ConfigError::Invalid {
+                    var: "DATABASE_URL",
+                    reason: e.to_string(),
+                })
+            }
+            DatabaseLocation::Secret { secret_id } => {
+                let failed = |reason: String| ConfigError::DatabaseSecret {
+                    secret_id: secret_id.clone(),
+                    reason,
+                };
+                let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
+                if let Some(endpoint) = &aws.endpoint_url {
+                    loader = loader.endpoint_url(endpoint);
+                }
+                let client = aws_sdk_secretsmanager::Client::new(&loader.load().await);
+                let output = client
+                    .get_secret_value()
+                    .secret_id(secret_id)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        failed(aws_sdk_secretsmanager::error::DisplayErrorContext(e).to_string())
+                    })?;
+                let text = output
+                    .secret_string()
+                    .ok_or_else(|| failed("no string value".into()))?;
+                let secret: RdsSecret = serde_json::from_str(text).map_err(|_| {
+                    failed(
+                        "not the JSON RDS writes (host, port, username, password, dbname)".into(),
+                    )
+                })?;
+                let mut options = PgConnectOptions::new()
+                    .host(&secret.host)
+                    .port(secret.port.unwrap_or(5432))
+                    .username(&secret.username)
+                    .password(&secret.password);
+                if let Some(dbname) = &secret.dbname {
+                    options = options.database(dbname);
+                }
+                Ok(options)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    fn vars(pairs: &[(&str, &str)]) -> Vars<impl Fn(&str) -> Option<String>> {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        Vars(move |k: &str| map.get(k).cloned())
+    }
+
+    #[test]
+    fn defaults_apply_when_only_the_database_is_set() {
+        let s = vars(&[("DATABASE_URL", "postgres://localhost/x")])
+            .ingest()
+            .unwrap();
+        assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
+        assert_eq!(s.source_cache_ttl, DEFAULT_SOURCE_CACHE_TTL);
+        assert_eq!(s.database.pool.max_connections, 2);
+        assert!(
+            matches!(s.secrets, SecretsBackend::Aws(ref a) if a.ttl == DEFAULT_SECRET_CACHE_TTL)
+        );
+    }
+
+    #[test]
+    fn errors_name_the_variable() {
+        let err = vars(&[]).ingest().err().unwrap().to_string();
+        assert!(err.starts_with("DATABASE_URL is not set"), "{err}");
+        let err = vars(&[("DATABASE_URL", "x"), ("MAX_BODY_BYTES", "lots")])
+            .ingest()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("MAX_BODY_BYTES: \"lots\""), "{err}");
+        let err = vars(&[("DATABASE_URL", "x"), ("SECRETS_BACKEND", "file")])
+            .ingest()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("SECRETS_FILE is not set"), "{err}");
+    }
+}

@@ -1,0 +1,316 @@
+//! Domain values parsed at the edge: once one of these exists, it is valid.
+
+use std::fmt;
+use std::str::FromStr;
+
+use serde::{Deserialize, Serialize};
+
+/// A value failed to parse into a domain type.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("invalid {what}: {reason}")]
+pub struct ParseError {
+    pub what: &'static str,
+    pub reason: String,
+}
+
+impl ParseError {
+    fn new(what: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            what,
+            reason: reason.into(),
+        }
+    }
+}
+
+/// The route segment naming a configured source: `POST /webhooks/{source_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SourceId(String);
+
+impl SourceId {
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        let ok_first = raw
+            .chars()
+            .next()
+            .is_some_and(|c| c.is_ascii_alphanumeric());
+        let ok_rest = raw
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-'));
+        if raw.is_empty() || raw.len() > 64 || !ok_first || !ok_rest {
+            return Err(ParseError::new(
+                "source id",
+                "1-64 characters of [A-Za-z0-9_.-], starting with a letter or digit",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The tenant owning a source. Comes from trusted configuration only.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct TenantId(String);
+
+impl TenantId {
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        if raw.is_empty() || raw.len() > 128 || raw.chars().any(char::is_control) {
+            return Err(ParseError::new(
+                "tenant id",
+                "1-128 characters, no control characters",
+            ));
+        }
+        Ok(Self(raw.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+/// The provider's own identifier of an event: the deduplication key within a tenant.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ExternalId(String);
+
+impl ExternalId {
+    pub const MAX_LEN: usize = 255;
+
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        let trimmed = raw.trim();
+        if trimmed.is_empty() {
+            return Err(ParseError::new("event id", "empty"));
+        }
+        if trimmed.len() > Self::MAX_LEN {
+            return Err(ParseError::new(
+                "event id",
+                format!("{} bytes, longer than {}", trimmed.len(), Self::MAX_LEN),
+            ));
+        }
+        if trimmed.chars().any(char::is_control) {
+            return Err(ParseError::new("event id", "contains control characters"));
+        }
+        Ok(Self(trimmed.to_owned()))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+macro_rules! string_conversions {
+    ($($ty:ident),*) => {$(
+        impl TryFrom<String> for $ty {
+            type Error = ParseError;
+            fn try_from(raw: String) -> Result<Self, Self::Error> {
+                Self::parse(&raw)
+            }
+        }
+        impl From<$ty> for String {
+            fn from(value: $ty) -> Self {
+                value.0
+            }
+        }
+        impl fmt::Display for $ty {
+            fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str(&self.0)
+            }
+        }
+    )*};
+}
+string_conversions!(SourceId, TenantId, ExternalId);
+
+/// How a provider signs its deliveries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Scheme {
+    /// `Stripe-Signature: t=<unix>,v1=<hex>`, HMAC-SHA256 over `"{t}.{body}"`.
+    Stripe,
+    /// Standard Webhooks / Svix: `webhook-id`, `webhook-timestamp`,
+    /// `webhook-signature: v1,<base64> ...`, HMAC-SHA256 over `"{id}.{ts}.{body}"`.
+    StandardWebhooks,
+    /// GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 over the body.
+    Github,
+    /// Shopify: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 over the body.
+    Shopify,
+    /// Slack: `X-Slack-Signature: v0=<hex>` over `"v0:{ts}:{body}"`.
+    Slack,
+}
+
+impl Scheme {
+    pub const ALL: [Scheme; 5] = [
+        Scheme::Stripe,
+        Scheme::StandardWebhooks,
+        Scheme::Github,
+        Scheme::Shopify,
+        Scheme::Slack,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Scheme::Stripe => "stripe",
+            Scheme::StandardWebhooks => "standard_webhooks",
+            Scheme::Github => "github",
+            Scheme::Shopify => "shopify",
+            Scheme::Slack => "slack",
+        }
+    }
+}
+
+impl FromStr for Scheme {
+    type Err = ParseError;
+    fn from_str(raw: &str) -> Result<Self, Self::Err> {
+        Scheme::ALL
+            .into_iter()
+            .find(|s| s.as_str() == raw)
+            .ok_or_else(|| {
+                ParseError::new(
+                    "scheme",
+                    format!(
+                        "{raw:?} is not one of stripe, standard_webhooks, github, shopify, slack"
+                    ),
+                )
+            })
+    }
+}
+
+impl fmt::Display for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Where a field of an event is read: a request header or a JSON pointer into the body.
+/// Written `header:<name>` or `json:<pointer>` in configuration and in the `sources` table.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum FieldLocator {
+    Header(http::HeaderName),
+    Json(String),
+}
+
+impl FieldLocator {
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        if let Some(name) = raw.strip_prefix("header:") {
+            let name = http::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
+                ParseError::new("field locator", format!("bad header name in {raw:?}"))
+            })?;
+            Ok(Self::Header(name))
+        } else if let Some(pointer) = raw.strip_prefix("json:") {
+            if !(pointer.is_empty() || pointer.starts_with('/')) {
+                return Err(ParseError::new(
+                    "field locator",
+                    format!("JSON pointer in {raw:?} must start with '/'"),
+                ));
+            }
+            Ok(Self::Json(pointer.to_owned()))
+        } else {
+            Err(ParseError::new(
+                "field locator",
+                format!("{raw:?} is neither 'header:<name>' nor 'json:<pointer>'"),
+            ))
+        }
+    }
+
+    pub fn json(pointer: &str) -> Self {
+        Self::parse(&format!("json:{pointer}")).expect("static JSON pointer")
+    }
+
+    pub fn header(name: &'static str) -> Self {
+        Self::Header(http::HeaderName::from_static(name))
+    }
+
+    pub fn reads_body(&self) -> bool {
+        matches!(self, Self::Json(_))
+    }
+}
+
+impl TryFrom<String> for FieldLocator {
+    type Error = ParseError;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        Self::parse(&raw)
+    }
+}
+
+impl From<FieldLocator> for String {
+    fn from(value: FieldLocator) -> Self {
+        value.to_string()
+    }
+}
+
+impl fmt::Display for FieldLocator {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Header(name) => write!(f, "header:{name}"),
+            Self::Json(pointer) => write!(f, "json:{pointer}"),
+        }
+    }
+}
+
+/// Which of a source's signing secrets verified a delivery.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretVersion {
+    Current,
+    Previous,
+}
+
+impl SecretVersion {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Current => "current",
+            Self::Previous => "previous",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn source_ids_are_route_safe() {
+        assert!(SourceId::parse("stripe-prod_1.eu").is_ok());
+        for bad in ["", "-lead", "has space", "slash/inside", &"x".repeat(65)] {
+            assert!(SourceId::parse(bad).is_err(), "{bad:?} accepted");
+        }
+    }
+
+    #[test]
+    fn external_ids_are_trimmed_and_bounded() {
+        assert_eq!(ExternalId::parse("  evt_1 ").unwrap().as_str(), "evt_1");
+        assert!(ExternalId::parse("   ").is_err());
+        assert!(ExternalId::parse(&"a".repeat(256)).is_err());
+        assert!(ExternalId::parse("a\nb").is_err());
+    }
+
+    #[test]
+    fn locators_round_trip() {
+        for raw in ["header:x-github-delivery", "json:/data/object/id", "json:"] {
+            assert_eq!(FieldLocator::parse(raw).unwrap().to_string(), raw);
+        }
+        assert!(FieldLocator::parse("json:id").is_err());
+        assert!(FieldLocator::parse("query:id").is_err());
+        assert!(FieldLocator::parse("header:bad header").is_err());
+    }
+
+    #[test]
+    fn schemes_round_trip() {
+        for scheme in Scheme::ALL {
+            assert_eq!(scheme.as_str().parse::<Scheme>().unwrap(), scheme);
+        }
+        assert!("svix2".parse::<Scheme>().is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn source_id_parse_never_panics_and_accepts_only_safe_text(raw in ".{0,80}") {
+            if let Ok(id) = SourceId::parse(&raw) {
+                prop_assert!(id.as_str().bytes().all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b)));
+            }
+        }
+    }
+}

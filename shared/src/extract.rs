@@ -1,0 +1,380 @@
+//! Reading an event's identity out of a verified delivery: external ID, type, entity, version
+//! and provider sequence, each from the header or JSON pointer the source configures.
+
+use chrono::DateTime;
+use http::HeaderMap;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::domain::{ExternalId, FieldLocator, Scheme};
+
+/// Where a source's events keep their fields.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FieldMap {
+    pub external_id: FieldLocator,
+    pub event_type: FieldLocator,
+    #[serde(default)]
+    pub entity_id: Option<FieldLocator>,
+    #[serde(default)]
+    pub entity_version: Option<FieldLocator>,
+    #[serde(default)]
+    pub sequence: Option<FieldLocator>,
+}
+
+impl FieldMap {
+    /// Where each provider puts its event id and type.
+    pub fn defaults_for(scheme: Scheme) -> Self {
+        use FieldLocator as L;
+        match scheme {
+            Scheme::Stripe => Self {
+                external_id: L::json("/id"),
+                event_type: L::json("/type"),
+                entity_id: Some(L::json("/data/object/id")),
+                entity_version: None,
+                sequence: None,
+            },
+            Scheme::StandardWebhooks => Self {
+                external_id: L::header("webhook-id"),
+                event_type: L::json("/type"),
+                entity_id: None,
+                entity_version: None,
+                sequence: None,
+            },
+            Scheme::Github => Self {
+                external_id: L::header("x-github-delivery"),
+                event_type: L::header("x-github-event"),
+                entity_id: None,
+                entity_version: None,
+                sequence: None,
+            },
+            Scheme::Shopify => Self {
+                external_id: L::header("x-shopify-webhook-id"),
+                event_type: L::header("x-shopify-topic"),
+                entity_id: Some(L::json("/admin_graphql_api_id")),
+                entity_version: Some(L::json("/updated_at")),
+                sequence: None,
+            },
+            Scheme::Slack => Self {
+                external_id: L::json("/event_id"),
+                event_type: L::json("/event/type"),
+                entity_id: None,
+                entity_version: None,
+                sequence: None,
+            },
+        }
+    }
+
+    fn locators(&self) -> impl Iterator<Item = &FieldLocator> {
+        [Some(&self.external_id), Some(&self.event_type)]
+            .into_iter()
+            .chain([
+                self.entity_id.as_ref(),
+                self.entity_version.as_ref(),
+                self.sequence.as_ref(),
+            ])
+            .flatten()
+    }
+
+    pub fn reads_body(&self) -> bool {
+        self.locators().any(FieldLocator::reads_body)
+    }
+
+    /// Headers the fields are read from, to keep beside the payload.
+    pub fn header_names(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.locators().filter_map(|l| match l {
+            FieldLocator::Header(name) => Some(name),
+            FieldLocator::Json(_) => None,
+        })
+    }
+}
+
+/// What the rest of the system knows an event by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EventFields {
+    pub external_id: ExternalId,
+    pub event_type: String,
+    pub entity_id: Option<String>,
+    /// Integer versions as sent; RFC 3339 timestamps as Unix microseconds.
+    pub entity_version: Option<i64>,
+    pub sequence: Option<i64>,
+}
+
+/// A verified delivery the system cannot file. Recorded as an anomaly and answered 400.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ExtractError {
+    #[error("the body is not JSON ({0})")]
+    NotJson(String),
+    #[error("no {field} at {locator}")]
+    Missing {
+        field: &'static str,
+        locator: String,
+    },
+    #[error("{field} at {locator}: {reason}")]
+    Invalid {
+        field: &'static str,
+        locator: String,
+        reason: String,
+    },
+}
+
+impl ExtractError {
+    /// The `ingest_anomalies.kind` this is recorded as.
+    pub fn anomaly_kind(&self) -> &'static str {
+        match self {
+            ExtractError::NotJson(_) => "unparseable_payload",
+            ExtractError::Missing { .. } => "missing_field",
+            ExtractError::Invalid { .. } => "invalid_field",
+        }
+    }
+}
+
+const MAX_FIELD_LEN: usize = 255;
+
+pub fn extract(
+    fields: &FieldMap,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Result<EventFields, ExtractError> {
+    let json = if fields.reads_body() {
+        Some(serde_json::from_slice::<Value>(body).map_err(|e| {
+            // serde_json's message names a line and column, never the content.
+            ExtractError::NotJson(e.to_string())
+        })?)
+    } else {
+        None
+    };
+    let reader = Reader {
+        headers,
+        json: json.as_ref(),
+    };
+
+    let external_id = reader.required("event id", &fields.external_id)?;
+    let external_id = ExternalId::parse(&external_id).map_err(|e| ExtractError::Invalid {
+        field: "event id",
+        locator: fields.external_id.to_string(),
+        reason: e.reason,
+    })?;
+    let event_type = reader.required("event type", &fields.event_type)?;
+    let entity_id = reader.optional("entity id", fields.entity_id.as_ref())?;
+    let entity_version = match &fields.entity_version {
+        Some(locator) => reader
+            .optional("entity version", Some(locator))?
+            .map(|raw| {
+                version_number(&raw).ok_or_else(|| {
+                    invalid(
+                        "entity version",
+                        locator,
+                        "neither an integer nor an RFC 3339 timestamp",
+                    )
+                })
+            })
+            .transpose()?,
+        None => None,
+    };
+    let sequence = match &fields.sequence {
+        Some(locator) => reader
+            .optional("sequence", Some(locator))?
+            .map(|raw| {
+                raw.parse::<i64>()
+                    .map_err(|_| invalid("sequence", locator, "not an integer"))
+            })
+            .transpose()?,
+        None => None,
+    };
+    Ok(EventFields {
+        external_id,
+        event_type,
+        entity_id,
+        entity_version,
+        sequence,
+    })
+}
+
+struct Reader<'a> {
+    headers: &'a HeaderMap,
+    json: Option<&'a Value>,
+}
+
+impl Reader<'_> {
+    fn required(
+        &self,
+        field: &'static str,
+        locator: &FieldLocator,
+    ) -> Result<String, ExtractError> {
+        self.read(field, locator)?
+            .ok_or_else(|| ExtractError::Missing {
+                field,
+                locator: locator.to_string(),
+            })
+    }
+
+    fn optional(
+        &self,
+        field: &'static str,
+        locator: Option<&FieldLocator>,
+    ) -> Result<Option<String>, ExtractError> {
+        match locator {
+            Some(locator) => self.read(field, locator),
+            None => Ok(None),
+        }
+    }
+
+    fn read(
+        &self,
+        field: &'static str,
+        locator: &FieldLocator,
+    ) -> Result<Option<String>, ExtractError> {
+        let text = match locator {
+            FieldLocator::Header(name) => match self.headers.get(name) {
+                None => None,
+                Some(value) => Some(
+                    value
+                        .to_str()
+                        .map_err(|_| invalid(field, locator, "header is not visible ASCII"))?
+                        .trim()
+                        .to_owned(),
+                ),
+            },
+            FieldLocator::Json(pointer) => match self.json.and_then(|j| j.pointer(pointer)) {
+                None | Some(Value::Null) => None,
+                Some(Value::String(s)) => Some(s.trim().to_owned()),
+                Some(Value::Number(n)) => Some(n.to_string()),
+                Some(_) => return Err(invalid(field, locator, "not a string or a number")),
+            },
+        };
+        match text {
+            Some(t) if t.is_empty() => Ok(None),
+            Some(t) if t.len() > MAX_FIELD_LEN => {
+                Err(invalid(field, locator, "longer than 255 bytes"))
+            }
+            other => Ok(other),
+        }
+    }
+}
+
+fn invalid(field: &'static str, locator: &FieldLocator, reason: &str) -> ExtractError {
+    ExtractError::Invalid {
+        field,
+        locator: locator.to_string(),
+        reason: reason.to_owned(),
+    }
+}
+
+/// An integer, or an RFC 3339 timestamp as Unix microseconds.
+fn version_number(raw: &str) -> Option<i64> {
+    raw.parse::<i64>().ok().or_else(|| {
+        DateTime::parse_from_rfc3339(raw)
+            .ok()
+            .map(|t| t.timestamp_micros())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn headers(pairs: &[(&'static str, &'static str)]) -> HeaderMap {
+        pairs
+            .iter()
+            .map(|(k, v)| {
+                (
+                    http::HeaderName::from_static(k),
+                    HeaderValue::from_static(v),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn stripe_defaults_read_id_type_and_object() {
+        let body =
+            br#"{"id":"evt_1","type":"payment_intent.succeeded","data":{"object":{"id":"pi_1"}}}"#;
+        let got = extract(
+            &FieldMap::defaults_for(Scheme::Stripe),
+            &HeaderMap::new(),
+            body,
+        )
+        .unwrap();
+        assert_eq!(got.external_id.as_str(), "evt_1");
+        assert_eq!(got.event_type, "payment_intent.succeeded");
+        assert_eq!(got.entity_id.as_deref(), Some("pi_1"));
+        assert_eq!(got.entity_version, None);
+    }
+
+    #[test]
+    fn github_defaults_read_headers_and_ignore_the_body() {
+        let h = headers(&[
+            ("x-github-delivery", "72d3162e-cc78-11e3-81ab-4c9367dc0958"),
+            ("x-github-event", "issues"),
+        ]);
+        let got = extract(
+            &FieldMap::defaults_for(Scheme::Github),
+            &h,
+            b"payload=not-json",
+        )
+        .unwrap();
+        assert_eq!(
+            got.external_id.as_str(),
+            "72d3162e-cc78-11e3-81ab-4c9367dc0958"
+        );
+        assert_eq!(got.event_type, "issues");
+    }
+
+    #[test]
+    fn shopify_versions_are_timestamps() {
+        let h = headers(&[
+            ("x-shopify-webhook-id", "b54557e4"),
+            ("x-shopify-topic", "orders/updated"),
+        ]);
+        let body = br#"{"admin_graphql_api_id":"gid://shopify/Order/1","updated_at":"2026-11-30T10:00:00-05:00"}"#;
+        let got = extract(&FieldMap::defaults_for(Scheme::Shopify), &h, body).unwrap();
+        assert_eq!(got.entity_version, Some(1_796_050_800_000_000));
+    }
+
+    #[test]
+    fn unusable_bodies_say_why() {
+        let stripe = FieldMap::defaults_for(Scheme::Stripe);
+        assert!(matches!(
+            extract(&stripe, &HeaderMap::new(), b"{not json"),
+            Err(ExtractError::NotJson(_))
+        ));
+        assert_eq!(
+            extract(&stripe, &HeaderMap::new(), br#"{"type":"x"}"#),
+            Err(ExtractError::Missing {
+                field: "event id",
+                locator: "json:/id".into()
+            })
+        );
+        assert_eq!(
+            extract(
+                &stripe,
+                &HeaderMap::new(),
+                br#"{"id":{"nested":1},"type":"x"}"#
+            )
+            .unwrap_err()
+            .anomaly_kind(),
+            "invalid_field"
+        );
+        let mut with_sequence = stripe.clone();
+        with_sequence.sequence = Some(FieldLocator::json("/seq"));
+        assert!(
+            extract(
+                &with_sequence,
+                &HeaderMap::new(),
+                br#"{"id":"e","type":"x","seq":"12a"}"#
+            )
+            .is_err()
+        );
+        assert_eq!(
+            extract(
+                &with_sequence,
+                &HeaderMap::new(),
+                br#"{"id":"e","type":"x","seq":12}"#
+            )
+            .unwrap()
+            .sequence,
+            Some(12)
+        );
+    }
+}

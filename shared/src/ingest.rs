@@ -1,0 +1,247 @@
+//! The ingest path: a delivery in, a durable receipt out.
+//!
+//! In order: the route's source id, the body size, the source (cached), its secrets (cached),
+//! the signature over the raw bytes, the event's fields, then one upsert statement. Nothing is
+//! written for a delivery that fails before the fields (401/404/413); a signed delivery whose
+//! fields cannot be read is recorded as an anomaly, never queued. A receipt is returned only
+//! after the upsert committed.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::HeaderMap;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::config::{ConfigError, IngestSettings, SecretsBackend};
+use crate::domain::{ExternalId, SourceId};
+use crate::extract::{self, ExtractError};
+use crate::secrets::{AwsSecrets, SecretError, SecretStore};
+use crate::signature::{self, VerifyError};
+use crate::sources::{Source, SourceRegistry};
+use crate::store::ingest_anomalies::{self, UnreadableDelivery};
+use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent};
+use crate::store::{self, StoreError};
+
+/// One HTTP delivery, as received.
+#[derive(Debug, Clone, Copy)]
+pub struct Delivery<'a> {
+    /// The `{source_id}` route segment, unparsed.
+    pub source_id: &'a str,
+    pub headers: &'a HeaderMap,
+    /// The raw body bytes, exactly as signed.
+    pub body: &'a [u8],
+}
+
+/// A stored delivery.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    pub outcome: DeliveryOutcome,
+    pub external_id: ExternalId,
+    pub delivery_count: i32,
+}
+
+/// Why a delivery was not stored. The ingest function maps each to one HTTP status.
+#[derive(Debug, thiserror::Error)]
+pub enum IngestError {
+    #[error("no enabled source with this id")]
+    UnknownSource,
+    #[error("body of {actual} bytes exceeds the limit of {limit}")]
+    PayloadTooLarge { actual: usize, limit: usize },
+    #[error("signature rejected: {0}")]
+    Signature(#[source] VerifyError),
+    #[error("signed delivery cannot be filed: {0}")]
+    Unreadable(#[source] ExtractError),
+    #[error("signing secret unavailable: {0}")]
+    Secret(#[source] SecretError),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+/// Limits applied before any work is done on a delivery.
+#[derive(Debug, Clone, Copy)]
+pub struct IngestLimits {
+    pub max_body_bytes: usize,
+}
+
+/// The ingest path and its dependencies, built once per process.
+pub struct Ingestor {
+    pool: PgPool,
+    sources: Arc<SourceRegistry>,
+    secrets: Arc<SecretStore>,
+    limits: IngestLimits,
+}
+
+impl Ingestor {
+    pub fn new(
+        pool: PgPool,
+        sources: Arc<SourceRegistry>,
+        secrets: Arc<SecretStore>,
+        limits: IngestLimits,
+    ) -> Self {
+        Self {
+            pool,
+            sources,
+            secrets,
+            limits,
+        }
+    }
+
+    /// Builds the pool (lazily connected), the source cache and the secret store from settings.
+    pub async fn from_settings(settings: &IngestSettings) -> Result<Self, ConfigError> {
+        let aws = match &settings.secrets {
+            SecretsBackend::Aws(aws) => aws.clone(),
+            SecretsBackend::File(_) => crate::config::Vars::process().aws_secrets()?,
+        };
+        let options = settings.database.connect_options(&aws).await?;
+        let pool = store::lazy_pool(options, &settings.database.pool);
+        let secrets = match &settings.secrets {
+            SecretsBackend::Aws(aws) => {
+                SecretStore::Aws(AwsSecrets::connect(aws).await.map_err(|e| {
+                    ConfigError::Invalid {
+                        var: "SECRETS_MANAGER_ENDPOINT",
+                        reason: e.to_string(),
+                    }
+                })?)
+            }
+            SecretsBackend::File(path) => SecretStore::File(path.clone()),
+        };
+        let sources = SourceRegistry::new(pool.clone(), settings.source_cache_ttl);
+        Ok(Self::new(
+            pool,
+            Arc::new(sources),
+            Arc::new(secrets),
+            IngestLimits {
+                max_body_bytes: settings.max_body_bytes,
+            },
+        ))
+    }
+
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    #[tracing::instrument(
+        skip_all,
+        fields(source_id = delivery.source_id, tenant_id, external_id, outcome, bytes = delivery.body.len()),
+        err(level = tracing::Level::WARN)
+    )]
+    pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
+        let source_id =
+            SourceId::parse(delivery.source_id).map_err(|_| IngestError::UnknownSource)?;
+        if delivery.body.len() > self.limits.max_body_bytes {
+            return Err(IngestError::PayloadTooLarge {
+                actual: delivery.body.len(),
+                limit: self.limits.max_body_bytes,
+            });
+        }
+        let source = self
+            .sources
+            .get(&source_id)
+            .await?
+            .ok_or(IngestError::UnknownSource)?;
+        let span = tracing::Span::current();
+        span.record("tenant_id", source.tenant_id.as_str());
+
+        let secrets = self
+            .secrets
+            .secrets(&source.secret_ref)
+            .await
+            .map_err(IngestError::Secret)?;
+        let verified = signature::verify(
+            source.scheme,
+            delivery.headers,
+            delivery.body,
+            &secrets,
+            source.tolerance,
+            unix_now(),
+        )
+        .map_err(IngestError::Signature)?;
+
+        let digest: [u8; 32] = Sha256::digest(delivery.body).into();
+        let fields = match extract::extract(&source.fields, delivery.headers, delivery.body) {
+            Ok(fields) => fields,
+            Err(error) => {
+                let detail = error.to_string();
+                ingest_anomalies::record_unreadable(
+                    &self.pool,
+                    &UnreadableDelivery {
+                        tenant_id: source.tenant_id.as_str(),
+                        source_id: source.source_id.as_str(),
+                        kind: error.anomaly_kind(),
+                        payload: delivery.body,
+                        payload_sha256: digest,
+                        detail: &detail,
+                    },
+                )
+                .await?;
+                return Err(IngestError::Unreadable(error));
+            }
+        };
+        span.record("external_id", fields.external_id.as_str());
+
+        let stored = webhook_events::upsert(
+            &self.pool,
+            &NewEvent {
+                tenant_id: source.tenant_id.as_str(),
+                external_id: fields.external_id.as_str(),
+                source_id: source.source_id.as_str(),
+                event_type: &fields.event_type,
+                entity_id: fields.entity_id.as_deref(),
+                entity_version: fields.entity_version,
+                sequence: fields.sequence,
+                payload: delivery.body,
+                payload_sha256: digest,
+                headers: kept_headers(&source, delivery.headers),
+                verified_with: verified.secret,
+            },
+        )
+        .await?;
+        span.record("outcome", stored.outcome.as_str());
+        if stored.outcome == DeliveryOutcome::Conflict {
+            tracing::warn!(
+                payload_replaced = stored.holds_delivery,
+                status = %stored.status,
+                "digest conflict: same event id delivered with a different payload"
+            );
+        }
+        tracing::info!(
+            delivery_count = stored.delivery_count,
+            verified_with = verified.secret.as_str(),
+            "stored"
+        );
+        Ok(Receipt {
+            outcome: stored.outcome,
+            external_id: fields.external_id,
+            delivery_count: stored.delivery_count,
+        })
+    }
+}
+
+/// Headers kept beside the payload: what the signature and the fields were read from, plus
+/// content type and user agent. Nothing else (no cookies, no authorization).
+fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
+    let names = signature::signature_headers(source.scheme)
+        .iter()
+        .copied()
+        .chain(["content-type", "user-agent"])
+        .map(http::HeaderName::from_static)
+        .chain(source.fields.header_names().cloned());
+    let mut kept = serde_json::Map::new();
+    for name in names {
+        if let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) {
+            kept.insert(
+                name.as_str().to_owned(),
+                serde_json::Value::String(value.to_owned()),
+            );
+        }
+    }
+    serde_json::Value::Object(kept)
+}
+
+fn unix_now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO)
+        .as_secs() as i64
+}

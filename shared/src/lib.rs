@@ -1,0 +1,15 @@
+//! The library every webhook function links: trusted sources, signature schemes, secrets, the
+//! Postgres store and the ingest path. It knows nothing about Lambda event types; the crates
+//! under `functions/` adapt Lambda events to the calls made here.
+
+pub mod config;
+pub mod domain;
+pub mod extract;
+pub mod ingest;
+pub mod secrets;
+pub mod signature;
+pub mod sources;
+pub mod store;
+pub mod telemetry;
+
+pub use domain::{ExternalId, FieldLocator, Scheme, SecretVersion, SourceId, TenantId};

@@ -1,0 +1,38 @@
+//! The `ingest_anomalies` table: authenticated deliveries that raised a question. Digest
+//! conflicts are written by the event upsert itself (see `webhook_events`); this file writes
+//! the deliveries that could not be filed at all.
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+
+/// A signed delivery whose event fields could not be read.
+#[derive(Debug, Clone)]
+pub struct UnreadableDelivery<'a> {
+    pub tenant_id: &'a str,
+    pub source_id: &'a str,
+    /// `unparseable_payload`, `missing_field` or `invalid_field`.
+    pub kind: &'static str,
+    pub payload: &'a [u8],
+    pub payload_sha256: [u8; 32],
+    pub detail: &'a str,
+}
+
+#[tracing::instrument(skip_all, fields(tenant_id = delivery.tenant_id, source_id = delivery.source_id, kind = delivery.kind), err)]
+pub async fn record_unreadable(
+    executor: impl PgExecutor<'_>,
+    delivery: &UnreadableDelivery<'_>,
+) -> Result<i64, StoreError> {
+    const SQL: &str = "INSERT INTO ingest_anomalies (tenant_id, source_id, kind, payload_sha256, payload, detail) \
+         VALUES ($1, $2, $3, $4, $5, $6) RETURNING anomaly_id";
+    let id: i64 = sqlx::query_scalar(SQL)
+        .bind(delivery.tenant_id)
+        .bind(delivery.source_id)
+        .bind(delivery.kind)
+        .bind(&delivery.payload_sha256[..])
+        .bind(delivery.payload)
+        .bind(delivery.detail)
+        .fetch_one(executor)
+        .await?;
+    Ok(id)
+}

@@ -1,0 +1,88 @@
+//! All SQL lives under this module: one file per table, each function generic over the
+//! executor so callers own the transaction. Database errors become [`StoreError`] in one place.
+
+pub mod ingest_anomalies;
+pub mod sources;
+pub mod webhook_events;
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+use sqlx::migrate::Migrator;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+/// The schema, embedded from `migrations/`.
+pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database cannot be reached or cannot serve now; the caller may retry.
+    #[error("database unavailable: {0}")]
+    Unavailable(#[source] sqlx::Error),
+    /// A stored row does not parse into the domain (hand-edited configuration, say).
+    #[error("stored {what} is invalid: {reason}")]
+    Corrupt { what: &'static str, reason: String },
+    #[error("database error: {0}")]
+    Query(#[source] sqlx::Error),
+}
+
+impl StoreError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable(_))
+    }
+}
+
+impl From<sqlx::Error> for StoreError {
+    fn from(error: sqlx::Error) -> Self {
+        let unavailable = match &error {
+            sqlx::Error::Io(_)
+            | sqlx::Error::Tls(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => true,
+            sqlx::Error::Database(db) => db.code().is_some_and(|code| {
+                // 08: connection exception; 53: insufficient resources; 57P0x: shutdown or
+                // cannot connect now; 40001/40P01: serialization failure, deadlock.
+                code.starts_with("08")
+                    || code.starts_with("53")
+                    || code.starts_with("57P0")
+                    || code == "40001"
+                    || code == "40P01"
+            }),
+            _ => false,
+        };
+        if unavailable {
+            StoreError::Unavailable(error)
+        } else {
+            StoreError::Query(error)
+        }
+    }
+}
+
+/// Pool settings. Small by default: a Lambda execution environment serves one request at a
+/// time, and the database's connection limit is shared by every warm environment.
+#[derive(Debug, Clone)]
+pub struct PoolSettings {
+    pub max_connections: u32,
+    pub acquire_timeout: Duration,
+}
+
+impl Default for PoolSettings {
+    fn default() -> Self {
+        Self {
+            max_connections: 2,
+            acquire_timeout: Duration::from_secs(3),
+        }
+    }
+}
+
+/// A pool that connects on first use, so a cold start does not fail when the database is
+/// briefly unreachable: the request that needs it gets a 503 instead.
+pub fn lazy_pool(options: PgConnectOptions, settings: &PoolSettings) -> PgPool {
+    PgPoolOptions::new()
+        .max_connections(settings.max_connections)
+        .acquire_timeout(settings.acquire_timeout)
+        // Do not keep idle connections forever: RDS connection slots are shared.
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .connect_lazy_with(options)
+}

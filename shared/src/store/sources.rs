@@ -1,0 +1,119 @@
+//! The `sources` table.
+
+use std::time::Duration;
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+use crate::domain::{FieldLocator, SourceId, TenantId};
+use crate::extract::FieldMap;
+use crate::sources::Source;
+
+#[derive(sqlx::FromRow)]
+struct SourceRow {
+    source_id: String,
+    tenant_id: String,
+    scheme: String,
+    secret_ref: String,
+    tolerance_seconds: i32,
+    external_id_from: String,
+    event_type_from: String,
+    entity_id_from: Option<String>,
+    entity_version_from: Option<String>,
+    sequence_from: Option<String>,
+    enabled: bool,
+}
+
+impl TryFrom<SourceRow> for Source {
+    type Error = StoreError;
+
+    fn try_from(row: SourceRow) -> Result<Self, Self::Error> {
+        let corrupt = |e: crate::domain::ParseError| StoreError::Corrupt {
+            what: "source",
+            reason: format!("{}: {e}", row.source_id),
+        };
+        let locator = |raw: &str| FieldLocator::parse(raw).map_err(corrupt);
+        let optional = |raw: &Option<String>| raw.as_deref().map(locator).transpose();
+        Ok(Source {
+            source_id: SourceId::parse(&row.source_id).map_err(corrupt)?,
+            tenant_id: TenantId::parse(&row.tenant_id).map_err(corrupt)?,
+            scheme: row.scheme.parse().map_err(corrupt)?,
+            secret_ref: row.secret_ref.clone(),
+            tolerance: Duration::from_secs(u64::try_from(row.tolerance_seconds).unwrap_or(0)),
+            fields: FieldMap {
+                external_id: locator(&row.external_id_from)?,
+                event_type: locator(&row.event_type_from)?,
+                entity_id: optional(&row.entity_id_from)?,
+                entity_version: optional(&row.entity_version_from)?,
+                sequence: optional(&row.sequence_from)?,
+            },
+            enabled: row.enabled,
+        })
+    }
+}
+
+macro_rules! source_columns {
+    () => {
+        "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
+         event_type_from, entity_id_from, entity_version_from, sequence_from, enabled"
+    };
+}
+
+/// The source with this id, enabled or not.
+#[tracing::instrument(skip_all, fields(source_id = %id), err)]
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    id: &SourceId,
+) -> Result<Option<Source>, StoreError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        source_columns!(),
+        " FROM sources WHERE source_id = $1"
+    );
+    let row: Option<SourceRow> = sqlx::query_as(SQL)
+        .bind(id.as_str())
+        .fetch_optional(executor)
+        .await?;
+    row.map(Source::try_from).transpose()
+}
+
+/// Every source, by id.
+pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<Source>, StoreError> {
+    const SQL: &str = concat!(
+        "SELECT ",
+        source_columns!(),
+        " FROM sources ORDER BY source_id"
+    );
+    let rows: Vec<SourceRow> = sqlx::query_as(SQL).fetch_all(executor).await?;
+    rows.into_iter().map(Source::try_from).collect()
+}
+
+/// Inserts the source, or updates it in place when the id exists.
+#[tracing::instrument(skip_all, fields(source_id = %source.source_id), err)]
+pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<(), StoreError> {
+    const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
+             external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+         ON CONFLICT (source_id) DO UPDATE SET \
+             tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
+             tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
+             event_type_from = EXCLUDED.event_type_from, entity_id_from = EXCLUDED.entity_id_from, \
+             entity_version_from = EXCLUDED.entity_version_from, sequence_from = EXCLUDED.sequence_from, \
+             enabled = EXCLUDED.enabled, updated_at = now()";
+    let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
+    sqlx::query(SQL)
+        .bind(source.source_id.as_str())
+        .bind(source.tenant_id.as_str())
+        .bind(source.scheme.as_str())
+        .bind(&source.secret_ref)
+        .bind(i32::try_from(source.tolerance.as_secs()).unwrap_or(i32::MAX))
+        .bind(source.fields.external_id.to_string())
+        .bind(source.fields.event_type.to_string())
+        .bind(text(&source.fields.entity_id))
+        .bind(text(&source.fields.entity_version))
+        .bind(text(&source.fields.sequence))
+        .bind(source.enabled)
+        .execute(executor)
+        .await?;
+    Ok(())
+}

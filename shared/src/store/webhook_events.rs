@@ -1,0 +1,162 @@
+//! The `webhook_events` table: the durable queue and the deduplication key in one.
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+use crate::domain::SecretVersion;
+
+/// A verified delivery, ready to store.
+#[derive(Debug, Clone)]
+pub struct NewEvent<'a> {
+    pub tenant_id: &'a str,
+    pub external_id: &'a str,
+    pub source_id: &'a str,
+    pub event_type: &'a str,
+    pub entity_id: Option<&'a str>,
+    pub entity_version: Option<i64>,
+    pub sequence: Option<i64>,
+    pub payload: &'a [u8],
+    pub payload_sha256: [u8; 32],
+    pub headers: serde_json::Value,
+    pub verified_with: SecretVersion,
+}
+
+/// What the delivery turned out to be.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeliveryOutcome {
+    /// First delivery of this event: a new row.
+    Accepted,
+    /// Same id, same payload digest: counted, nothing else changes.
+    Duplicate,
+    /// Same id, different payload digest: counted and recorded as a security anomaly. An
+    /// unprocessed row took the newer payload; a processed row was not touched.
+    Conflict,
+}
+
+impl DeliveryOutcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            DeliveryOutcome::Accepted => "accepted",
+            DeliveryOutcome::Duplicate => "duplicate",
+            DeliveryOutcome::Conflict => "conflict",
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upserted {
+    pub outcome: DeliveryOutcome,
+    pub delivery_count: i32,
+    pub status: String,
+    /// The row now holds this delivery's payload.
+    pub holds_delivery: bool,
+}
+
+/// One statement decides accepted / duplicate / conflict and, for a conflict, records the
+/// anomaly: an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` counts the delivery,
+/// compares digests against the stored row (locked by the upsert itself), and replaces the
+/// payload only when the row is still pending and the delivery is not an older entity version.
+/// The conflict record is written by a data-modifying CTE of the same statement.
+const UPSERT: &str = r#"
+WITH delivered AS (
+    INSERT INTO webhook_events AS stored (
+        tenant_id, external_id, source_id, event_type, entity_id, entity_version,
+        provider_sequence, payload, payload_sha256, headers, verified_with,
+        received_at, first_received_at, last_seen_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now(), now(), now())
+    ON CONFLICT (tenant_id, external_id) DO UPDATE SET
+        delivery_count = stored.delivery_count + 1,
+        last_seen_at = now(),
+        last_delivery_outcome = CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
+                                     THEN 'duplicate' ELSE 'conflict' END,
+        conflict_count = stored.conflict_count
+            + CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256 THEN 0 ELSE 1 END,
+        (event_type, entity_id, entity_version, provider_sequence, payload, payload_sha256,
+         headers, verified_with, received_at, superseded_sha256) = (
+            SELECT
+                CASE WHEN r.take THEN EXCLUDED.event_type ELSE stored.event_type END,
+                CASE WHEN r.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
+                CASE WHEN r.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
+                CASE WHEN r.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
+                CASE WHEN r.take THEN EXCLUDED.payload ELSE stored.payload END,
+                CASE WHEN r.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
+                CASE WHEN r.take THEN EXCLUDED.headers ELSE stored.headers END,
+                CASE WHEN r.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
+                CASE WHEN r.take THEN EXCLUDED.received_at ELSE stored.received_at END,
+                CASE WHEN r.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
+            FROM (SELECT stored.status = 'pending'
+                     AND stored.payload_sha256 <> EXCLUDED.payload_sha256
+                     AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
+                          OR EXCLUDED.entity_version >= stored.entity_version) AS take) AS r)
+    RETURNING last_delivery_outcome, delivery_count, status, payload_sha256, superseded_sha256
+), conflict AS (
+    INSERT INTO ingest_anomalies (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        superseded_sha256, payload_replaced, payload, detail)
+    SELECT $1, $3, 'digest_conflict', $2, $9, d.payload_sha256,
+           CASE WHEN d.payload_sha256 = $9 THEN d.superseded_sha256 END,
+           d.payload_sha256 = $9,
+           CASE WHEN d.payload_sha256 = $9 THEN NULL ELSE $8 END,
+           CASE WHEN d.payload_sha256 = $9
+                THEN 'same event id, different payload: the unprocessed row took the newer payload'
+                ELSE 'same event id, different payload: the stored payload was kept (row is '
+                     || d.status || ')' END
+    FROM delivered AS d
+    WHERE d.last_delivery_outcome = 'conflict'
+)
+SELECT last_delivery_outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery
+FROM delivered
+"#;
+
+/// The statement text, for benchmarks that run it outside this crate (pgbench).
+pub fn upsert_sql() -> &'static str {
+    UPSERT
+}
+
+#[derive(sqlx::FromRow)]
+struct UpsertRow {
+    last_delivery_outcome: String,
+    delivery_count: i32,
+    status: String,
+    holds_delivery: bool,
+}
+
+/// Stores a verified delivery exactly once. Returns only after the statement committed (when
+/// the executor is a pool connection) or as part of the caller's transaction.
+#[tracing::instrument(skip_all, fields(tenant_id = event.tenant_id, external_id = event.external_id), err)]
+pub async fn upsert(
+    executor: impl PgExecutor<'_>,
+    event: &NewEvent<'_>,
+) -> Result<Upserted, StoreError> {
+    let row: UpsertRow = sqlx::query_as(UPSERT)
+        .bind(event.tenant_id)
+        .bind(event.external_id)
+        .bind(event.source_id)
+        .bind(event.event_type)
+        .bind(event.entity_id)
+        .bind(event.entity_version)
+        .bind(event.sequence)
+        .bind(event.payload)
+        .bind(&event.payload_sha256[..])
+        .bind(&event.headers)
+        .bind(event.verified_with.as_str())
+        .fetch_one(executor)
+        .await?;
+    let outcome = match row.last_delivery_outcome.as_str() {
+        "accepted" => DeliveryOutcome::Accepted,
+        "duplicate" => DeliveryOutcome::Duplicate,
+        "conflict" => DeliveryOutcome::Conflict,
+        other => {
+            return Err(StoreError::Corrupt {
+                what: "delivery outcome",
+                reason: other.to_owned(),
+            });
+        }
+    };
+    Ok(Upserted {
+        outcome,
+        delivery_count: row.delivery_count,
+        status: row.status,
+        holds_delivery: row.holds_delivery,
+    })
+}
