@@ -101,7 +101,9 @@ impl SecretStore {
     #[tracing::instrument(skip_all, fields(secret_ref = %secret_ref), err)]
     pub async fn secrets(&self, secret_ref: &str) -> Result<Arc<SecretSet>, SecretError> {
         match self {
-            SecretStore::Aws(aws) => aws.secrets(secret_ref).await.map(Arc::new),
+            // Boxed: the AWS SDK future is deep enough to overflow the compiler's layout
+            // query depth in every crate that awaits ingest otherwise.
+            SecretStore::Aws(aws) => Box::pin(aws.secrets(secret_ref)).await.map(Arc::new),
             SecretStore::File(path) => read_secrets_file(path, secret_ref).await.map(Arc::new),
             SecretStore::Memory(map) => {
                 map.get(secret_ref)

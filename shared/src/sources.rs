@@ -173,8 +173,11 @@ pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), StoreError> 
 pub struct SourceRegistry {
     pool: PgPool,
     ttl: Duration,
-    cache: Mutex<HashMap<SourceId, (Instant, Option<Arc<Source>>)>>,
+    cache: Mutex<HashMap<SourceId, CachedSource>>,
 }
+
+/// When a source was read, and what was found (`None`: no enabled source with that id).
+type CachedSource = (Instant, Option<Arc<Source>>);
 
 const MAX_CACHED_SOURCES: usize = 10_000;
 
@@ -189,10 +192,10 @@ impl SourceRegistry {
 
     /// The enabled source with this id, if there is one.
     pub async fn get(&self, id: &SourceId) -> Result<Option<Arc<Source>>, StoreError> {
-        if let Some((fetched, source)) = self.cache.lock().expect("lock poisoned").get(id) {
-            if fetched.elapsed() < self.ttl {
-                return Ok(source.clone());
-            }
+        if let Some((fetched, source)) = self.cache.lock().expect("lock poisoned").get(id)
+            && fetched.elapsed() < self.ttl
+        {
+            return Ok(source.clone());
         }
         let source = store::sources::find(&self.pool, id)
             .await?

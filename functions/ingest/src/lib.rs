@@ -1,5 +1,3 @@
-#![recursion_limit = "256"]
-
 //! The ingest Lambda's handler: an API Gateway request in, an HTTP response out. All the work
 //! is `shared::ingest`; this file reads the request and maps the outcome to a status, in one
 //! `match`.

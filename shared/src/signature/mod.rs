@@ -308,7 +308,6 @@ mod tests {
         sign(scheme, &secret, "msg_1", ts, body)
             .unwrap()
             .into_iter()
-            .map(|(k, v)| (k, v))
             .collect()
     }
 

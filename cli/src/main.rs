@@ -1,0 +1,365 @@
+use std::io::Read as _;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use clap::{Args, Parser, Subcommand};
+use hookctl::{captured, serve, verify};
+use shared::config::{SecretsBackend, Vars};
+use shared::domain::{Scheme, SourceId};
+use shared::ingest::Ingestor;
+use shared::secrets::{AwsSecrets, SecretSet, SecretStore, SigningSecret};
+use shared::sources::{self, DEFAULT_TOLERANCE};
+use shared::store::{self, MIGRATOR, PoolSettings};
+
+/// Webhook receiver: local runner and operator commands.
+///
+/// Database commands read DATABASE_URL. Secrets are read as the ingest function reads them
+/// (SECRETS_BACKEND=aws|file, SECRETS_FILE, SECRETS_MANAGER_ENDPOINT) unless --secrets-file
+/// is given.
+#[derive(Parser)]
+#[command(name = "hookctl", version)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Serve the ingest function over HTTP on this machine (the local runner).
+    Serve(ServeArgs),
+    /// Apply the schema migrations to DATABASE_URL.
+    Migrate,
+    /// Add, change or list sources (no redeploy: ingest sees changes within its cache TTL).
+    Sources {
+        #[command(subcommand)]
+        action: SourcesAction,
+    },
+    /// Check a captured delivery's signature and say exactly why it fails. Exit 0 valid, 1 not.
+    Verify(VerifyArgs),
+    /// Print the headers a provider would sign a body with (for curl and tests).
+    Sign(SignArgs),
+}
+
+#[derive(Args)]
+struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+    /// Sources file applied at start (see README, "Sources").
+    #[arg(long)]
+    sources: Option<PathBuf>,
+    /// Read signing secrets from this TOML file instead of Secrets Manager.
+    #[arg(long)]
+    secrets_file: Option<PathBuf>,
+}
+
+#[derive(Subcommand)]
+enum SourcesAction {
+    /// Insert or update every source in a sources file.
+    Apply { file: PathBuf },
+    /// List the configured sources.
+    List,
+}
+
+#[derive(Args)]
+struct VerifyArgs {
+    /// A configured source: its scheme, secrets, tolerance and field map are used.
+    #[arg(long, conflicts_with_all = ["scheme", "secret"])]
+    source: Option<String>,
+    /// The signature scheme, when not checking against a configured source.
+    #[arg(long, requires = "secret")]
+    scheme: Option<Scheme>,
+    /// The signing secret (prefer the environment variable: the command line is visible to others).
+    #[arg(long, env = "HOOKCTL_SECRET", hide_env_values = true)]
+    secret: Option<String>,
+    /// A previous signing secret, also accepted.
+    #[arg(long, env = "HOOKCTL_PREVIOUS_SECRET", hide_env_values = true)]
+    previous_secret: Option<String>,
+    /// File of captured headers, `Name: value` per line (curl -v output works).
+    #[arg(long)]
+    headers: Option<PathBuf>,
+    /// One header, `Name: value` (repeatable).
+    #[arg(short = 'H', long = "header")]
+    header: Vec<String>,
+    /// The raw body exactly as received (`-` for standard input).
+    #[arg(long)]
+    body: PathBuf,
+    /// Timestamp tolerance in seconds (default: the source's, else 300).
+    #[arg(long)]
+    tolerance: Option<u64>,
+    /// Check the timestamp as of this Unix time instead of now (for old captures).
+    #[arg(long)]
+    at: Option<i64>,
+    #[arg(long)]
+    secrets_file: Option<PathBuf>,
+}
+
+#[derive(Args)]
+struct SignArgs {
+    #[arg(long)]
+    scheme: Scheme,
+    #[arg(long, env = "HOOKCTL_SECRET", hide_env_values = true)]
+    secret: String,
+    #[arg(long)]
+    body: PathBuf,
+    /// Message id, signed by Standard Webhooks (default: msg_<timestamp>).
+    #[arg(long)]
+    id: Option<String>,
+    /// Unix time to sign at (default: now).
+    #[arg(long)]
+    at: Option<i64>,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Serve(args) => run_serve(args).await,
+        Command::Migrate => migrate().await,
+        Command::Sources { action } => run_sources(action).await,
+        Command::Verify(args) => return run_verify(args).await,
+        Command::Sign(args) => run_sign(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("hookctl: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+type CmdResult = Result<(), String>;
+
+fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+async fn pool() -> Result<sqlx::PgPool, String> {
+    let vars = Vars::process();
+    let database = vars.database().map_err(|e| e.to_string())?;
+    let aws = vars.aws_secrets().map_err(|e| e.to_string())?;
+    let options = database
+        .connect_options(&aws)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(store::lazy_pool(
+        options,
+        &PoolSettings {
+            max_connections: 4,
+            ..PoolSettings::default()
+        },
+    ))
+}
+
+async fn migrate() -> CmdResult {
+    let pool = pool().await?;
+    MIGRATOR
+        .run(&pool)
+        .await
+        .map_err(|e| format!("migrations failed: {e}"))?;
+    println!("schema is up to date");
+    Ok(())
+}
+
+async fn apply_sources(pool: &sqlx::PgPool, file: &Path) -> Result<Vec<sources::Source>, String> {
+    let list = sources::read_sources_file(file).map_err(|e| e.to_string())?;
+    sources::apply(pool, &list)
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok(list)
+}
+
+async fn run_sources(action: SourcesAction) -> CmdResult {
+    let pool = pool().await?;
+    let list = match action {
+        SourcesAction::Apply { file } => apply_sources(&pool, &file).await?,
+        SourcesAction::List => store::sources::list(&pool)
+            .await
+            .map_err(|e| e.to_string())?,
+    };
+    for s in list {
+        println!(
+            "{}\ttenant={}\tscheme={}\tsecret_ref={}\ttolerance={}s\tenabled={}",
+            s.source_id,
+            s.tenant_id,
+            s.scheme,
+            s.secret_ref,
+            s.tolerance.as_secs(),
+            s.enabled
+        );
+    }
+    Ok(())
+}
+
+async fn run_serve(args: ServeArgs) -> CmdResult {
+    shared::telemetry::init();
+    let vars = Vars::process();
+    let mut settings = vars.ingest().map_err(|e| e.to_string())?;
+    settings.database.pool.max_connections = settings.database.pool.max_connections.max(8);
+    if let Some(path) = args.secrets_file {
+        settings.secrets = SecretsBackend::File(path);
+    }
+    let ingestor = Ingestor::from_settings(&settings)
+        .await
+        .map_err(|e| e.to_string())?;
+    MIGRATOR
+        .run(ingestor.pool())
+        .await
+        .map_err(|e| format!("migrations failed: {e}"))?;
+    if let Some(file) = &args.sources {
+        for s in apply_sources(ingestor.pool(), file).await? {
+            eprintln!(
+                "source {} (tenant {}, {}) → POST http://{}/webhooks/{}",
+                s.source_id, s.tenant_id, s.scheme, args.listen, s.source_id
+            );
+        }
+    }
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    eprintln!("ingest listening on http://{}", args.listen);
+    let router = serve::router(Arc::new(ingestor), settings.max_body_bytes);
+    tokio::select! {
+        served = serve::serve(listener, router) => served.map_err(|e| e.to_string()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+    }
+}
+
+fn read_body(path: &Path) -> Result<Vec<u8>, String> {
+    if path == Path::new("-") {
+        let mut body = Vec::new();
+        std::io::stdin()
+            .read_to_end(&mut body)
+            .map_err(|e| format!("reading standard input: {e}"))?;
+        Ok(body)
+    } else {
+        std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))
+    }
+}
+
+async fn run_verify(args: VerifyArgs) -> ExitCode {
+    match verify_command(args).await {
+        Ok(report) => {
+            for line in &report.lines {
+                println!("{line}");
+            }
+            if report.valid {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(1)
+            }
+        }
+        Err(message) => {
+            eprintln!("hookctl verify: {message}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
+    let body = read_body(&args.body)?;
+    let mut headers = match &args.headers {
+        Some(path) => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            captured::parse_headers(&text).map_err(|e| format!("{}: {e}", path.display()))?
+        }
+        None => http::HeaderMap::new(),
+    };
+    for line in &args.header {
+        captured::append(&mut headers, line).map_err(|e| e.to_string())?;
+    }
+    let (scheme, secrets, tolerance, fields, source_line) = if let Some(id) = &args.source {
+        let id = SourceId::parse(id).map_err(|e| e.to_string())?;
+        let pool = pool().await?;
+        let source = store::sources::find(&pool, &id)
+            .await
+            .map_err(|e| e.to_string())?
+            .ok_or_else(|| format!("no source {id}"))?;
+        let store = match args.secrets_file {
+            Some(path) => SecretStore::File(path),
+            None => match Vars::process()
+                .secrets_backend()
+                .map_err(|e| e.to_string())?
+            {
+                SecretsBackend::File(path) => SecretStore::File(path),
+                SecretsBackend::Aws(aws) => {
+                    SecretStore::Aws(AwsSecrets::connect(&aws).await.map_err(|e| e.to_string())?)
+                }
+            },
+        };
+        let secrets = store
+            .secrets(&source.secret_ref)
+            .await
+            .map_err(|e| e.to_string())?;
+        let line = format!(
+            "source {} (tenant {}, secret {}{})",
+            source.source_id,
+            source.tenant_id,
+            source.secret_ref,
+            if source.enabled {
+                ""
+            } else {
+                ", DISABLED: ingest answers 404"
+            }
+        );
+        (
+            source.scheme,
+            secrets,
+            source.tolerance,
+            Some(source.fields.clone()),
+            Some(line),
+        )
+    } else {
+        let scheme = args
+            .scheme
+            .ok_or("give --source, or --scheme with --secret")?;
+        let secret = args
+            .secret
+            .ok_or("--secret (or HOOKCTL_SECRET) is required with --scheme")?;
+        (
+            scheme,
+            Arc::new(SecretSet::new(secret, args.previous_secret)),
+            DEFAULT_TOLERANCE,
+            None,
+            None,
+        )
+    };
+    let mut report = verify::check(&verify::Check {
+        scheme,
+        secrets: &secrets,
+        headers: &headers,
+        body: &body,
+        tolerance: args.tolerance.map(Duration::from_secs).unwrap_or(tolerance),
+        now: args.at.unwrap_or_else(now),
+        fields: fields.as_ref(),
+    });
+    if let Some(line) = source_line {
+        report.lines.insert(0, line);
+    }
+    Ok(report)
+}
+
+fn run_sign(args: SignArgs) -> CmdResult {
+    let body = read_body(&args.body)?;
+    let at = args.at.unwrap_or_else(now);
+    let id = args.id.unwrap_or_else(|| format!("msg_{at}"));
+    let headers = shared::signature::sign(
+        args.scheme,
+        &SigningSecret::new(args.secret),
+        &id,
+        at,
+        &body,
+    )
+    .map_err(|e| e.to_string())?;
+    for (name, value) in headers {
+        println!("{name}: {}", value.to_str().unwrap_or_default());
+    }
+    Ok(())
+}

@@ -1,0 +1,136 @@
+# Local services for the runner, the tests and the benchmarks: PostgreSQL and moto.
+# Sourced by scripts/run-local, scripts/test and scripts/bench; each function exports what it
+# started and registers its cleanup.
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+STATE_DIR="${WEBHOOKS_STATE_DIR:-$ROOT/target/services}"
+mkdir -p "$STATE_DIR"
+
+CLEANUPS=()
+cleanup() {
+  local i
+  for ((i = ${#CLEANUPS[@]} - 1; i >= 0; i--)); do eval "${CLEANUPS[$i]}" || true; done
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+say() { printf '[%s] %s\n' "$(basename "$0")" "$*" >&2; }
+die() { say "error: $*"; exit 1; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"
+  elif command -v sudo >/dev/null && sudo -n true 2>/dev/null; then sudo "$@"
+  else return 1
+  fi
+}
+
+apt_install() {
+  command -v apt-get >/dev/null || return 1
+  say "installing $* from Debian's packages"
+  as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2 \
+    || { as_root apt-get update -q >&2 && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$@" >&2; }
+}
+
+port_in_use() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+
+free_port() {
+  local port=$1
+  while port_in_use "$port"; do port=$((port + 1)); done
+  echo "$port"
+}
+
+pg_bindir() {
+  local d
+  for d in $(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V -r); do
+    [ -x "$d/initdb" ] && { echo "$d"; return 0; }
+  done
+  command -v initdb >/dev/null && { dirname "$(command -v initdb)"; return 0; }
+  return 1
+}
+
+# Starts a throwaway cluster (trust auth, fsync off, deleted on exit) and exports DATABASE_URL.
+start_throwaway_postgres() {
+  local bindir
+  bindir=$(pg_bindir) || { apt_install postgresql || die "PostgreSQL's initdb/pg_ctl are missing and could not be installed; install PostgreSQL or set DATABASE_URL"; bindir=$(pg_bindir) || die "initdb not found after installing postgresql"; }
+  local dir port run=()
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg.XXXXXX")
+  port=$(free_port 55432)
+  if [ "$(id -u)" = 0 ]; then
+    # initdb refuses to run as root: run the cluster as the unprivileged postgres user.
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$dir" --shell /usr/sbin/nologin postgres
+    chown postgres "$dir"
+    run=(runuser -u postgres --)
+  fi
+  say "starting a throwaway PostgreSQL ($bindir) on 127.0.0.1:$port in $dir"
+  "${run[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$STATE_DIR/initdb.log" 2>&1 \
+    || { cat "$STATE_DIR/initdb.log" >&2; die "initdb failed"; }
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
+    start >/dev/null || { cat "$dir/postgres.log" >&2; die "the throwaway PostgreSQL did not start"; }
+  CLEANUPS+=("${run[*]} '$bindir/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1; rm -rf '$dir'")
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+  export PG_BINDIR="$bindir"
+}
+
+# DATABASE_URL if set, else the server on 127.0.0.1:5432 if it answers, else a throwaway cluster.
+ensure_test_postgres() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    say "using DATABASE_URL from the environment"
+  elif port_in_use 5432 && command -v psql >/dev/null \
+      && psql "postgres://postgres@127.0.0.1:5432/postgres" -qtAc 'select 1' >/dev/null 2>&1; then
+    say "using the PostgreSQL server on 127.0.0.1:5432"
+    export DATABASE_URL="postgres://postgres@127.0.0.1:5432/postgres"
+  else
+    start_throwaway_postgres
+  fi
+}
+
+# DATABASE_URL if set, else a throwaway cluster (the local runner never touches a shared server
+# unless told to).
+ensure_runner_postgres() {
+  if [ -n "${DATABASE_URL:-}" ]; then
+    say "using DATABASE_URL from the environment"
+  else
+    start_throwaway_postgres
+  fi
+}
+
+moto_python() {
+  local py
+  for py in "${MOTO_PYTHON:-}" python3 "$STATE_DIR/moto-venv/bin/python"; do
+    [ -n "$py" ] && command -v "$py" >/dev/null && "$py" -c 'import moto.server, flask' >/dev/null 2>&1 && { echo "$py"; return 0; }
+  done
+  return 1
+}
+
+install_moto() {
+  command -v python3 >/dev/null || apt_install python3 python3-venv || die "python3 is needed for moto"
+  say "installing moto[server] from PyPI into $STATE_DIR/moto-venv"
+  if ! python3 -m venv "$STATE_DIR/moto-venv" >/dev/null 2>&1; then
+    apt_install python3-venv >/dev/null 2>&1 || true
+    rm -rf "$STATE_DIR/moto-venv"
+    python3 -m venv "$STATE_DIR/moto-venv" >&2 || die "python3 -m venv failed; install python3-venv"
+  fi
+  "$STATE_DIR/moto-venv/bin/pip" install -q 'moto[server]' >&2 || die "pip install moto[server] failed"
+}
+
+# Starts moto in server mode (a local Secrets Manager) and exports MOTO_ENDPOINT.
+start_moto() {
+  local py port i
+  py=$(moto_python) || { install_moto; py=$(moto_python) || die "moto is not importable after installing it"; }
+  port=$(free_port 55500)
+  "$py" -m moto.server -H 127.0.0.1 -p "$port" >"$STATE_DIR/moto.log" 2>&1 &
+  local pid=$!
+  CLEANUPS+=("kill $pid 2>/dev/null; wait $pid 2>/dev/null")
+  for i in $(seq 1 100); do
+    port_in_use "$port" && break
+    kill -0 "$pid" 2>/dev/null || { cat "$STATE_DIR/moto.log" >&2; die "moto exited"; }
+    sleep 0.1
+  done
+  port_in_use "$port" || die "moto did not listen on $port"
+  say "moto (Secrets Manager) on 127.0.0.1:$port"
+  export MOTO_ENDPOINT="http://127.0.0.1:$port"
+  # Credentials and region for the AWS SDK; moto accepts any.
+  export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
+  unset AWS_PROFILE AWS_SESSION_TOKEN
+}

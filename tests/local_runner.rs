@@ -1,0 +1,106 @@
+//! The local runner, spawned in-process on an ephemeral port and driven over real HTTP, the way
+//! a developer's `curl` would.
+
+use std::sync::Arc;
+
+use pipeline_tests::*;
+use serde_json::json;
+use shared::domain::Scheme;
+use sqlx::PgPool;
+
+async fn spawn_runner(app: &TestApp, max_body: usize) -> String {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = listener.local_addr().unwrap();
+    let router = hookctl::serve::router(Arc::clone(&app.ingestor), max_body);
+    tokio::spawn(hookctl::serve::serve(listener, router));
+    format!("http://{address}")
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_signed_post_over_http_lands_a_row(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let base = spawn_runner(&app, MAX_BODY).await;
+    let client = reqwest::Client::new();
+    let d = delivery(
+        Scheme::Github,
+        &secret_of(Scheme::Github),
+        "72d3162e-cc78-11e3-81ab-4c9367dc0958",
+        now(),
+        json!({}),
+    );
+
+    let send = |headers: http::HeaderMap, body: Vec<u8>| {
+        client
+            .post(format!("{base}/webhooks/github"))
+            .headers(headers)
+            .body(body)
+            .send()
+    };
+    let first = send(d.headers.clone(), d.body.clone()).await.unwrap();
+    let second = send(d.headers.clone(), d.body.clone()).await.unwrap();
+
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        first.json::<serde_json::Value>().await.unwrap(),
+        json!({"status": "accepted"})
+    );
+    assert_eq!(
+        second.json::<serde_json::Value>().await.unwrap(),
+        json!({"status": "duplicate"})
+    );
+    let row = event(&app.pool, TENANT, "72d3162e-cc78-11e3-81ab-4c9367dc0958")
+        .await
+        .unwrap();
+    assert_eq!((row.event_type.as_str(), row.delivery_count), ("issues", 2));
+    assert_eq!(row.payload.as_deref(), Some(&d.body[..]));
+
+    let forged = client
+        .post(format!("{base}/webhooks/github"))
+        .headers(d.headers.clone())
+        .body("{}")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(forged.status(), 401);
+    let unknown = client
+        .post(format!("{base}/webhooks/gitlab"))
+        .headers(d.headers)
+        .body(d.body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(unknown.status(), 404);
+    assert_eq!(
+        client
+            .get(format!("{base}/health"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap(),
+        "ok"
+    );
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_oversized_post_over_http_is_413(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let base = spawn_runner(&app, 1024).await;
+    let d = delivery(
+        Scheme::Github,
+        &secret_of(Scheme::Github),
+        "big",
+        now(),
+        json!({"pad": "x".repeat(4096)}),
+    );
+    let reply = reqwest::Client::new()
+        .post(format!("{base}/webhooks/github"))
+        .headers(d.headers)
+        .body(d.body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 413);
+    assert!(events(&app.pool).await.is_empty());
+}

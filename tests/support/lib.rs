@@ -1,0 +1,298 @@
+//! The test harness: build the ingest function over a fresh database, talk to it as a provider
+//! would (signed requests through the Lambda handler, or HTTP to the local runner), and read
+//! back what an operator would query.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
+use lambda_http::{Body, RequestExt};
+use shared::domain::{Scheme, SourceId, TenantId};
+use shared::extract::FieldMap;
+use shared::ingest::{IngestLimits, Ingestor};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::sources::{self, Source, SourceRegistry};
+use sqlx::PgPool;
+
+pub const TENANT: &str = "acme";
+pub const MAX_BODY: usize = 64 * 1024;
+
+pub fn now() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
+/// A source with the scheme's default field map, verified with secret `secret_ref`.
+pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Source {
+    Source {
+        source_id: SourceId::parse(id).unwrap(),
+        tenant_id: TenantId::parse(tenant).unwrap(),
+        scheme,
+        secret_ref: secret_ref.to_owned(),
+        tolerance: sources::DEFAULT_TOLERANCE,
+        fields: FieldMap::defaults_for(scheme),
+        enabled: true,
+    }
+}
+
+/// One source per scheme, ids `stripe`, `standard_webhooks`, `github`, `shopify`, `slack`,
+/// each with a secret `secret/<id>` whose current value is [`secret_of`].
+pub fn sources_for_every_scheme() -> Vec<Source> {
+    Scheme::ALL
+        .iter()
+        .map(|s| source(s.as_str(), TENANT, *s, &format!("secret/{s}")))
+        .collect()
+}
+
+pub fn secret_of(scheme: Scheme) -> String {
+    match scheme {
+        // Standard Webhooks secrets are whsec_ + base64.
+        Scheme::StandardWebhooks => "whsec_dGVzdC1zZWNyZXQtZm9yLXN0YW5kYXJkLXdlYmhvb2tz".into(),
+        other => format!("{other}-signing-secret"),
+    }
+}
+
+pub fn secrets_for_every_scheme() -> SecretStore {
+    SecretStore::memory(
+        Scheme::ALL
+            .iter()
+            .map(|s| (format!("secret/{s}"), SecretSet::new(secret_of(*s), None))),
+    )
+}
+
+/// The ingest function over `pool`, with the given sources stored and secrets held in memory.
+pub struct TestApp {
+    pub pool: PgPool,
+    pub ingestor: Arc<Ingestor>,
+}
+
+impl TestApp {
+    pub async fn new(pool: PgPool, sources: &[Source], secrets: SecretStore) -> Self {
+        Self::with_limits(pool, sources, secrets, Duration::from_secs(30), MAX_BODY).await
+    }
+
+    pub async fn with_limits(
+        pool: PgPool,
+        list: &[Source],
+        secrets: SecretStore,
+        source_ttl: Duration,
+        max_body_bytes: usize,
+    ) -> Self {
+        sources::apply(&pool, list).await.expect("store sources");
+        let registry = Arc::new(SourceRegistry::new(pool.clone(), source_ttl));
+        let ingestor = Ingestor::new(
+            pool.clone(),
+            registry,
+            Arc::new(secrets),
+            IngestLimits { max_body_bytes },
+        );
+        Self {
+            pool,
+            ingestor: Arc::new(ingestor),
+        }
+    }
+
+    /// Every scheme's source, every scheme's secret.
+    pub async fn spawn(pool: PgPool) -> Self {
+        Self::new(
+            pool,
+            &sources_for_every_scheme(),
+            secrets_for_every_scheme(),
+        )
+        .await
+    }
+
+    /// POSTs through the Lambda handler with a constructed API Gateway request.
+    pub async fn post(&self, source_id: &str, headers: HeaderMap, body: &[u8]) -> Reply {
+        post_to(&self.ingestor, source_id, headers, body).await
+    }
+}
+
+/// What the provider sees.
+#[derive(Debug, Clone)]
+pub struct Reply {
+    pub status: StatusCode,
+    pub headers: HeaderMap,
+    pub json: serde_json::Value,
+}
+
+impl Reply {
+    /// `{"status": ...}` of a 200.
+    pub fn outcome(&self) -> &str {
+        self.json["status"].as_str().unwrap_or("")
+    }
+}
+
+pub async fn post_to(
+    ingestor: &Ingestor,
+    source_id: &str,
+    headers: HeaderMap,
+    body: &[u8],
+) -> Reply {
+    let mut request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "https://example.execute-api.us-east-1.amazonaws.com/webhooks/{source_id}"
+        ))
+        .body(Body::Binary(body.to_vec()))
+        .unwrap();
+    *request.headers_mut() = headers;
+    let request = request.with_path_parameters(HashMap::from([(
+        "source_id".to_owned(),
+        source_id.to_owned(),
+    )]));
+    let response = ingest::handler(request, ingestor)
+        .await
+        .expect("the handler answers every request");
+    let (parts, body) = response.into_parts();
+    let json = serde_json::from_slice(&body).expect("JSON response body");
+    Reply {
+        status: parts.status,
+        headers: parts.headers,
+        json,
+    }
+}
+
+/// A provider's delivery: body and signed headers, plus the id/type headers the scheme uses.
+pub struct Delivery {
+    pub headers: HeaderMap,
+    pub body: Vec<u8>,
+}
+
+/// Builds a delivery of event `id` signed with `secret` at Unix time `at`, in the scheme's
+/// real shape (ids in headers for GitHub/Shopify/Standard Webhooks, in the body otherwise).
+pub fn delivery(
+    scheme: Scheme,
+    secret: &str,
+    id: &str,
+    at: i64,
+    extra: serde_json::Value,
+) -> Delivery {
+    let mut headers = HeaderMap::new();
+    let mut body = match scheme {
+        Scheme::Stripe => {
+            serde_json::json!({"id": id, "object": "event", "type": "payment_intent.succeeded", "data": {"object": {"id": "pi_1"}}})
+        }
+        Scheme::StandardWebhooks => {
+            serde_json::json!({"type": "invoice.paid", "data": {"id": "inv_1"}})
+        }
+        Scheme::Github => {
+            set(&mut headers, "x-github-delivery", id);
+            set(&mut headers, "x-github-event", "issues");
+            serde_json::json!({"action": "opened", "issue": {"number": 1}})
+        }
+        Scheme::Shopify => {
+            set(&mut headers, "x-shopify-webhook-id", id);
+            set(&mut headers, "x-shopify-topic", "orders/updated");
+            serde_json::json!({"admin_graphql_api_id": "gid://shopify/Order/1", "updated_at": "2026-11-30T10:00:00Z"})
+        }
+        Scheme::Slack => {
+            serde_json::json!({"type": "event_callback", "event_id": id, "event": {"type": "message"}})
+        }
+    };
+    if let (Some(target), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+        target.extend(extra.clone());
+    }
+    let body = serde_json::to_vec(&body).unwrap();
+    set(&mut headers, "content-type", "application/json");
+    for (name, value) in
+        shared::signature::sign(scheme, &SigningSecret::new(secret), id, at, &body).unwrap()
+    {
+        headers.insert(name, value);
+    }
+    Delivery { headers, body }
+}
+
+/// The same delivery re-signed over other body bytes (a changed payload under the same id).
+pub fn resign(
+    scheme: Scheme,
+    secret: &str,
+    id: &str,
+    at: i64,
+    mut headers: HeaderMap,
+    body: Vec<u8>,
+) -> Delivery {
+    for (name, value) in
+        shared::signature::sign(scheme, &SigningSecret::new(secret), id, at, &body).unwrap()
+    {
+        headers.insert(name, value);
+    }
+    Delivery { headers, body }
+}
+
+pub fn set(headers: &mut HeaderMap, name: &'static str, value: &str) {
+    headers.insert(
+        HeaderName::from_static(name),
+        HeaderValue::from_str(value).unwrap(),
+    );
+}
+
+/// A `webhook_events` row, as an operator would select it.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct EventRow {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub event_type: String,
+    pub entity_id: Option<String>,
+    pub entity_version: Option<i64>,
+    pub payload: Option<Vec<u8>>,
+    pub payload_sha256: Vec<u8>,
+    pub headers: serde_json::Value,
+    pub verified_with: String,
+    pub delivery_count: i32,
+    pub last_delivery_outcome: String,
+    pub conflict_count: i32,
+    pub superseded_sha256: Option<Vec<u8>>,
+    pub status: String,
+    pub first_received_at: Timestamp,
+    pub last_seen_at: Timestamp,
+}
+
+pub type Timestamp = sqlx::types::chrono::DateTime<sqlx::types::chrono::Utc>;
+
+pub async fn events(pool: &PgPool) -> Vec<EventRow> {
+    sqlx::query_as("SELECT * FROM webhook_events ORDER BY tenant_id, external_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+pub async fn event(pool: &PgPool, tenant: &str, external_id: &str) -> Option<EventRow> {
+    sqlx::query_as("SELECT * FROM webhook_events WHERE tenant_id = $1 AND external_id = $2")
+        .bind(tenant)
+        .bind(external_id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+/// An `ingest_anomalies` row.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct AnomalyRow {
+    pub tenant_id: String,
+    pub source_id: String,
+    pub kind: String,
+    pub external_id: Option<String>,
+    pub payload_sha256: Vec<u8>,
+    pub stored_sha256: Option<Vec<u8>>,
+    pub superseded_sha256: Option<Vec<u8>>,
+    pub payload_replaced: Option<bool>,
+    pub payload: Option<Vec<u8>>,
+    pub detail: String,
+}
+
+pub async fn anomalies(pool: &PgPool) -> Vec<AnomalyRow> {
+    sqlx::query_as("SELECT * FROM ingest_anomalies ORDER BY anomaly_id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+pub fn sha256(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
+}
