@@ -58,6 +58,21 @@ pub enum IngestError {
     Store(#[from] StoreError),
 }
 
+impl IngestError {
+    /// A short stable label for logs and metrics.
+    pub fn reason_code(&self) -> &'static str {
+        match self {
+            IngestError::UnknownSource => "unknown_source",
+            IngestError::PayloadTooLarge { .. } => "payload_too_large",
+            IngestError::Signature(e) => e.reason_code(),
+            IngestError::Unreadable(e) => e.anomaly_kind(),
+            IngestError::Secret(_) => "secret_unavailable",
+            IngestError::Store(e) if e.is_retryable() => "database_unavailable",
+            IngestError::Store(_) => "database_error",
+        }
+    }
+}
+
 /// Limits applied before any work is done on a delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct IngestLimits {
@@ -121,12 +136,22 @@ impl Ingestor {
         &self.pool
     }
 
+    /// Verifies and stores one delivery. Logs one line either way, in a span naming the
+    /// source, tenant and event (never the payload or a secret).
     #[tracing::instrument(
         skip_all,
-        fields(source_id = delivery.source_id, tenant_id, external_id, outcome, bytes = delivery.body.len()),
-        err(level = tracing::Level::WARN)
+        fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
+        let result = self.store_delivery(delivery).await;
+        match &result {
+            Ok(receipt) => tracing::info!(delivery_count = receipt.delivery_count, "stored"),
+            Err(error) => tracing::warn!(reason = error.reason_code(), %error, "delivery refused"),
+        }
+        result
+    }
+
+    async fn store_delivery(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
         let source_id =
             SourceId::parse(delivery.source_id).map_err(|_| IngestError::UnknownSource)?;
         if delivery.body.len() > self.limits.max_body_bytes {
@@ -198,6 +223,7 @@ impl Ingestor {
         )
         .await?;
         span.record("outcome", stored.outcome.as_str());
+        span.record("verified_with", verified.secret.as_str());
         if stored.outcome == DeliveryOutcome::Conflict {
             tracing::warn!(
                 payload_replaced = stored.holds_delivery,
@@ -205,11 +231,6 @@ impl Ingestor {
                 "digest conflict: same event id delivered with a different payload"
             );
         }
-        tracing::info!(
-            delivery_count = stored.delivery_count,
-            verified_with = verified.secret.as_str(),
-            "stored"
-        );
         Ok(Receipt {
             outcome: stored.outcome,
             external_id: fields.external_id,

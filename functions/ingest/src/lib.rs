@@ -53,13 +53,6 @@ fn respond(result: Result<Receipt, IngestError>) -> Response<Body> {
         }
         Err(IngestError::Store(_)) => (StatusCode::INTERNAL_SERVER_ERROR, error("internal error")),
     };
-    if let Err(e) = &result {
-        let cause = match e {
-            IngestError::Signature(v) => v.reason_code(),
-            _ => "",
-        };
-        tracing::warn!(status = status.as_u16(), reason = cause, error = %e, "delivery refused");
-    }
     let mut response = Response::builder()
         .status(status)
         .header(header::CONTENT_TYPE, "application/json");
