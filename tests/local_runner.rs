@@ -11,7 +11,11 @@ use sqlx::PgPool;
 async fn spawn_runner(app: &TestApp, max_body: usize) -> String {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let address = listener.local_addr().unwrap();
-    let router = hookctl::serve::router(Arc::clone(&app.ingestor), max_body);
+    let runner = hookctl::serve::Runner {
+        ingestor: Arc::clone(&app.ingestor),
+        registry: Arc::new(shared::effects::EffectRegistry::standard()),
+    };
+    let router = hookctl::serve::router(runner, max_body);
     tokio::spawn(hookctl::serve::serve(listener, router));
     format!("http://{address}")
 }
@@ -103,4 +107,77 @@ async fn an_oversized_post_over_http_is_413(pool: PgPool) {
         .unwrap();
     assert_eq!(reply.status(), 413);
     assert!(events(&app.pool).await.is_empty());
+}
+
+/// The whole local pipeline: ingest over HTTP, the drain and the outbox on their timer, the
+/// outbox delivering to the runner's own sink.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_local_pipeline_takes_a_payment_from_post_to_delivered_fulfilment(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    pipeline_tests::drain::create_order(&pool, "ord-1", "REF-1", 2500, "eur").await;
+    let base = spawn_runner(&app, MAX_BODY).await;
+    let registry = Arc::new(shared::effects::EffectRegistry::standard());
+    let drainer = shared::drain::Drainer::new(
+        pool.clone(),
+        registry,
+        pipeline_tests::drain::fast_settings(),
+    );
+    let sender = shared::outbox::OutboxSender::new(
+        pool.clone(),
+        shared::outbox::OutboxSettings::new(format!("{base}/outbox-sink")),
+    )
+    .unwrap();
+    let _pipeline = hookctl::serve::spawn_pipeline(
+        Arc::new(drainer),
+        Some(Arc::new(sender)),
+        std::time::Duration::from_millis(50),
+    );
+
+    let d = pipeline_tests::drain::payment("evt_local", "ord-1", "REF-1", 2500, "eur");
+    let reply = reqwest::Client::new()
+        .post(format!("{base}/webhooks/stripe"))
+        .headers(d.headers)
+        .body(d.body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(reply.status(), 200);
+
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    loop {
+        let delivered: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM outbox WHERE status = 'delivered' AND action = 'fulfil_order'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        if delivered == 1 {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "fulfilment not delivered"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        event(&pool, TENANT, "evt_local").await.unwrap().status,
+        "processed"
+    );
+    let state: String = sqlx::query_scalar("SELECT state FROM orders")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(state, "paid");
+
+    let listed: serde_json::Value = reqwest::Client::new()
+        .post(format!("{base}/operator"))
+        .body(r#"{"action":"list_dead_letters"}"#)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(listed, serde_json::json!({"dead_letters": []}));
 }

@@ -9,7 +9,10 @@ use clap::{Args, Parser, Subcommand};
 use hookctl::{captured, serve, verify};
 use shared::config::{SecretsBackend, Vars};
 use shared::domain::{Scheme, SourceId};
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
 use shared::ingest::Ingestor;
+use shared::outbox::{OutboxSender, OutboxSettings};
 use shared::secrets::{AwsSecrets, SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, DEFAULT_TOLERANCE};
 use shared::store::{self, MIGRATOR, PoolSettings};
@@ -41,6 +44,13 @@ enum Command {
     Verify(VerifyArgs),
     /// Print the headers a provider would sign a body with (for curl and tests).
     Sign(SignArgs),
+    /// Run one operator action, the operator Lambda's JSON (replay, list or triage dead letters).
+    Operator {
+        /// e.g. '{"action":"replay","filter":{"event_type":"invoice.paid"}}'
+        request: String,
+    },
+    /// Drain the queue once, as the drain Lambda does.
+    Drain,
 }
 
 #[derive(Args)]
@@ -53,6 +63,12 @@ struct ServeArgs {
     /// Read signing secrets from this TOML file instead of Secrets Manager.
     #[arg(long)]
     secrets_file: Option<PathBuf>,
+    /// Where the outbox delivers (default: this runner's own /outbox-sink, which logs).
+    #[arg(long)]
+    outbox_target: Option<String>,
+    /// How often the drain and the outbox run, in milliseconds.
+    #[arg(long, default_value_t = 1000)]
+    pipeline_interval_ms: u64,
 }
 
 #[derive(Subcommand)]
@@ -121,6 +137,8 @@ async fn main() -> ExitCode {
         Command::Sources { action } => run_sources(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
+        Command::Operator { request } => run_operator(&request).await,
+        Command::Drain => run_drain().await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -223,8 +241,29 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
-    eprintln!("ingest listening on http://{}", args.listen);
-    let router = serve::router(Arc::new(ingestor), settings.max_body_bytes);
+    let registry = Arc::new(EffectRegistry::standard());
+    let drainer = Drainer::new(
+        ingestor.pool().clone(),
+        registry.clone(),
+        vars.drain().map_err(|e| e.to_string())?,
+    );
+    let target = args
+        .outbox_target
+        .unwrap_or_else(|| format!("http://{}/outbox-sink", args.listen));
+    let sender = OutboxSender::new(ingestor.pool().clone(), OutboxSettings::new(&target))
+        .map_err(|e| e.to_string())?;
+    let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
+    let _pipeline = serve::spawn_pipeline(Arc::new(drainer), Some(Arc::new(sender)), every);
+    eprintln!(
+        "ingest listening on http://{}; drain and outbox (→ {target}) every {} ms",
+        args.listen,
+        every.as_millis()
+    );
+    let runner = serve::Runner {
+        ingestor: Arc::new(ingestor),
+        registry,
+    };
+    let router = serve::router(runner, settings.max_body_bytes);
     tokio::select! {
         served = serve::serve(listener, router) => served.map_err(|e| e.to_string()),
         _ = tokio::signal::ctrl_c() => Ok(()),
@@ -344,6 +383,36 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         report.lines.insert(0, line);
     }
     Ok(report)
+}
+
+async fn run_operator(request: &str) -> CmdResult {
+    let json: serde_json::Value =
+        serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
+    let request = shared::operator::parse(json).map_err(|e| e.to_string())?;
+    let pool = pool().await?;
+    let response = shared::operator::handle(&pool, &EffectRegistry::standard(), request)
+        .await
+        .map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&response).unwrap_or_default()
+    );
+    Ok(())
+}
+
+async fn run_drain() -> CmdResult {
+    let vars = Vars::process();
+    let drainer = Drainer::new(
+        pool().await?,
+        Arc::new(EffectRegistry::standard()),
+        vars.drain().map_err(|e| e.to_string())?,
+    );
+    let outcome = drainer
+        .drain_until(std::time::Instant::now() + Duration::from_secs(3600))
+        .await
+        .map_err(|e| e.to_string())?;
+    println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
+    Ok(())
 }
 
 fn run_sign(args: SignArgs) -> CmdResult {

@@ -1,6 +1,8 @@
 //! The local runner: the ingest Lambda's handler served over plain HTTP, so `curl` with a signed
 //! body lands a row in the local database. Requests go through the same `ingest::handler` API
-//! Gateway calls in AWS, with the route's `{source_id}` passed as a path parameter.
+//! Gateway calls in AWS, with the route's `{source_id}` passed as a path parameter. Beside it,
+//! [`spawn_pipeline`] runs the drain and the outbox on a timer, as EventBridge would, and
+//! `POST /operator` takes the operator Lambda's JSON.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -12,16 +14,86 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use lambda_http::RequestExt;
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
 use shared::ingest::Ingestor;
+use shared::operator;
+use shared::outbox::OutboxSender;
 
-/// `POST /webhooks/{source_id}` and `GET /health`. `max_body_bytes` is the ingest limit: the
+#[derive(Clone)]
+pub struct Runner {
+    pub ingestor: Arc<Ingestor>,
+    pub registry: Arc<EffectRegistry>,
+}
+
+/// `POST /webhooks/{source_id}`, `POST /operator`, `POST /outbox-sink` (a stand-in target that
+/// logs what the outbox delivers) and `GET /health`. `max_body_bytes` is the ingest limit: the
 /// router lets one byte more through so the handler, not the router, answers 413.
-pub fn router(ingestor: Arc<Ingestor>, max_body_bytes: usize) -> Router {
+pub fn router(runner: Runner, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/webhooks/{source_id}", post(receive))
+        .route("/operator", post(operate))
+        .route("/outbox-sink", post(sink))
         .route("/health", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(max_body_bytes.saturating_add(1)))
-        .with_state(ingestor)
+        .with_state(runner)
+}
+
+/// Runs a drain pass and an outbox pass every `every`, until the task is dropped.
+pub fn spawn_pipeline(
+    drainer: Arc<Drainer>,
+    sender: Option<Arc<OutboxSender>>,
+    every: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let pass_ends = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            if let Err(error) = drainer.drain_until(pass_ends).await {
+                tracing::warn!(%error, "drain pass failed");
+            }
+            if let Some(sender) = &sender
+                && let Err(error) = sender.send_until(pass_ends).await
+            {
+                tracing::warn!(%error, "outbox pass failed");
+            }
+        }
+    })
+}
+
+async fn operate(State(runner): State<Runner>, body: Bytes) -> Response {
+    let request = serde_json::from_slice(&body)
+        .map_err(|e| operator::OperatorError::BadRequest(e.to_string()))
+        .and_then(operator::parse);
+    let result = match request {
+        Ok(request) => operator::handle(runner.ingestor.pool(), &runner.registry, request).await,
+        Err(e) => Err(e),
+    };
+    match result {
+        Ok(response) => (StatusCode::OK, axum::Json(response)).into_response(),
+        Err(error @ operator::OperatorError::BadRequest(_)) => {
+            (StatusCode::BAD_REQUEST, error.to_string()).into_response()
+        }
+        Err(error) => (StatusCode::SERVICE_UNAVAILABLE, error.to_string()).into_response(),
+    }
+}
+
+async fn sink(headers: HeaderMap, body: Bytes) -> StatusCode {
+    let key = headers
+        .get("idempotency-key")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let action = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["action"].as_str().map(str::to_owned));
+    tracing::info!(
+        idempotency_key = key,
+        action = action.as_deref().unwrap_or("?"),
+        "outbox-sink received"
+    );
+    StatusCode::NO_CONTENT
 }
 
 /// Serves until the listener fails or the task is dropped.
@@ -30,7 +102,7 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
 }
 
 async fn receive(
-    State(ingestor): State<Arc<Ingestor>>,
+    State(runner): State<Runner>,
     Path(source_id): Path<String>,
     headers: HeaderMap,
     body: Bytes,
@@ -43,7 +115,7 @@ async fn receive(
     *request.headers_mut() = headers;
     let request =
         request.with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]));
-    match ingest::handler(request, &ingestor).await {
+    match ingest::handler(request, &runner.ingestor).await {
         Ok(response) => {
             let (parts, body) = response.into_parts();
             (parts.status, parts.headers, body.to_vec()).into_response()

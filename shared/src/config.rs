@@ -161,6 +161,62 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
     }
 }
 
+impl<F: Fn(&str) -> Option<String>> Vars<F> {
+    fn millis(&self, var: &'static str, default: Duration) -> Result<Duration, ConfigError> {
+        self.parsed(var, default.as_millis() as u64)
+            .map(Duration::from_millis)
+    }
+
+    /// The database pool for a function, lazily connected.
+    pub async fn pool(&self) -> Result<sqlx::PgPool, ConfigError> {
+        let database = self.database()?;
+        let options = database.connect_options(&self.aws_secrets()?).await?;
+        Ok(crate::store::lazy_pool(options, &database.pool))
+    }
+
+    /// How close to the Lambda deadline a scheduled function stops starting new batches.
+    pub fn deadline_margin(&self) -> Result<Duration, ConfigError> {
+        self.millis("DEADLINE_MARGIN_MS", Duration::from_secs(3))
+    }
+
+    pub fn drain(&self) -> Result<crate::drain::DrainSettings, ConfigError> {
+        let d = crate::drain::DrainSettings::default();
+        let settings = crate::drain::DrainSettings {
+            batch_size: self.parsed("DRAIN_BATCH_SIZE", d.batch_size)?,
+            max_attempts: self.parsed("DRAIN_MAX_ATTEMPTS", d.max_attempts)?,
+            backoff_base: self.millis("DRAIN_BACKOFF_BASE_MS", d.backoff_base)?,
+            backoff_cap: self.seconds("DRAIN_BACKOFF_CAP_SECONDS", d.backoff_cap)?,
+            vacuum_after_rows: self.parsed("DRAIN_VACUUM_AFTER_ROWS", d.vacuum_after_rows)?,
+            vacuum_interval: self.seconds("DRAIN_VACUUM_INTERVAL_SECONDS", d.vacuum_interval)?,
+        };
+        settings.validate().map_err(|reason| ConfigError::Invalid {
+            var: "DRAIN_*",
+            reason,
+        })?;
+        Ok(settings)
+    }
+
+    pub fn outbox(&self) -> Result<crate::outbox::OutboxSettings, ConfigError> {
+        let target = self.get("OUTBOX_TARGET_URL").ok_or(ConfigError::Missing {
+            var: "OUTBOX_TARGET_URL",
+            hint: " (where outbox messages are POSTed)",
+        })?;
+        if !(target.starts_with("https://") || target.starts_with("http://")) {
+            return Err(ConfigError::Invalid {
+                var: "OUTBOX_TARGET_URL",
+                reason: format!("{target:?} is not an http(s) URL"),
+            });
+        }
+        let d = crate::outbox::OutboxSettings::new(target);
+        Ok(crate::outbox::OutboxSettings {
+            batch_size: self.parsed("OUTBOX_BATCH_SIZE", d.batch_size)?,
+            max_attempts: self.parsed("OUTBOX_MAX_ATTEMPTS", d.max_attempts)?,
+            request_timeout: self.millis("OUTBOX_TIMEOUT_MS", d.request_timeout)?,
+            ..d
+        })
+    }
+}
+
 /// The credentials secret RDS writes for a database.
 #[derive(Deserialize)]
 struct RdsSecret {
@@ -247,6 +303,31 @@ mod tests {
         assert_eq!(s.database.pool.max_connections, 2);
         assert!(
             matches!(s.secrets, SecretsBackend::Aws(ref a) if a.ttl == DEFAULT_SECRET_CACHE_TTL)
+        );
+    }
+
+    #[test]
+    fn drain_and_outbox_settings_read_and_validate() {
+        let v = vars(&[
+            ("DRAIN_BATCH_SIZE", "50"),
+            ("DRAIN_BACKOFF_BASE_MS", "250"),
+            ("OUTBOX_TARGET_URL", "https://x.example/hook"),
+        ]);
+        let drain = v.drain().unwrap();
+        assert_eq!(
+            (drain.batch_size, drain.backoff_base),
+            (50, Duration::from_millis(250))
+        );
+        assert_eq!(v.outbox().unwrap().target_url, "https://x.example/hook");
+        assert!(vars(&[("DRAIN_BATCH_SIZE", "0")]).drain().is_err());
+        assert!(vars(&[("OUTBOX_TARGET_URL", "ftp://x")]).outbox().is_err());
+        assert!(
+            vars(&[])
+                .outbox()
+                .err()
+                .unwrap()
+                .to_string()
+                .starts_with("OUTBOX_TARGET_URL is not set")
         );
     }
 

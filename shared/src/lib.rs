@@ -4,8 +4,12 @@
 
 pub mod config;
 pub mod domain;
+pub mod drain;
+pub mod effects;
 pub mod extract;
 pub mod ingest;
+pub mod operator;
+pub mod outbox;
 pub mod secrets;
 pub mod signature;
 pub mod sources;

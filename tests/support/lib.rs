@@ -296,3 +296,269 @@ pub fn sha256(bytes: &[u8]) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).to_vec()
 }
+
+// ---- The drain ----------------------------------------------------------------------------
+
+pub mod drain {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
+
+    use serde_json::json;
+    use shared::domain::{FieldLocator, Scheme};
+    use shared::drain::{DrainOutcome, DrainSettings, Drainer};
+    use shared::effects::{Effect, EffectError, EffectFuture, EffectHandler, EffectRegistry};
+    use shared::secrets::SecretSet;
+    use shared::store::event_queue::ClaimedEvent;
+    use sqlx::PgPool;
+
+    use super::*;
+
+    /// A Standard Webhooks source whose events carry an entity id and version in `data`.
+    pub const ENTITIES: &str = "entities";
+    pub const ENTITIES_SECRET: &str = "whsec_ZW50aXRpZXMtc291cmNlLXNpZ25pbmcta2V5";
+
+    pub fn entity_source() -> shared::sources::Source {
+        let mut s = source(
+            ENTITIES,
+            TENANT,
+            Scheme::StandardWebhooks,
+            "secret/entities",
+        );
+        s.fields.entity_id = Some(FieldLocator::json("/data/id"));
+        s.fields.entity_version = Some(FieldLocator::json("/data/version"));
+        s
+    }
+
+    /// Every scheme's source plus the entity source, with their secrets.
+    pub async fn app(pool: PgPool) -> TestApp {
+        let mut sources = sources_for_every_scheme();
+        sources.push(entity_source());
+        let mut secrets: Vec<(String, SecretSet)> = Scheme::ALL
+            .iter()
+            .map(|s| (format!("secret/{s}"), SecretSet::new(secret_of(*s), None)))
+            .collect();
+        secrets.push((
+            "secret/entities".into(),
+            SecretSet::new(ENTITIES_SECRET, None),
+        ));
+        TestApp::new(
+            pool,
+            &sources,
+            shared::secrets::SecretStore::memory(secrets),
+        )
+        .await
+    }
+
+    /// An entity event: `{"type": <event_type>, "data": {"id": <entity>, "version": <v>, ...}}`.
+    pub fn entity_event(id: &str, entity: &str, version: i64, event_type: &str) -> Delivery {
+        let body = json!({"type": event_type, "data": {"id": entity, "version": version, "name": format!("{entity} v{version}")}});
+        resign(
+            Scheme::StandardWebhooks,
+            ENTITIES_SECRET,
+            id,
+            now(),
+            http::HeaderMap::new(),
+            serde_json::to_vec(&body).unwrap(),
+        )
+    }
+
+    pub fn fast_settings() -> DrainSettings {
+        DrainSettings {
+            batch_size: 50,
+            max_attempts: 3,
+            backoff_base: Duration::from_millis(5),
+            backoff_cap: Duration::from_millis(40),
+            ..DrainSettings::default()
+        }
+    }
+
+    pub fn drainer(pool: &PgPool, registry: Arc<EffectRegistry>) -> Drainer {
+        Drainer::new(pool.clone(), registry, fast_settings())
+    }
+
+    pub async fn queue_len(pool: &PgPool) -> i64 {
+        sqlx::query_scalar("SELECT count(*) FROM event_queue")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    }
+
+    /// Drains until the queue is empty (retries included), failing after `limit`.
+    pub async fn drain_all(drainer: &Drainer, pool: &PgPool, limit: Duration) -> DrainOutcome {
+        let give_up = Instant::now() + limit;
+        let mut total = DrainOutcome::default();
+        while queue_len(pool).await > 0 {
+            assert!(Instant::now() < give_up, "queue not empty after {limit:?}");
+            let pass = drainer
+                .drain_until(Instant::now() + Duration::from_secs(5))
+                .await
+                .expect("drain pass");
+            total.batches += pass.batches;
+            total.claimed += pass.claimed;
+            total.processed += pass.processed;
+            total.retried += pass.retried;
+            total.dead_lettered += pass.dead_lettered;
+            if pass.claimed == 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        }
+        total
+    }
+
+    /// Records every committed application of an effect: a row in `test_applications`,
+    /// written inside the handler's savepoint, so rolled-back attempts leave no trace.
+    pub async fn create_application_log(pool: &PgPool) {
+        sqlx::query("CREATE TABLE test_applications (tenant_id text, external_id text, applied_at timestamptz DEFAULT clock_timestamp())")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+
+    /// How many times each event's effect was committed, at most and at least.
+    pub async fn application_counts(pool: &PgPool) -> (i64, i64, i64) {
+        sqlx::query_as(
+            "SELECT COALESCE(min(n), 0), COALESCE(max(n), 0), count(*) FROM \
+             (SELECT count(*) AS n FROM test_applications GROUP BY tenant_id, external_id) AS per_event",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    }
+
+    /// Wraps a handler: logs each application, and can be made to fail on chosen entities.
+    pub struct Instrumented {
+        pub inner: Arc<dyn EffectHandler>,
+        /// Entity ids that fail while `broken` is set.
+        pub poison: Vec<String>,
+        pub fatal: bool,
+        pub broken: AtomicBool,
+    }
+
+    impl Instrumented {
+        pub fn new(inner: Arc<dyn EffectHandler>) -> Self {
+            Self {
+                inner,
+                poison: Vec::new(),
+                fatal: false,
+                broken: AtomicBool::new(true),
+            }
+        }
+    }
+
+    impl EffectHandler for Instrumented {
+        fn name(&self) -> &'static str {
+            "instrumented"
+        }
+
+        fn apply<'a>(
+            &'a self,
+            conn: &'a mut sqlx::PgConnection,
+            event: &'a ClaimedEvent,
+        ) -> EffectFuture<'a> {
+            Box::pin(async move {
+                let poisoned = event
+                    .entity_id
+                    .as_ref()
+                    .is_some_and(|e| self.poison.contains(e));
+                if poisoned && self.broken.load(Ordering::SeqCst) {
+                    let why = format!("poison entity {:?} rejected", event.entity_id);
+                    return Err(if self.fatal {
+                        EffectError::Fatal(why)
+                    } else {
+                        EffectError::Retryable(why)
+                    });
+                }
+                sqlx::query(
+                    "INSERT INTO test_applications (tenant_id, external_id) VALUES ($1, $2)",
+                )
+                .bind(&event.tenant_id)
+                .bind(&event.external_id)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| EffectError::from(shared::store::StoreError::from(e)))?;
+                let effect: Effect = self.inner.apply(conn, event).await?;
+                Ok(effect)
+            })
+        }
+    }
+
+    /// The standard registry with its fallback wrapped in `instrumented`.
+    pub fn registry_with(instrumented: Arc<Instrumented>) -> Arc<EffectRegistry> {
+        let mut registry = EffectRegistry::new(instrumented);
+        registry.register(
+            Scheme::Stripe,
+            "payment_intent.succeeded",
+            Arc::new(shared::effects::payments::Payments::stripe()),
+        );
+        Arc::new(registry)
+    }
+
+    /// Inserts `n` pending entity events straight into the queue (a fixture for volume tests;
+    /// the ingest statement itself is exercised elsewhere).
+    pub async fn bulk_events(pool: &PgPool, n: i64) {
+        sqlx::query(
+            "WITH e AS ( \
+                 INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, entity_id, entity_version, \
+                     payload, payload_sha256, verified_with, received_at, first_received_at, last_seen_at) \
+                 SELECT $1, 'bulk-' || g, $2, 'item.updated', 'item-' || g, 1, \
+                     convert_to(json_build_object('type', 'item.updated', 'data', json_build_object('id', 'item-' || g, 'version', 1))::text, 'UTF8'), \
+                     sha256(convert_to('bulk-' || g, 'UTF8')), 'current', now(), now(), now() \
+                 FROM generate_series(1, $3) AS g \
+                 RETURNING tenant_id, external_id) \
+             INSERT INTO event_queue (tenant_id, external_id) SELECT tenant_id, external_id FROM e",
+        )
+        .bind(TENANT)
+        .bind(ENTITIES)
+        .bind(n)
+        .execute(pool)
+        .await
+        .unwrap();
+    }
+
+    pub async fn create_order(
+        pool: &PgPool,
+        order_id: &str,
+        reference: &str,
+        amount: i64,
+        currency: &str,
+    ) {
+        sqlx::query("INSERT INTO orders (tenant_id, order_id, merchant_reference, amount_minor, currency) VALUES ($1, $2, $3, $4, $5)")
+            .bind(TENANT)
+            .bind(order_id)
+            .bind(reference)
+            .bind(amount)
+            .bind(currency)
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+
+    /// A Stripe `payment_intent.succeeded` for `order_id`.
+    pub fn payment(
+        id: &str,
+        order_id: &str,
+        reference: &str,
+        amount: i64,
+        currency: &str,
+    ) -> Delivery {
+        let body = json!({
+            "id": id, "object": "event", "type": "payment_intent.succeeded",
+            "data": {"object": {"id": format!("pi_{order_id}"), "object": "payment_intent", "amount": amount,
+                "amount_received": amount, "currency": currency,
+                "metadata": {"order_id": order_id, "merchant_reference": reference}}}
+        });
+        resign(
+            Scheme::Stripe,
+            &secret_of(Scheme::Stripe),
+            id,
+            now(),
+            http::HeaderMap::new(),
+            serde_json::to_vec(&body).unwrap(),
+        )
+    }
+
+    pub async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
+        sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+    }
+}

@@ -1,13 +1,18 @@
 //! All SQL lives under this module: one file per table, each function generic over the
 //! executor so callers own the transaction. Database errors become [`StoreError`] in one place.
 
+pub mod dead_letters;
+pub mod entities;
+pub mod event_queue;
 pub mod ingest_anomalies;
+pub mod orders;
+pub mod outbox;
 pub mod sources;
 pub mod webhook_events;
 
 use std::time::Duration;
 
-use sqlx::PgPool;
+pub use sqlx::PgPool;
 use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -29,6 +34,15 @@ pub enum StoreError {
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(self, StoreError::Unavailable(_))
+    }
+
+    /// The error type a Lambda function reports: retried invocations can be told apart.
+    pub fn diagnostic_type(&self) -> &'static str {
+        if self.is_retryable() {
+            "DatabaseUnavailable"
+        } else {
+            "DatabaseError"
+        }
     }
 }
 

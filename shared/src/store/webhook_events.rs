@@ -56,7 +56,8 @@ pub struct Upserted {
 /// anomaly: an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` counts the delivery,
 /// compares digests against the stored row (locked by the upsert itself), and replaces the
 /// payload only when the row is still pending and the delivery is not an older entity version.
-/// The conflict record is written by a data-modifying CTE of the same statement.
+/// The conflict record, and for a new event its place in `event_queue`, are written by
+/// data-modifying CTEs of the same statement.
 const UPSERT: &str = r#"
 WITH delivered AS (
     INSERT INTO webhook_events AS stored (
@@ -103,6 +104,9 @@ WITH delivered AS (
                      || d.status || ')' END
     FROM delivered AS d
     WHERE d.last_delivery_outcome = 'conflict'
+), queued AS (
+    INSERT INTO event_queue (tenant_id, external_id)
+    SELECT $1, $2 FROM delivered WHERE last_delivery_outcome = 'accepted'
 )
 SELECT last_delivery_outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery
 FROM delivered

@@ -1,0 +1,29 @@
+//! The operator Lambda: invoked directly (`aws lambda invoke`) with the JSON of
+//! `shared::operator::OperatorRequest`, answers with its counts or listing.
+
+use lambda_runtime::{Diagnostic, LambdaEvent};
+use shared::effects::EffectRegistry;
+use shared::operator::{self, OperatorError, OperatorResponse};
+use shared::store::PgPool;
+
+pub async fn handler(
+    event: LambdaEvent<serde_json::Value>,
+    pool: &PgPool,
+    registry: &EffectRegistry,
+) -> Result<OperatorResponse, Diagnostic> {
+    let request = operator::parse(event.payload).map_err(diagnostic)?;
+    operator::handle(pool, registry, request)
+        .await
+        .map_err(diagnostic)
+}
+
+fn diagnostic(error: OperatorError) -> Diagnostic {
+    let error_type = match &error {
+        OperatorError::BadRequest(_) => "BadRequest",
+        OperatorError::Store(e) => e.diagnostic_type(),
+    };
+    Diagnostic {
+        error_type: error_type.into(),
+        error_message: error.to_string(),
+    }
+}

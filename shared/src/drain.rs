@@ -1,0 +1,360 @@
+//! The drain: turns queued events into trusted state, exactly once.
+//!
+//! A batch is one transaction: claim up to `batch_size` ready events (`FOR UPDATE SKIP
+//! LOCKED`, so concurrent drainers never wait on each other), apply each event's effect under
+//! its own savepoint (one bad event never rolls back its batch), then complete, reschedule and
+//! dead-letter the batch with one statement each, and commit. A drainer that dies mid-batch
+//! commits nothing; its rows unlock and are claimed again.
+//!
+//! Finished work leaves `event_queue` by DELETE, so the claim index holds only what waits; the
+//! drainer itself vacuums the queue as it goes (besides autovacuum) so dead index entries do
+//! not pile up at the head of the queue and slow every claim.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rand::Rng;
+use serde::Serialize;
+use sqlx::{Connection, PgPool};
+
+use crate::effects::{Effect, EffectError, EffectRegistry};
+use crate::store::StoreError;
+use crate::store::dead_letters::{self, ReplayFilter};
+use crate::store::event_queue::{self, ClaimedEvent};
+
+/// Drain settings, with the defaults named here.
+#[derive(Debug, Clone)]
+pub struct DrainSettings {
+    pub batch_size: i64,
+    /// Attempts an event gets before a retryable failure dead-letters it.
+    pub max_attempts: i32,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    /// Vacuum the queue after this many rows left it (and at most every `vacuum_interval`).
+    pub vacuum_after_rows: u64,
+    pub vacuum_interval: Duration,
+}
+
+impl Default for DrainSettings {
+    fn default() -> Self {
+        Self {
+            batch_size: 100,
+            max_attempts: 8,
+            backoff_base: Duration::from_secs(1),
+            backoff_cap: Duration::from_secs(15 * 60),
+            vacuum_after_rows: 20_000,
+            vacuum_interval: Duration::from_secs(5),
+        }
+    }
+}
+
+impl DrainSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=10_000).contains(&self.batch_size) {
+            return Err(format!(
+                "batch size {} is outside 1..=10000",
+                self.batch_size
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err("max attempts must be at least 1".into());
+        }
+        if self.backoff_base.is_zero() || self.backoff_cap < self.backoff_base {
+            return Err("backoff base must be positive and not above the cap".into());
+        }
+        Ok(())
+    }
+}
+
+/// `min(cap, base · 2^attempts)` with full jitter: a uniform delay in `[0, that]`.
+pub fn retry_delay(attempts_before: i32, base: Duration, cap: Duration) -> Duration {
+    let exponent = attempts_before.clamp(0, 30) as u32;
+    let ceiling = base.saturating_mul(1u32 << exponent).min(cap);
+    let millis = ceiling.as_millis() as u64;
+    Duration::from_millis(rand::rng().random_range(0..=millis))
+}
+
+/// The instant `margin` before `deadline` (a Lambda invocation's, say): when a pass stops
+/// starting new batches.
+pub fn stop_before(deadline: std::time::SystemTime, margin: Duration) -> Instant {
+    let remaining = deadline
+        .duration_since(std::time::SystemTime::now())
+        .unwrap_or(Duration::ZERO);
+    Instant::now() + remaining.saturating_sub(margin)
+}
+
+/// What a drain run did, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct DrainOutcome {
+    pub batches: u64,
+    pub claimed: u64,
+    pub processed: u64,
+    pub retried: u64,
+    pub dead_lettered: u64,
+    pub vacuums: u64,
+}
+
+impl DrainOutcome {
+    fn add(&mut self, other: &DrainOutcome) {
+        self.batches += other.batches;
+        self.claimed += other.claimed;
+        self.processed += other.processed;
+        self.retried += other.retried;
+        self.dead_lettered += other.dead_lettered;
+        self.vacuums += other.vacuums;
+    }
+}
+
+pub struct Drainer {
+    pool: PgPool,
+    registry: Arc<EffectRegistry>,
+    settings: DrainSettings,
+    left_since_vacuum: AtomicU64,
+    last_vacuum: std::sync::Mutex<Instant>,
+}
+
+/// Per-batch decisions, applied with one statement each.
+#[derive(Default)]
+struct Decisions {
+    done: (Vec<String>, Vec<String>),
+    retry: (Vec<String>, Vec<String>, Vec<i64>, Vec<String>),
+    dead: (Vec<String>, Vec<String>, Vec<String>, Vec<&'static str>),
+}
+
+impl Drainer {
+    pub fn new(pool: PgPool, registry: Arc<EffectRegistry>, settings: DrainSettings) -> Self {
+        Self {
+            pool,
+            registry,
+            settings,
+            left_since_vacuum: AtomicU64::new(0),
+            last_vacuum: std::sync::Mutex::new(Instant::now()),
+        }
+    }
+
+    /// Drains until a batch comes back short (nothing more is ready) or `deadline` passes.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn drain_until(&self, deadline: Instant) -> Result<DrainOutcome, StoreError> {
+        let mut total = DrainOutcome::default();
+        while Instant::now() < deadline {
+            let batch = self.run_once().await?;
+            total.add(&batch);
+            if batch.claimed < self.settings.batch_size as u64 {
+                break;
+            }
+        }
+        tracing::info!(?total, "drain pass finished");
+        Ok(total)
+    }
+
+    /// One batch, one transaction.
+    pub async fn run_once(&self) -> Result<DrainOutcome, StoreError> {
+        let mut tx = self.pool.begin().await?;
+        let claimed = event_queue::claim(&mut tx, self.settings.batch_size).await?;
+        if claimed.is_empty() {
+            tx.rollback().await?;
+            return Ok(DrainOutcome {
+                batches: 1,
+                ..DrainOutcome::default()
+            });
+        }
+        let mut decisions = Decisions::default();
+        for event in &claimed {
+            match apply_under_savepoint(&mut tx, &self.registry, event).await {
+                Ok(_) => {
+                    decisions.done.0.push(event.tenant_id.clone());
+                    decisions.done.1.push(event.external_id.clone());
+                }
+                Err(EffectError::Aborted(error)) => return Err(error),
+                Err(EffectError::Retryable(why))
+                    if event.attempts + 1 < self.settings.max_attempts =>
+                {
+                    let delay = retry_delay(
+                        event.attempts,
+                        self.settings.backoff_base,
+                        self.settings.backoff_cap,
+                    );
+                    decisions.retry.0.push(event.tenant_id.clone());
+                    decisions.retry.1.push(event.external_id.clone());
+                    decisions.retry.2.push(delay.as_millis() as i64);
+                    decisions.retry.3.push(why);
+                }
+                Err(error) => {
+                    let reason = if matches!(error, EffectError::Fatal(_)) {
+                        "fatal"
+                    } else {
+                        "exhausted"
+                    };
+                    tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, reason, %error, "dead-lettering");
+                    decisions.dead.0.push(event.tenant_id.clone());
+                    decisions.dead.1.push(event.external_id.clone());
+                    decisions.dead.2.push(error.to_string());
+                    decisions.dead.3.push(reason);
+                }
+            }
+        }
+        let (d, r, x) = (&decisions.done, &decisions.retry, &decisions.dead);
+        event_queue::complete(&mut *tx, &d.0, &d.1).await?;
+        event_queue::retry_later(&mut *tx, &r.0, &r.1, &r.2, &r.3).await?;
+        dead_letters::bury(&mut *tx, &x.0, &x.1, &x.2, &x.3).await?;
+        tx.commit().await?;
+
+        let mut outcome = DrainOutcome {
+            batches: 1,
+            claimed: claimed.len() as u64,
+            processed: d.0.len() as u64,
+            retried: r.0.len() as u64,
+            dead_lettered: x.0.len() as u64,
+            vacuums: 0,
+        };
+        if self.vacuum_due(outcome.processed + outcome.dead_lettered) {
+            event_queue::vacuum(&self.pool).await?;
+            outcome.vacuums = 1;
+        }
+        Ok(outcome)
+    }
+
+    fn vacuum_due(&self, left: u64) -> bool {
+        let total = self.left_since_vacuum.fetch_add(left, Ordering::Relaxed) + left;
+        if total < self.settings.vacuum_after_rows {
+            return false;
+        }
+        let mut last = self.last_vacuum.lock().expect("lock poisoned");
+        if last.elapsed() < self.settings.vacuum_interval {
+            return false;
+        }
+        *last = Instant::now();
+        self.left_since_vacuum.store(0, Ordering::Relaxed);
+        true
+    }
+}
+
+/// Applies one event's effect under a savepoint: released on success, rolled back on failure
+/// (the batch's transaction stays usable). `Aborted` means the transaction itself is gone.
+async fn apply_under_savepoint(
+    conn: &mut sqlx::PgConnection,
+    registry: &EffectRegistry,
+    event: &ClaimedEvent,
+) -> Result<Effect, EffectError> {
+    let mut savepoint = conn
+        .begin()
+        .await
+        .map_err(|e| EffectError::Aborted(e.into()))?;
+    let handler = registry.handler_for(event);
+    match handler.apply(&mut savepoint, event).await {
+        Ok(effect) => {
+            savepoint
+                .commit()
+                .await
+                .map_err(|e| EffectError::Aborted(e.into()))?;
+            tracing::debug!(handler = handler.name(), external_id = %event.external_id, ?effect, "applied");
+            Ok(effect)
+        }
+        Err(error) => {
+            savepoint
+                .rollback()
+                .await
+                .map_err(|e| EffectError::Aborted(e.into()))?;
+            Err(error)
+        }
+    }
+}
+
+/// What a replay did, counted.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct ReplayOutcome {
+    /// Open dead letters the filter matched.
+    pub selected: u64,
+    /// Processed this time: their letters are now `replayed`.
+    pub replayed: u64,
+    /// Failed again: their letters stay open with the new error.
+    pub failed: u64,
+    /// Taken by a concurrent replay, or closed meanwhile.
+    pub skipped: u64,
+}
+
+/// Replays open dead letters through the normal processing path: the same registry, the same
+/// handlers, one transaction per event. A success closes the letter as `replayed` and marks the
+/// event processed; a failure keeps the letter open with the new error. Replayed letters are
+/// not open, so replaying the same filter again selects nothing.
+#[tracing::instrument(skip_all, err)]
+pub async fn replay(
+    pool: &PgPool,
+    registry: &EffectRegistry,
+    filter: &ReplayFilter,
+) -> Result<ReplayOutcome, StoreError> {
+    let letters = dead_letters::select_open(pool, filter).await?;
+    let mut outcome = ReplayOutcome {
+        selected: letters.len() as u64,
+        ..ReplayOutcome::default()
+    };
+    for letter in letters {
+        let mut tx = pool.begin().await?;
+        let Some(event) = dead_letters::claim_for_replay(&mut tx, letter.dead_letter_id).await?
+        else {
+            outcome.skipped += 1;
+            continue;
+        };
+        match apply_under_savepoint(&mut tx, registry, &event).await {
+            Ok(_) => {
+                dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id).await?;
+                outcome.replayed += 1;
+            }
+            Err(EffectError::Aborted(error)) => return Err(error),
+            Err(error) => {
+                dead_letters::record_failed_replay(
+                    &mut *tx,
+                    letter.dead_letter_id,
+                    &error.to_string(),
+                )
+                .await?;
+                outcome.failed += 1;
+            }
+        }
+        tx.commit().await?;
+    }
+    tracing::info!(?outcome, "replay finished");
+    Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn retry_delays_grow_to_the_cap_with_full_jitter() {
+        let (base, cap) = (Duration::from_millis(100), Duration::from_secs(2));
+        for attempt in 0..40 {
+            let ceiling = Duration::from_millis(100 * (1u64 << attempt.min(30))).min(cap);
+            for _ in 0..50 {
+                assert!(retry_delay(attempt, base, cap) <= ceiling);
+            }
+        }
+        // Full jitter: delays spread over the whole range, not just near the ceiling.
+        let samples: Vec<_> = (0..400).map(|_| retry_delay(10, base, cap)).collect();
+        assert!(samples.iter().any(|d| *d < Duration::from_millis(500)));
+        assert!(samples.iter().any(|d| *d > Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn settings_are_validated() {
+        assert!(DrainSettings::default().validate().is_ok());
+        assert!(
+            DrainSettings {
+                batch_size: 0,
+                ..DrainSettings::default()
+            }
+            .validate()
+            .is_err()
+        );
+        assert!(
+            DrainSettings {
+                backoff_cap: Duration::from_millis(1),
+                ..DrainSettings::default()
+            }
+            .validate()
+            .is_err()
+        );
+    }
+}

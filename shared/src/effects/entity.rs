@@ -1,0 +1,88 @@
+//! The generic versioned entity projection: an event that names an entity and a version sets
+//! that entity's state, only when the stored version is lower. Processing order therefore does
+//! not matter: any order of the same events converges to the highest version.
+
+use sqlx::PgConnection;
+
+use super::{Effect, EffectError, EffectFuture, EffectHandler, outbox_key, payload_json};
+use crate::store::entities::{self, EntityChange};
+use crate::store::event_queue::ClaimedEvent;
+
+/// The outbox action announcing a projection change.
+pub const ENTITY_CHANGED: &str = "entity.changed";
+
+pub struct EntityProjection;
+
+impl EffectHandler for EntityProjection {
+    fn name(&self) -> &'static str {
+        "entity_projection"
+    }
+
+    fn apply<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        event: &'a ClaimedEvent,
+    ) -> EffectFuture<'a> {
+        Box::pin(async move {
+            let (Some(entity_id), Some(version)) =
+                (event.entity_id.as_deref(), event.entity_version)
+            else {
+                return Ok(Effect::Skipped);
+            };
+            let state = payload_json(event)?;
+            let (entity_type, deleted) = classify(&event.event_type);
+            let key = outbox_key(&event.tenant_id, &event.external_id, ENTITY_CHANGED);
+            let applied = entities::apply_versioned(
+                conn,
+                &EntityChange {
+                    tenant_id: &event.tenant_id,
+                    entity_type,
+                    entity_id,
+                    version,
+                    state: &state,
+                    deleted,
+                    external_id: &event.external_id,
+                    outbox_action: ENTITY_CHANGED,
+                    outbox_key: &key,
+                },
+            )
+            .await
+            .map_err(EffectError::from)?;
+            Ok(if applied {
+                Effect::Applied
+            } else {
+                Effect::Stale
+            })
+        })
+    }
+}
+
+/// `customer.updated` → (`customer`, false); `orders/delete` → (`orders`, true).
+pub fn classify(event_type: &str) -> (&str, bool) {
+    match event_type.rfind(['.', '/']) {
+        Some(i) => {
+            let verb = &event_type[i + 1..];
+            (
+                &event_type[..i],
+                matches!(verb, "deleted" | "delete" | "removed"),
+            )
+        }
+        None => (event_type, false),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::classify;
+
+    #[test]
+    fn entity_types_and_deletes_come_from_the_event_type() {
+        assert_eq!(classify("customer.updated"), ("customer", false));
+        assert_eq!(
+            classify("customer.subscription.deleted"),
+            ("customer.subscription", true)
+        );
+        assert_eq!(classify("orders/delete"), ("orders", true));
+        assert_eq!(classify("ping"), ("ping", false));
+    }
+}

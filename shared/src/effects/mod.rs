@@ -1,0 +1,157 @@
+//! Effects: what processing an event does to trusted state. A registry maps a provider scheme
+//! and event type to a handler, so a new event type is one handler. Every handler runs inside
+//! the drain's transaction, under a savepoint of its own, and writes its outbox rows there.
+
+pub mod entity;
+pub mod payments;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+
+use sha2::{Digest, Sha256};
+use sqlx::PgConnection;
+
+use crate::domain::Scheme;
+use crate::store::StoreError;
+use crate::store::event_queue::ClaimedEvent;
+
+/// What a handler did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Effect {
+    /// State changed (and its outbox rows were written).
+    Applied,
+    /// The event is older than the state it would change: nothing to do, by design.
+    Stale,
+    /// The event carries nothing this handler projects.
+    Skipped,
+    /// The event disagreed with the state it targets; an exception row says how.
+    Exception(&'static str),
+}
+
+/// Why a handler failed. Decides between retrying, dead-lettering and abandoning the batch.
+#[derive(Debug, thiserror::Error)]
+pub enum EffectError {
+    /// May succeed later (lock timeout, serialization failure, downstream 5xx).
+    #[error("retryable: {0}")]
+    Retryable(String),
+    /// Will fail the same way every time (schema or business rejection): dead-letter at once.
+    #[error("fatal: {0}")]
+    Fatal(String),
+    /// The connection or transaction is gone: the whole batch is abandoned, nothing committed.
+    #[error("batch aborted: {0}")]
+    Aborted(#[source] StoreError),
+}
+
+impl From<StoreError> for EffectError {
+    fn from(error: StoreError) -> Self {
+        match &error {
+            StoreError::Unavailable(sqlx::Error::Database(_)) => {
+                EffectError::Retryable(error.to_string())
+            }
+            StoreError::Unavailable(_) => EffectError::Aborted(error),
+            StoreError::Corrupt { .. } => EffectError::Fatal(error.to_string()),
+            StoreError::Query(sqlx::Error::Database(db)) => {
+                // 22: data exception, 23: integrity violation, 42: syntax or access rule. The
+                // same statement on the same data fails the same way.
+                let code = db.code().unwrap_or_default();
+                if code.starts_with("22") || code.starts_with("23") || code.starts_with("42") {
+                    EffectError::Fatal(error.to_string())
+                } else {
+                    EffectError::Retryable(error.to_string())
+                }
+            }
+            StoreError::Query(_) => EffectError::Aborted(error),
+        }
+    }
+}
+
+pub type EffectFuture<'a> = Pin<Box<dyn Future<Output = Result<Effect, EffectError>> + Send + 'a>>;
+
+/// One kind of effect.
+pub trait EffectHandler: Send + Sync {
+    /// For logs and metrics.
+    fn name(&self) -> &'static str;
+    /// Applies the event's effect on `conn` (inside the caller's savepoint).
+    fn apply<'a>(&'a self, conn: &'a mut PgConnection, event: &'a ClaimedEvent)
+    -> EffectFuture<'a>;
+}
+
+/// Handlers by (scheme, event type), with a fallback for everything else.
+pub struct EffectRegistry {
+    handlers: HashMap<(Scheme, String), Arc<dyn EffectHandler>>,
+    fallback: Arc<dyn EffectHandler>,
+}
+
+impl EffectRegistry {
+    /// Only the fallback: every event goes to `fallback`.
+    pub fn new(fallback: Arc<dyn EffectHandler>) -> Self {
+        Self {
+            handlers: HashMap::new(),
+            fallback,
+        }
+    }
+
+    /// The product's handlers: Stripe payment events run the payments flow; every other event
+    /// that names an entity and a version updates the versioned projection.
+    pub fn standard() -> Self {
+        let mut registry = Self::new(Arc::new(entity::EntityProjection));
+        let payments: Arc<dyn EffectHandler> = Arc::new(payments::Payments::stripe());
+        registry.register(Scheme::Stripe, "payment_intent.succeeded", payments);
+        registry
+    }
+
+    pub fn register(
+        &mut self,
+        scheme: Scheme,
+        event_type: &str,
+        handler: Arc<dyn EffectHandler>,
+    ) -> &mut Self {
+        self.handlers
+            .insert((scheme, event_type.to_owned()), handler);
+        self
+    }
+
+    pub fn handler_for(&self, event: &ClaimedEvent) -> &dyn EffectHandler {
+        event
+            .scheme
+            .parse::<Scheme>()
+            .ok()
+            .and_then(|scheme| self.handlers.get(&(scheme, event.event_type.clone())))
+            .unwrap_or(&self.fallback)
+            .as_ref()
+    }
+}
+
+/// The Idempotency-Key of an outbox row: stable for (tenant, event, action), opaque outside.
+pub fn outbox_key(tenant_id: &str, external_id: &str, action: &str) -> String {
+    let mut hash = Sha256::new();
+    for part in [tenant_id, external_id, action] {
+        hash.update((part.len() as u64).to_be_bytes());
+        hash.update(part.as_bytes());
+    }
+    hex::encode(hash.finalize())
+}
+
+/// The event's payload as JSON, or a fatal error saying why not.
+pub fn payload_json(event: &ClaimedEvent) -> Result<serde_json::Value, EffectError> {
+    let bytes = event
+        .payload
+        .as_deref()
+        .ok_or_else(|| EffectError::Fatal("payload was purged by retention".into()))?;
+    serde_json::from_slice(bytes)
+        .map_err(|e| EffectError::Fatal(format!("payload is not JSON: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn outbox_keys_are_stable_and_unambiguous() {
+        assert_eq!(outbox_key("t", "e", "a"), outbox_key("t", "e", "a"));
+        assert_ne!(outbox_key("t", "ea", "b"), outbox_key("t", "e", "ab"));
+        assert_eq!(outbox_key("t", "e", "a").len(), 64);
+    }
+}

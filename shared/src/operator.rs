@@ -1,0 +1,134 @@
+//! Operator actions, one JSON shape for every entry point: the `operator` Lambda, the local
+//! runner's `POST /operator`, and `hookctl operator`.
+//!
+//! ```json
+//! {"action": "replay", "filter": {"event_type": "payment_intent.succeeded", "error_contains": "timeout"}}
+//! {"action": "list_dead_letters", "filter": {"tenant_id": "acme"}}
+//! {"action": "set_dead_letter_status", "dead_letter_id": 7, "status": "investigating"}
+//! ```
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::drain::{self, ReplayOutcome};
+use crate::effects::EffectRegistry;
+use crate::store::StoreError;
+use crate::store::dead_letters::{self, ReplayFilter};
+
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
+pub enum OperatorRequest {
+    /// Replay open dead letters matching the filter through the normal processing path.
+    Replay {
+        #[serde(default)]
+        filter: ReplayFilter,
+    },
+    /// List open dead letters matching the filter.
+    ListDeadLetters {
+        #[serde(default)]
+        filter: ReplayFilter,
+    },
+    /// Triage: `investigating` or `discarded`.
+    SetDeadLetterStatus { dead_letter_id: i64, status: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum OperatorError {
+    #[error("invalid request: {0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+#[derive(Debug, Serialize)]
+#[serde(untagged)]
+pub enum OperatorResponse {
+    Replay(ReplayOutcome),
+    DeadLetters { dead_letters: Vec<DeadLetterView> },
+    StatusChanged { dead_letter_id: i64, status: String },
+}
+
+#[derive(Debug, Serialize)]
+pub struct DeadLetterView {
+    pub dead_letter_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub event_type: String,
+    pub status: String,
+    pub error: String,
+    pub attempts: i32,
+}
+
+/// Parses a request from JSON, saying what is wrong with it when it does not parse.
+pub fn parse(json: serde_json::Value) -> Result<OperatorRequest, OperatorError> {
+    serde_json::from_value(json).map_err(|e| OperatorError::BadRequest(e.to_string()))
+}
+
+#[tracing::instrument(skip_all, err)]
+pub async fn handle(
+    pool: &PgPool,
+    registry: &EffectRegistry,
+    request: OperatorRequest,
+) -> Result<OperatorResponse, OperatorError> {
+    match request {
+        OperatorRequest::Replay { filter } => Ok(OperatorResponse::Replay(
+            drain::replay(pool, registry, &filter).await?,
+        )),
+        OperatorRequest::ListDeadLetters { filter } => {
+            let letters = dead_letters::select_open(pool, &filter).await?;
+            Ok(OperatorResponse::DeadLetters {
+                dead_letters: letters
+                    .into_iter()
+                    .map(|l| DeadLetterView {
+                        dead_letter_id: l.dead_letter_id,
+                        tenant_id: l.tenant_id,
+                        external_id: l.external_id,
+                        event_type: l.event_type,
+                        status: l.status,
+                        error: l.error,
+                        attempts: l.attempts,
+                    })
+                    .collect(),
+            })
+        }
+        OperatorRequest::SetDeadLetterStatus {
+            dead_letter_id,
+            status,
+        } => {
+            if !matches!(status.as_str(), "investigating" | "discarded") {
+                return Err(OperatorError::BadRequest(format!(
+                    "status {status:?}: an operator sets investigating or discarded; replayed is set by a successful replay"
+                )));
+            }
+            if !dead_letters::set_status(pool, dead_letter_id, &status).await? {
+                return Err(OperatorError::BadRequest(format!(
+                    "dead letter {dead_letter_id} is not open"
+                )));
+            }
+            Ok(OperatorResponse::StatusChanged {
+                dead_letter_id,
+                status,
+            })
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_parse_from_the_documented_json() {
+        let r = parse(serde_json::json!({"action": "replay", "filter": {"ids": [1, 2], "error_contains": "timeout"}})).unwrap();
+        assert!(matches!(r, OperatorRequest::Replay { filter } if filter.ids == [1, 2]));
+        assert!(matches!(
+            parse(serde_json::json!({"action": "replay"})).unwrap(),
+            OperatorRequest::Replay { .. }
+        ));
+        let err = parse(serde_json::json!({"action": "replay", "filter": {"typo": 1}}))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("typo"), "{err}");
+        assert!(parse(serde_json::json!({"action": "drop_tables"})).is_err());
+    }
+}

@@ -1,0 +1,165 @@
+//! The outbox sender: delivers side effects written by the drain to the configured HTTP
+//! target, at least once, with an `Idempotency-Key` header so the target can make it exactly
+//! once. Messages are leased (their next attempt pushed ahead and committed) before delivery,
+//! so no transaction is open while waiting on the network and a crashed sender's lease expires.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::drain::retry_delay;
+use crate::store::StoreError;
+use crate::store::outbox::{self, OutboxMessage};
+
+#[derive(Debug, Clone)]
+pub struct OutboxSettings {
+    /// Where messages are POSTed.
+    pub target_url: String,
+    pub batch_size: i64,
+    /// How long a leased message is hidden from other senders.
+    pub lease: Duration,
+    pub max_attempts: i32,
+    pub backoff_base: Duration,
+    pub backoff_cap: Duration,
+    pub request_timeout: Duration,
+}
+
+impl OutboxSettings {
+    pub fn new(target_url: impl Into<String>) -> Self {
+        Self {
+            target_url: target_url.into(),
+            batch_size: 50,
+            lease: Duration::from_secs(60),
+            max_attempts: 10,
+            backoff_base: Duration::from_secs(2),
+            backoff_cap: Duration::from_secs(3600),
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct OutboxOutcome {
+    pub leased: u64,
+    pub delivered: u64,
+    pub retried: u64,
+    pub failed: u64,
+}
+
+pub struct OutboxSender {
+    pool: PgPool,
+    http: reqwest::Client,
+    settings: OutboxSettings,
+}
+
+enum Delivery {
+    Delivered,
+    /// Worth trying again (timeouts, 408, 429, 5xx, connection errors).
+    Transient(String),
+    /// The target refused the message for good (other 4xx).
+    Refused(String),
+}
+
+impl OutboxSender {
+    pub fn new(pool: PgPool, settings: OutboxSettings) -> Result<Self, reqwest::Error> {
+        let http = reqwest::Client::builder()
+            .timeout(settings.request_timeout)
+            .build()?;
+        Ok(Self {
+            pool,
+            http,
+            settings,
+        })
+    }
+
+    /// Sends until a batch comes back short or `deadline` passes.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn send_until(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
+        let mut total = OutboxOutcome::default();
+        while Instant::now() < deadline {
+            let batch = self.run_once().await?;
+            total.leased += batch.leased;
+            total.delivered += batch.delivered;
+            total.retried += batch.retried;
+            total.failed += batch.failed;
+            if batch.leased < self.settings.batch_size as u64 {
+                break;
+            }
+        }
+        tracing::info!(?total, "outbox pass finished");
+        Ok(total)
+    }
+
+    /// Leases one batch and delivers it.
+    pub async fn run_once(&self) -> Result<OutboxOutcome, StoreError> {
+        let messages = outbox::lease(
+            &self.pool,
+            self.settings.batch_size,
+            self.settings.lease.as_secs_f64(),
+        )
+        .await?;
+        let mut outcome = OutboxOutcome {
+            leased: messages.len() as u64,
+            ..OutboxOutcome::default()
+        };
+        for message in &messages {
+            match self.deliver(message).await {
+                Delivery::Delivered => {
+                    outbox::mark_delivered(&self.pool, message.outbox_id).await?;
+                    outcome.delivered += 1;
+                }
+                Delivery::Transient(why) if message.attempts < self.settings.max_attempts => {
+                    let delay = retry_delay(
+                        message.attempts - 1,
+                        self.settings.backoff_base,
+                        self.settings.backoff_cap,
+                    );
+                    outbox::retry_later(
+                        &self.pool,
+                        message.outbox_id,
+                        delay.as_millis() as i64,
+                        &why,
+                    )
+                    .await?;
+                    outcome.retried += 1;
+                }
+                Delivery::Transient(why) | Delivery::Refused(why) => {
+                    tracing::warn!(outbox_id = message.outbox_id, action = %message.action, %why, "outbox message failed for good");
+                    outbox::mark_failed(&self.pool, message.outbox_id, &why).await?;
+                    outcome.failed += 1;
+                }
+            }
+        }
+        Ok(outcome)
+    }
+
+    async fn deliver(&self, message: &OutboxMessage) -> Delivery {
+        let body = serde_json::json!({
+            "action": message.action,
+            "tenant_id": message.tenant_id,
+            "event_id": message.external_id,
+            "payload": message.payload,
+        });
+        let sent = self
+            .http
+            .post(&self.settings.target_url)
+            .header("Idempotency-Key", &message.idempotency_key)
+            .json(&body)
+            .send()
+            .await;
+        match sent {
+            Ok(response) if response.status().is_success() => Delivery::Delivered,
+            Ok(response) => {
+                let status = response.status();
+                let why = format!("target answered {status}");
+                if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+                    Delivery::Transient(why)
+                } else {
+                    Delivery::Refused(why)
+                }
+            }
+            Err(error) => Delivery::Transient(format!("request failed: {error}")),
+        }
+    }
+}

@@ -1,0 +1,177 @@
+//! The `dead_letters` table: events the drain gave up on, and their triage.
+
+use chrono::{DateTime, Utc};
+use sqlx::PgExecutor;
+
+use super::StoreError;
+
+/// Dead-letters events in one statement: each leaves the queue, its event row says
+/// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts.
+pub async fn bury(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+    errors: &[String],
+    reasons: &[&str],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH d AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) AS d(tenant_id, external_id, error, reason)), \
+         dequeued AS ( \
+             DELETE FROM event_queue AS q USING d \
+             WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
+             RETURNING q.tenant_id, q.external_id), \
+         marked AS ( \
+             UPDATE webhook_events AS e \
+             SET status = 'dead_lettered', attempts = e.attempts + 1, last_error = d.error \
+             FROM dequeued JOIN d USING (tenant_id, external_id) \
+             WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id \
+             RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, d.error, d.reason) \
+         INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
+         SELECT tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts FROM marked";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    let reasons: Vec<&str> = reasons.to_vec();
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .bind(errors)
+        .bind(reasons)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Which open dead letters to replay. Empty fields do not filter.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ReplayFilter {
+    #[serde(default)]
+    pub ids: Vec<i64>,
+    pub tenant_id: Option<String>,
+    pub event_type: Option<String>,
+    /// Case-insensitive substring of the recorded error.
+    pub error_contains: Option<String>,
+    pub created_after: Option<DateTime<Utc>>,
+    pub created_before: Option<DateTime<Utc>>,
+    /// At most this many (default 1000).
+    pub limit: Option<i64>,
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct DeadLetter {
+    pub dead_letter_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub event_type: String,
+    pub status: String,
+    pub error: String,
+    pub attempts: i32,
+}
+
+/// Open dead letters (`new` or `investigating`) matching the filter, oldest first.
+pub async fn select_open(
+    executor: impl PgExecutor<'_>,
+    f: &ReplayFilter,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    const SQL: &str = "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
+         FROM dead_letters \
+         WHERE status IN ('new', 'investigating') \
+           AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
+           AND ($2::text IS NULL OR tenant_id = $2) \
+           AND ($3::text IS NULL OR event_type = $3) \
+           AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
+           AND ($5::timestamptz IS NULL OR created_at >= $5) \
+           AND ($6::timestamptz IS NULL OR created_at < $6) \
+         ORDER BY created_at, dead_letter_id \
+         LIMIT $7";
+    Ok(sqlx::query_as(SQL)
+        .bind(&f.ids)
+        .bind(&f.tenant_id)
+        .bind(&f.event_type)
+        .bind(&f.error_contains)
+        .bind(f.created_after)
+        .bind(f.created_before)
+        .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
+        .fetch_all(executor)
+        .await?)
+}
+
+/// Locks an open dead letter and its event for a replay in the caller's transaction, and
+/// returns the event as the drain would have claimed it. `None` when the letter is not open or
+/// another replay holds it.
+pub async fn claim_for_replay(
+    conn: &mut sqlx::PgConnection,
+    dead_letter_id: i64,
+) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
+    const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
+                e.entity_version, e.payload, e.attempts \
+         FROM dead_letters AS l \
+         JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \
+         JOIN sources AS s ON s.source_id = e.source_id \
+         WHERE l.dead_letter_id = $1 AND l.status IN ('new', 'investigating') AND e.status = 'dead_lettered' \
+         FOR UPDATE OF l, e SKIP LOCKED";
+    Ok(sqlx::query_as(SQL)
+        .bind(dead_letter_id)
+        .fetch_optional(conn)
+        .await?)
+}
+
+/// After a replay processed the event: the letter is closed as `replayed` and its event is
+/// `processed`, in one statement.
+pub async fn mark_replayed(
+    executor: impl PgExecutor<'_>,
+    dead_letter_id: i64,
+) -> Result<(), StoreError> {
+    const SQL: &str = "WITH letter AS ( \
+             UPDATE dead_letters SET status = 'replayed', replayed_at = now(), \
+                 replay_count = replay_count + 1, updated_at = now() \
+             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
+         UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), \
+             attempts = e.attempts + 1, last_error = NULL \
+         FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
+    sqlx::query(SQL)
+        .bind(dead_letter_id)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// After a replay failed again: the letter stays open with the new error, and so does its
+/// event's `last_error`.
+pub async fn record_failed_replay(
+    executor: impl PgExecutor<'_>,
+    dead_letter_id: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "WITH letter AS ( \
+             UPDATE dead_letters SET error = $2, replay_count = replay_count + 1, \
+                 attempts = attempts + 1, updated_at = now() \
+             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
+         UPDATE webhook_events AS e SET attempts = e.attempts + 1, last_error = $2 \
+         FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
+    sqlx::query(SQL)
+        .bind(dead_letter_id)
+        .bind(error)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Moves a letter along its workflow: new → investigating → replayed | discarded. Replayed is
+/// set only by a successful replay.
+pub async fn set_status(
+    executor: impl PgExecutor<'_>,
+    dead_letter_id: i64,
+    status: &str,
+) -> Result<bool, StoreError> {
+    const SQL: &str = "UPDATE dead_letters SET status = $2, updated_at = now() \
+         WHERE dead_letter_id = $1 AND status IN ('new', 'investigating') AND $2 IN ('investigating', 'discarded')";
+    Ok(sqlx::query(SQL)
+        .bind(dead_letter_id)
+        .bind(status)
+        .execute(executor)
+        .await?
+        .rows_affected()
+        == 1)
+}

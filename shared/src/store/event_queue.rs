@@ -1,0 +1,107 @@
+//! The `event_queue` table: pending work. Claimed with `FOR UPDATE SKIP LOCKED`, left by DELETE.
+
+use sqlx::{PgConnection, PgExecutor};
+
+use super::StoreError;
+
+/// An event claimed for processing, with what its handler needs.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ClaimedEvent {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub scheme: String,
+    pub event_type: String,
+    pub entity_id: Option<String>,
+    pub entity_version: Option<i64>,
+    pub payload: Option<Vec<u8>>,
+    /// Attempts made before this one.
+    pub attempts: i32,
+}
+
+/// Claims up to `limit` ready events, locking their queue and event rows for the caller's
+/// transaction. Rows another drainer holds, or that a delivery is updating right now, are
+/// skipped, not waited for.
+pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
+    const SQL: &str = "SELECT q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
+                e.entity_version, e.payload, e.attempts \
+         FROM event_queue AS q \
+         JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
+         JOIN sources AS s ON s.source_id = e.source_id \
+         WHERE q.ready_at <= now() \
+         ORDER BY q.ready_at \
+         LIMIT $1 \
+         FOR UPDATE OF q, e SKIP LOCKED";
+    Ok(sqlx::query_as(SQL).bind(limit).fetch_all(conn).await?)
+}
+
+/// Marks events processed and removes them from the queue, in one statement.
+pub async fn complete(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH done AS ( \
+             DELETE FROM event_queue AS q USING unnest($1::text[], $2::text[]) AS d(tenant_id, external_id) \
+             WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
+             RETURNING q.tenant_id, q.external_id) \
+         UPDATE webhook_events AS e \
+         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL \
+         FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Schedules retries: each event's next attempt after its own delay, its error recorded.
+pub async fn retry_later(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+    delays_ms: &[i64],
+    errors: &[String],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH r AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[]) \
+                 AS r(tenant_id, external_id, delay_ms, error)), \
+         requeued AS ( \
+             UPDATE event_queue AS q SET ready_at = now() + make_interval(secs => r.delay_ms / 1000.0) \
+             FROM r WHERE q.tenant_id = r.tenant_id AND q.external_id = r.external_id \
+             RETURNING q.tenant_id, q.external_id, q.ready_at) \
+         UPDATE webhook_events AS e \
+         SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = r.error \
+         FROM requeued JOIN r USING (tenant_id, external_id) \
+         WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .bind(delays_ms)
+        .bind(errors)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// How many events wait, and how old the oldest ready one is (seconds).
+pub async fn backlog(executor: impl PgExecutor<'_>) -> Result<(i64, f64), StoreError> {
+    const SQL: &str = "SELECT count(*), COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at))::float8, 0) FROM event_queue";
+    Ok(sqlx::query_as(SQL).fetch_one(executor).await?)
+}
+
+/// Reclaims the queue's dead rows and index entries. Skips at once if another session is
+/// already vacuuming it. Must run outside a transaction.
+pub async fn vacuum(executor: impl PgExecutor<'_>) -> Result<(), StoreError> {
+    sqlx::query("VACUUM (SKIP_LOCKED) event_queue")
+        .execute(executor)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,102 @@
+//! The `outbox` table: side effects written with the processing transaction, delivered after.
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+
+/// Adds a side effect; a second insert for the same (tenant, event, action) is a no-op.
+/// Returns whether a row was written.
+pub async fn enqueue(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    external_id: &str,
+    action: &str,
+    payload: &serde_json::Value,
+    idempotency_key: &str,
+) -> Result<bool, StoreError> {
+    const SQL: &str = "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
+         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, external_id, action) DO NOTHING";
+    let done = sqlx::query(SQL)
+        .bind(tenant_id)
+        .bind(external_id)
+        .bind(action)
+        .bind(payload)
+        .bind(idempotency_key)
+        .execute(executor)
+        .await?;
+    Ok(done.rows_affected() == 1)
+}
+
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct OutboxMessage {
+    pub outbox_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub action: String,
+    pub payload: serde_json::Value,
+    pub idempotency_key: String,
+    /// Attempts including the one just leased.
+    pub attempts: i32,
+}
+
+/// Leases up to `limit` due messages: pushes their next attempt `lease_seconds` ahead and
+/// commits at once, so delivery happens outside any transaction and a crashed sender's lease
+/// simply expires.
+pub async fn lease(
+    executor: impl PgExecutor<'_>,
+    limit: i64,
+    lease_seconds: f64,
+) -> Result<Vec<OutboxMessage>, StoreError> {
+    const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
+         FROM (SELECT outbox_id FROM outbox WHERE status = 'pending' AND next_attempt_at <= now() \
+               ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
+         WHERE o.outbox_id = due.outbox_id \
+         RETURNING o.outbox_id, o.tenant_id, o.external_id, o.action, o.payload, o.idempotency_key, o.attempts";
+    Ok(sqlx::query_as(SQL)
+        .bind(limit)
+        .bind(lease_seconds)
+        .fetch_all(executor)
+        .await?)
+}
+
+pub async fn mark_delivered(
+    executor: impl PgExecutor<'_>,
+    outbox_id: i64,
+) -> Result<(), StoreError> {
+    const SQL: &str = "UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL \
+         WHERE outbox_id = $1 AND status = 'pending'";
+    sqlx::query(SQL).bind(outbox_id).execute(executor).await?;
+    Ok(())
+}
+
+pub async fn retry_later(
+    executor: impl PgExecutor<'_>,
+    outbox_id: i64,
+    delay_ms: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $2 / 1000.0), last_error = $3 \
+         WHERE outbox_id = $1 AND status = 'pending'";
+    sqlx::query(SQL)
+        .bind(outbox_id)
+        .bind(delay_ms)
+        .bind(error)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Gives up on a message: the target refused it for good, or the attempt budget is spent.
+pub async fn mark_failed(
+    executor: impl PgExecutor<'_>,
+    outbox_id: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "UPDATE outbox SET status = 'failed', last_error = $2 WHERE outbox_id = $1 AND status = 'pending'";
+    sqlx::query(SQL)
+        .bind(outbox_id)
+        .bind(error)
+        .execute(executor)
+        .await?;
+    Ok(())
+}

@@ -1,0 +1,626 @@
+//! The drain against a real PostgreSQL: exactly-once effects under concurrency, kills, poison
+//! events, replays and redeliveries.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use http::StatusCode;
+use pipeline_tests::drain::*;
+use pipeline_tests::*;
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
+use shared::effects::entity::EntityProjection;
+use shared::store::dead_letters::ReplayFilter;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+async fn deliver(app: &TestApp, d: Delivery) -> Reply {
+    let source = if d.headers.contains_key("stripe-signature") {
+        "stripe"
+    } else {
+        ENTITIES
+    };
+    let reply = app.post(source, d.headers, &d.body).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+    reply
+}
+
+#[derive(Debug, sqlx::FromRow)]
+struct Entity {
+    version: i64,
+    deleted: bool,
+    state: serde_json::Value,
+    last_event_id: String,
+}
+
+async fn entity(pool: &PgPool, id: &str) -> Option<Entity> {
+    sqlx::query_as("SELECT version, deleted, state, last_event_id FROM entities WHERE tenant_id = $1 AND entity_id = $2")
+        .bind(TENANT)
+        .bind(id)
+        .fetch_optional(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn an_accepted_event_is_queued_processed_and_announced_once(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    deliver(&app, entity_event("e1", "cust-1", 1, "customer.created")).await;
+    assert_eq!(
+        queue_len(&pool).await,
+        1,
+        "accepted means queued, in the same statement"
+    );
+
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    let outcome = drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+
+    assert_eq!(
+        (
+            outcome.claimed,
+            outcome.processed,
+            outcome.retried,
+            outcome.dead_lettered
+        ),
+        (1, 1, 0, 0)
+    );
+    let row = event(&pool, TENANT, "e1").await.unwrap();
+    assert_eq!(row.status, "processed");
+    let e = entity(&pool, "cust-1").await.unwrap();
+    assert_eq!(
+        (e.version, e.deleted, e.last_event_id.as_str()),
+        (1, false, "e1")
+    );
+    assert_eq!(e.state["data"]["name"], "cust-1 v1");
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE action = 'entity.changed'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(queue_len(&pool).await, 0);
+}
+
+/// (b) A delete is a versioned soft delete; a late update never resurrects the entity.
+#[sqlx::test(migrations = "../migrations")]
+async fn deletes_are_not_resurrected_by_late_updates(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    for (id, version, kind) in [
+        ("c1", 1, "customer.created"),
+        ("c3", 3, "customer.deleted"),
+        ("c2", 2, "customer.updated"),
+    ] {
+        deliver(&app, entity_event(id, "cust-9", version, kind)).await;
+        drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    }
+    let e = entity(&pool, "cust-9").await.unwrap();
+    assert_eq!(
+        (e.version, e.deleted, e.last_event_id.as_str()),
+        (3, true, "c3")
+    );
+    assert_eq!(
+        e.state["data"]["version"], 1,
+        "the delete keeps the last state it saw"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM entities").await,
+        1,
+        "never physically deleted, never duplicated"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        3
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox").await,
+        2,
+        "the stale update announces nothing"
+    );
+}
+
+/// (c) Four drainers, each with its own pool, over 10,000 events.
+#[sqlx::test(migrations = "../migrations")]
+async fn four_concurrent_drainers_process_ten_thousand_events_exactly_once(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let admin = pool_options
+        .max_connections(2)
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    shared::sources::apply(&admin, &[entity_source()])
+        .await
+        .unwrap();
+    create_application_log(&admin).await;
+    bulk_events(&admin, 10_000).await;
+    let registry = registry_with(Arc::new(Instrumented::new(Arc::new(EntityProjection))));
+
+    let tasks: Vec<_> = (0..4)
+        .map(|i| {
+            let connect = connect.clone().application_name(&format!("drainer-{i}"));
+            let registry = registry.clone();
+            tokio::spawn(async move {
+                let pool = PgPoolOptions::new()
+                    .max_connections(2)
+                    .connect_with(connect)
+                    .await
+                    .unwrap();
+                let drainer = Drainer::new(pool.clone(), registry, fast_settings());
+                drain_all(&drainer, &pool, Duration::from_secs(120)).await
+            })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        outcomes.push(t.await.unwrap());
+    }
+
+    let processed: u64 = outcomes.iter().map(|o| o.processed).sum();
+    assert_eq!(processed, 10_000, "{outcomes:?}");
+    assert!(
+        outcomes
+            .iter()
+            .all(|o| o.retried == 0 && o.dead_lettered == 0),
+        "no deadlocks, no retries: {outcomes:?}"
+    );
+    assert!(
+        outcomes.iter().filter(|o| o.processed > 0).count() >= 2,
+        "the work was shared: {outcomes:?}"
+    );
+    assert_eq!(
+        application_counts(&admin).await,
+        (1, 1, 10_000),
+        "every effect committed exactly once"
+    );
+    assert_eq!(
+        scalar(
+            &admin,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        10_000
+    );
+    assert_eq!(
+        scalar(&admin, "SELECT count(*) FROM entities").await,
+        10_000
+    );
+    assert_eq!(
+        scalar(&admin, "SELECT count(*) FROM outbox").await,
+        10_000,
+        "one outbox row per effect"
+    );
+    assert_eq!(
+        scalar(
+            &admin,
+            "SELECT count(DISTINCT (tenant_id, external_id)) FROM outbox"
+        )
+        .await,
+        10_000
+    );
+    assert_eq!(queue_len(&admin).await, 0);
+}
+
+/// (d) A drainer whose connection is killed mid-batch loses nothing and doubles nothing.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_drainer_killed_mid_batch_loses_and_doubles_nothing(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let admin = pool_options
+        .max_connections(2)
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    shared::sources::apply(&admin, &[entity_source()])
+        .await
+        .unwrap();
+    create_application_log(&admin).await;
+    bulk_events(&admin, 300).await;
+
+    // The victim's handler stops after its 10th application until the test releases it.
+    let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
+    let release = Arc::new(tokio::sync::Notify::new());
+    let victim_registry = Arc::new(EffectRegistry::new(Arc::new(Gate {
+        inner: Instrumented::new(Arc::new(EntityProjection)),
+        calls: Default::default(),
+        stop_after: 10,
+        entered: std::sync::Mutex::new(Some(entered_tx)),
+        release: release.clone(),
+    })));
+    let victim_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect.clone().application_name("victim"))
+        .await
+        .unwrap();
+    let victim = Drainer::new(victim_pool, victim_registry, fast_settings());
+    let victim_run = tokio::spawn(async move { victim.run_once().await });
+
+    entered_rx.await.unwrap();
+    let killed: i64 = sqlx::query_scalar("SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'victim') AS k")
+        .fetch_one(&admin)
+        .await
+        .unwrap();
+    assert_eq!(killed, 1);
+    release.notify_one();
+    let victim_result = victim_run.await.unwrap();
+    assert!(
+        victim_result.is_err(),
+        "the killed batch must fail, not report success: {victim_result:?}"
+    );
+    assert_eq!(
+        application_counts(&admin).await.2,
+        0,
+        "nothing of the killed batch committed"
+    );
+
+    let survivor_pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(connect)
+        .await
+        .unwrap();
+    let registry = registry_with(Arc::new(Instrumented::new(Arc::new(EntityProjection))));
+    let survivor = Drainer::new(survivor_pool.clone(), registry, fast_settings());
+    let outcome = drain_all(&survivor, &survivor_pool, Duration::from_secs(60)).await;
+
+    assert_eq!(outcome.processed, 300);
+    assert_eq!(application_counts(&admin).await, (1, 1, 300));
+    assert_eq!(scalar(&admin, "SELECT count(*) FROM outbox").await, 300);
+    assert_eq!(
+        scalar(
+            &admin,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        300
+    );
+}
+
+struct Gate {
+    inner: Instrumented,
+    calls: std::sync::atomic::AtomicUsize,
+    stop_after: usize,
+    entered: std::sync::Mutex<Option<tokio::sync::oneshot::Sender<()>>>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+impl shared::effects::EffectHandler for Gate {
+    fn name(&self) -> &'static str {
+        "gate"
+    }
+
+    fn apply<'a>(
+        &'a self,
+        conn: &'a mut sqlx::PgConnection,
+        event: &'a shared::store::event_queue::ClaimedEvent,
+    ) -> shared::effects::EffectFuture<'a> {
+        Box::pin(async move {
+            if self.calls.fetch_add(1, Ordering::SeqCst) == self.stop_after {
+                if let Some(tx) = self.entered.lock().unwrap().take() {
+                    let _ = tx.send(());
+                }
+                self.release.notified().await;
+            }
+            self.inner.apply(conn, event).await
+        })
+    }
+}
+
+/// (e) A poison event is dead-lettered after its attempt budget while the rest drains.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_poison_event_is_dead_lettered_after_its_budget_while_the_queue_drains(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(EntityProjection));
+    handler.poison = vec!["poison".into()];
+    let drainer = drainer(&pool, registry_with(Arc::new(handler)));
+    deliver(&app, entity_event("bad-1", "poison", 1, "thing.updated")).await;
+    for i in 0..60 {
+        deliver(
+            &app,
+            entity_event(
+                &format!("ok-{i}"),
+                &format!("thing-{i}"),
+                1,
+                "thing.updated",
+            ),
+        )
+        .await;
+    }
+
+    let outcome = drain_all(&drainer, &pool, Duration::from_secs(30)).await;
+
+    assert_eq!(
+        (outcome.processed, outcome.dead_lettered),
+        (60, 1),
+        "{outcome:?}"
+    );
+    assert_eq!(
+        outcome.retried, 2,
+        "three attempts: two retries, then the dead letter"
+    );
+    let poison = event(&pool, TENANT, "bad-1").await.unwrap();
+    assert_eq!(poison.status, "dead_lettered");
+    #[derive(sqlx::FromRow)]
+    struct Letter {
+        source_id: String,
+        event_type: String,
+        payload: Option<Vec<u8>>,
+        headers: serde_json::Value,
+        error: String,
+        reason: String,
+        attempts: i32,
+        status: String,
+    }
+    let letters: Vec<Letter> = sqlx::query_as("SELECT * FROM dead_letters")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(letters.len(), 1);
+    let l = &letters[0];
+    assert_eq!(
+        (
+            l.source_id.as_str(),
+            l.event_type.as_str(),
+            l.reason.as_str(),
+            l.attempts,
+            l.status.as_str()
+        ),
+        (ENTITIES, "thing.updated", "exhausted", 3, "new")
+    );
+    assert_eq!(l.payload, poison.payload);
+    assert!(l.headers["webhook-signature"].is_string());
+    assert!(l.error.contains("poison entity"), "{}", l.error);
+    assert_eq!(application_counts(&pool).await, (1, 1, 60));
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_fatal_failure_is_dead_lettered_at_once(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(EntityProjection));
+    handler.poison = vec!["rejected".into()];
+    handler.fatal = true;
+    let drainer = drainer(&pool, registry_with(Arc::new(handler)));
+    deliver(
+        &app,
+        entity_event("fatal-1", "rejected", 1, "thing.updated"),
+    )
+    .await;
+
+    let outcome = drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+
+    assert_eq!((outcome.retried, outcome.dead_lettered), (0, 1));
+    let (reason, attempts): (String, i32) =
+        sqlx::query_as("SELECT reason, attempts FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((reason.as_str(), attempts), ("fatal", 1));
+}
+
+/// (f) A replay after the fix processes once; a second replay is a no-op; a failed replay
+/// keeps the letter open with the new error.
+#[sqlx::test(migrations = "../migrations")]
+async fn replay_after_a_fix_processes_once_and_a_second_replay_is_a_no_op(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(EntityProjection));
+    handler.poison = vec!["flaky".into()];
+    let handler = Arc::new(handler);
+    let registry = registry_with(handler.clone());
+    let drainer = drainer(&pool, registry.clone());
+    deliver(&app, entity_event("r-1", "flaky", 1, "thing.updated")).await;
+    deliver(&app, entity_event("r-2", "steady", 1, "thing.updated")).await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let filter = ReplayFilter {
+        error_contains: Some("POISON".into()),
+        ..ReplayFilter::default()
+    };
+
+    // Still broken: the replay fails and the letter stays open with the new error.
+    let failed = shared::drain::replay(&pool, &registry, &filter)
+        .await
+        .unwrap();
+    assert_eq!((failed.selected, failed.replayed, failed.failed), (1, 0, 1));
+    let (status, replays): (String, i32) =
+        sqlx::query_as("SELECT status, replay_count FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), replays), ("new", 1));
+
+    handler.broken.store(false, Ordering::SeqCst);
+    let fixed = shared::drain::replay(&pool, &registry, &filter)
+        .await
+        .unwrap();
+    assert_eq!((fixed.selected, fixed.replayed, fixed.failed), (1, 1, 0));
+    let again = shared::drain::replay(&pool, &registry, &filter)
+        .await
+        .unwrap();
+    assert_eq!((again.selected, again.replayed), (0, 0));
+
+    assert_eq!(
+        event(&pool, TENANT, "r-1").await.unwrap().status,
+        "processed"
+    );
+    let (status, replayed_at_set): (String, bool) =
+        sqlx::query_as("SELECT status, replayed_at IS NOT NULL FROM dead_letters")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((status.as_str(), replayed_at_set), ("replayed", true));
+    assert_eq!(entity(&pool, "flaky").await.unwrap().version, 1);
+    assert_eq!(
+        application_counts(&pool).await,
+        (1, 1, 2),
+        "r-1 applied once, by the replay"
+    );
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 2);
+}
+
+/// (g) An amount mismatch records an exception and produces no fulfilment; a matching payment
+/// pays once; a second payment for a paid order is an exception too.
+#[sqlx::test(migrations = "../migrations")]
+async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    create_order(&pool, "ord-1", "REF-1", 5000, "eur").await;
+    create_order(&pool, "ord-2", "REF-2", 1200, "eur").await;
+
+    deliver(&app, payment("evt_short", "ord-1", "REF-1", 4999, "eur")).await;
+    deliver(&app, payment("evt_ok", "ord-2", "REF-2", 1200, "EUR")).await;
+    deliver(&app, payment("evt_again", "ord-2", "REF-2", 1200, "eur")).await;
+    deliver(&app, payment("evt_ghost", "ord-404", "REF-X", 100, "eur")).await;
+    deliver(
+        &app,
+        payment("evt_wrong_ref", "ord-1", "REF-9", 5000, "eur"),
+    )
+    .await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+
+    let states: Vec<(String, String, Option<String>)> =
+        sqlx::query_as("SELECT order_id, state, paid_by_event FROM orders ORDER BY order_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        states,
+        [
+            ("ord-1".into(), "awaiting_payment".into(), None),
+            ("ord-2".into(), "paid".into(), Some("evt_ok".into()))
+        ]
+    );
+    let exceptions: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, kind FROM payment_exceptions ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        exceptions,
+        [
+            ("evt_again".into(), "already_paid".into()),
+            ("evt_ghost".into(), "unknown_order".into()),
+            ("evt_short".into(), "amount_mismatch".into()),
+            ("evt_wrong_ref".into(), "reference_mismatch".into()),
+        ]
+    );
+    let outbox: Vec<(String, String, serde_json::Value)> =
+        sqlx::query_as("SELECT external_id, action, payload FROM outbox")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        outbox.len(),
+        1,
+        "only the matching payment is fulfilled: {outbox:?}"
+    );
+    assert_eq!(
+        (outbox[0].0.as_str(), outbox[0].1.as_str()),
+        ("evt_ok", "fulfil_order")
+    );
+    assert_eq!(outbox[0].2["amount_minor"], 1200);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        5
+    );
+}
+
+/// (h) Our 2xx was lost after the commit: the provider redelivers; the redelivery is a
+/// duplicate and nothing happens twice. Likewise a drain invocation retried after it committed.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_redelivery_after_commit_is_a_duplicate_with_no_second_effect(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    create_order(&pool, "ord-7", "REF-7", 990, "usd").await;
+    let first = payment("evt_lost_ack", "ord-7", "REF-7", 990, "usd");
+    let again = Delivery {
+        headers: first.headers.clone(),
+        body: first.body.clone(),
+    };
+    deliver(&app, first).await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+
+    assert_eq!(deliver(&app, again).await.outcome(), "duplicate");
+    let retried_invocation = drainer
+        .drain_until(std::time::Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+
+    assert_eq!(retried_invocation.claimed, 0);
+    assert_eq!(queue_len(&pool).await, 0);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 1);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM payment_exceptions").await,
+        0
+    );
+    let row = event(&pool, TENANT, "evt_lost_ack").await.unwrap();
+    assert_eq!((row.status.as_str(), row.delivery_count), ("processed", 2));
+}
+
+/// A delivery that conflicts with an event being processed waits for the drain's commit and
+/// then finds it processed: the processed payload is never rewritten.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_conflicting_delivery_during_processing_never_rewrites_the_processed_payload(
+    pool: PgPool,
+) {
+    let app = app(pool.clone()).await;
+    let original = entity_event("race-1", "thing-r", 1, "thing.updated");
+    deliver(
+        &app,
+        Delivery {
+            headers: original.headers.clone(),
+            body: original.body.clone(),
+        },
+    )
+    .await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let changed = entity_event("race-1", "thing-r", 2, "thing.updated");
+    assert_eq!(deliver(&app, changed).await.outcome(), "conflict");
+    assert_eq!(
+        event(&pool, TENANT, "race-1")
+            .await
+            .unwrap()
+            .payload
+            .as_deref(),
+        Some(&original.body[..])
+    );
+    assert_eq!(
+        queue_len(&pool).await,
+        0,
+        "a conflict does not queue the event again"
+    );
+}

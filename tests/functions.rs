@@ -1,0 +1,144 @@
+//! The scheduled and operator Lambdas, called as the runtime calls them: a constructed
+//! `LambdaEvent` with a deadline in its context.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use aws_lambda_events::eventbridge::EventBridgeEvent;
+use lambda_runtime::{Context, LambdaEvent};
+use pipeline_tests::drain::*;
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
+use sqlx::PgPool;
+
+fn scheduled(deadline_in: Duration) -> LambdaEvent<EventBridgeEvent> {
+    let event: EventBridgeEvent = serde_json::from_value(serde_json::json!({
+        "version": "0", "id": "53dc4d37-cffa-4f76-80c9-8b7d4a4d2eaa", "detail-type": "Scheduled Event",
+        "source": "aws.events", "account": "123456789012", "time": "2026-11-30T12:00:00Z",
+        "region": "us-east-1", "resources": ["arn:aws:events:us-east-1:123456789012:rule/drain"], "detail": {}
+    }))
+    .unwrap();
+    let mut context = Context::default();
+    context.deadline = (SystemTime::now() + deadline_in)
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    LambdaEvent::new(event, context)
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_drain_function_drains_and_reports_counts(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    for i in 0..120 {
+        let d = entity_event(&format!("f-{i}"), &format!("x-{i}"), 1, "thing.updated");
+        app.post(ENTITIES, d.headers, &d.body).await;
+    }
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+
+    let summary = ::drain::handler(
+        scheduled(Duration::from_secs(60)),
+        &drainer,
+        Duration::from_secs(3),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(
+        (summary.claimed, summary.processed, summary.batches),
+        (120, 120, 3)
+    );
+    assert_eq!(queue_len(&pool).await, 0);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_drain_function_stops_at_its_deadline(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let d = entity_event("late-1", "x", 1, "thing.updated");
+    app.post(ENTITIES, d.headers, &d.body).await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    // Two seconds left, a three-second margin: no batch may start.
+    let summary = ::drain::handler(
+        scheduled(Duration::from_secs(2)),
+        &drainer,
+        Duration::from_secs(3),
+    )
+    .await
+    .unwrap();
+    assert_eq!(summary.batches, 0);
+    assert_eq!(queue_len(&pool).await, 1);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_order(&pool, "ord-1", "REF-1", 100, "eur").await;
+    // A payment event dead-lettered by hand, as an operator would find it after an outage.
+    let d = payment("evt_dl", "ord-1", "REF-1", 100, "eur");
+    app.post("stripe", d.headers, &d.body).await;
+    sqlx::query(
+        "WITH q AS (DELETE FROM event_queue RETURNING tenant_id, external_id), \
+              e AS (UPDATE webhook_events SET status = 'dead_lettered', attempts = 8 WHERE external_id = 'evt_dl' RETURNING *) \
+         INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
+         SELECT tenant_id, external_id, source_id, event_type, payload, headers, 'retryable: upstream timeout', 'exhausted', attempts FROM e",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let registry = EffectRegistry::standard();
+    let invoke = |json: serde_json::Value| {
+        operator::handler(LambdaEvent::new(json, Context::default()), &pool, &registry)
+    };
+
+    let listed = serde_json::to_value(
+        invoke(serde_json::json!({"action": "list_dead_letters"}))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let id = listed["dead_letters"][0]["dead_letter_id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(listed["dead_letters"][0]["external_id"], "evt_dl");
+    let triaged = serde_json::to_value(invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "investigating"})).await.unwrap()).unwrap();
+    assert_eq!(triaged["status"], "investigating");
+    let bad = invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "replayed"})).await.unwrap_err();
+    assert_eq!(bad.error_type, "BadRequest");
+
+    let replayed = serde_json::to_value(
+        invoke(serde_json::json!({"action": "replay", "filter": {"error_contains": "timeout"}}))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(
+        replayed,
+        serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
+    );
+    let again = serde_json::to_value(
+        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}}))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(again["selected"], 0);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM orders WHERE state = 'paid'").await,
+        1
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE action = 'fulfil_order'"
+        )
+        .await,
+        1
+    );
+}
