@@ -16,12 +16,12 @@ use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde::Serialize;
-use sqlx::{Connection, PgPool};
+use sqlx::PgPool;
 
 use crate::effects::{Effect, EffectError, EffectRegistry};
-use crate::store::StoreError;
 use crate::store::dead_letters::{self, ReplayFilter};
 use crate::store::event_queue::{self, ClaimedEvent};
+use crate::store::{self, StoreError};
 
 /// Drain settings, with the defaults named here.
 #[derive(Debug, Clone)]
@@ -230,32 +230,28 @@ impl Drainer {
     }
 }
 
-/// Applies one event's effect under a savepoint: released on success, rolled back on failure
-/// (the batch's transaction stays usable). `Aborted` means the transaction itself is gone.
+/// Applies one event's effect under a savepoint: rolled back to on failure, so the batch's
+/// transaction stays usable and the event's partial writes vanish. A successful savepoint is
+/// not released (that would be one more round trip per event); the batch's commit commits it.
+/// `Aborted` means the transaction itself is gone.
 async fn apply_under_savepoint(
     conn: &mut sqlx::PgConnection,
     registry: &EffectRegistry,
     event: &ClaimedEvent,
 ) -> Result<Effect, EffectError> {
-    let mut savepoint = conn
-        .begin()
+    store::savepoint(&mut *conn)
         .await
-        .map_err(|e| EffectError::Aborted(e.into()))?;
+        .map_err(EffectError::Aborted)?;
     let handler = registry.handler_for(event);
-    match handler.apply(&mut savepoint, event).await {
+    match handler.apply(&mut *conn, event).await {
         Ok(effect) => {
-            savepoint
-                .commit()
-                .await
-                .map_err(|e| EffectError::Aborted(e.into()))?;
             tracing::debug!(handler = handler.name(), external_id = %event.external_id, ?effect, "applied");
             Ok(effect)
         }
         Err(error) => {
-            savepoint
-                .rollback()
+            store::rollback_to_savepoint(&mut *conn)
                 .await
-                .map_err(|e| EffectError::Aborted(e.into()))?;
+                .map_err(EffectError::Aborted)?;
             Err(error)
         }
     }

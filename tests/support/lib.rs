@@ -426,7 +426,8 @@ pub mod drain {
         .unwrap()
     }
 
-    /// Wraps a handler: logs each application, and can be made to fail on chosen entities.
+    /// Wraps a handler: logs each application (rolled back with the savepoint when it fails),
+    /// and can be made to fail on chosen entities.
     pub struct Instrumented {
         pub inner: Arc<dyn EffectHandler>,
         /// Entity ids that fail while `broken` is set.
@@ -457,6 +458,15 @@ pub mod drain {
             event: &'a ClaimedEvent,
         ) -> EffectFuture<'a> {
             Box::pin(async move {
+                // Write first, fail after: a failing event's partial writes must roll back.
+                sqlx::query(
+                    "INSERT INTO test_applications (tenant_id, external_id) VALUES ($1, $2)",
+                )
+                .bind(&event.tenant_id)
+                .bind(&event.external_id)
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| EffectError::from(shared::store::StoreError::from(e)))?;
                 let poisoned = event
                     .entity_id
                     .as_ref()
@@ -469,14 +479,6 @@ pub mod drain {
                         EffectError::Retryable(why)
                     });
                 }
-                sqlx::query(
-                    "INSERT INTO test_applications (tenant_id, external_id) VALUES ($1, $2)",
-                )
-                .bind(&event.tenant_id)
-                .bind(&event.external_id)
-                .execute(&mut *conn)
-                .await
-                .map_err(|e| EffectError::from(shared::store::StoreError::from(e)))?;
                 let effect: Effect = self.inner.apply(conn, event).await?;
                 Ok(effect)
             })

@@ -73,6 +73,20 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// Marks the point a failing event's writes roll back to, inside the caller's transaction.
+pub async fn savepoint(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("SAVEPOINT event").execute(conn).await?;
+    Ok(())
+}
+
+/// Undoes everything since the latest [`savepoint`]; the transaction stays usable.
+pub async fn rollback_to_savepoint(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    sqlx::query("ROLLBACK TO SAVEPOINT event")
+        .execute(conn)
+        .await?;
+    Ok(())
+}
+
 /// Pool settings. Small by default: a Lambda execution environment serves one request at a
 /// time, and the database's connection limit is shared by every warm environment.
 #[derive(Debug, Clone)]

@@ -1,0 +1,319 @@
+//! Drain throughput with 1, 2 and 4 concurrent drainers, sustained for BENCH_MINUTES (default
+//! 5) while ingestion keeps adding events, beside a raw claim-and-complete pgbench script on a
+//! copy of the queue table in the same run. Prints each minute's rate, the first minute beside
+//! the last (the drain must hold its rate: no decay from dead index entries), and the ratio to
+//! the raw rate.
+//!
+//! Run: `./scripts/bench drain` (needs DATABASE_URL with the right to create a database).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use benchmarks::pgbench;
+use http::HeaderMap;
+use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
+use shared::extract::FieldMap;
+use shared::ingest::{Delivery, IngestLimits, Ingestor};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::sources::{self, Source, SourceRegistry};
+use shared::store::MIGRATOR;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Executor, PgPool};
+
+const SECRET: &str = "whsec_YmVuY2gtZHJhaW4tc2lnbmluZy1rZXk=";
+/// Events per second the ingestion task adds while the drainers run.
+const INGEST_PER_SECOND: u64 = 200;
+
+fn source() -> Source {
+    let mut fields = FieldMap::defaults_for(Scheme::StandardWebhooks);
+    fields.entity_id = Some(FieldLocator::json("/data/id"));
+    fields.entity_version = Some(FieldLocator::json("/data/version"));
+    Source {
+        source_id: SourceId::parse("bench").unwrap(),
+        tenant_id: TenantId::parse("bench").unwrap(),
+        scheme: Scheme::StandardWebhooks,
+        secret_ref: "bench".into(),
+        tolerance: Duration::from_secs(3600),
+        fields,
+        enabled: true,
+    }
+}
+
+async fn exec(pool: &PgPool, sql: String) {
+    pool.execute(sqlx::AssertSqlSafe(sql)).await.unwrap();
+}
+
+/// A clean slate and `n` queued entity events (version 1 of `n` distinct entities).
+async fn prefill(pool: &PgPool, n: u64, tag: &str) {
+    exec(
+        pool,
+        "TRUNCATE event_queue, outbox, entities, dead_letters, webhook_events".into(),
+    )
+    .await;
+    exec(
+        pool,
+        format!(
+            "WITH e AS (INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, entity_id, entity_version, \
+                 payload, payload_sha256, verified_with, received_at, first_received_at, last_seen_at) \
+             SELECT 'bench', '{tag}-' || g, 'bench', 'item.updated', 'item-{tag}-' || g, 1, \
+                 convert_to(json_build_object('type', 'item.updated', 'data', json_build_object('id', 'item-{tag}-' || g, 'version', 1, 'name', repeat('x', 64)))::text, 'UTF8'), \
+                 sha256(convert_to('{tag}-' || g, 'UTF8')), 'current', now(), now(), now() \
+             FROM generate_series(1, {n}) AS g RETURNING tenant_id, external_id, received_at) \
+             INSERT INTO event_queue (tenant_id, external_id, ready_at, enqueued_at) SELECT tenant_id, external_id, received_at, received_at FROM e"
+        ),
+    )
+    .await;
+    exec(pool, "VACUUM ANALYZE event_queue".into()).await;
+    exec(pool, "VACUUM ANALYZE webhook_events".into()).await;
+}
+
+/// Ingests at a steady rate until `stop`, through the real ingest path.
+async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: String) -> u64 {
+    let mut sent = 0u64;
+    let mut tick = tokio::time::interval(Duration::from_millis(1000 / 20));
+    let at = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    while !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        for _ in 0..INGEST_PER_SECOND / 20 {
+            sent += 1;
+            let id = format!("{tag}-live-{sent}");
+            let body = serde_json::to_vec(&serde_json::json!({"type": "item.updated", "data": {"id": format!("live-{tag}-{}", sent % 5000), "version": sent}})).unwrap();
+            let headers: HeaderMap = shared::signature::sign(
+                Scheme::StandardWebhooks,
+                &SigningSecret::new(SECRET),
+                &id,
+                at,
+                &body,
+            )
+            .unwrap()
+            .into_iter()
+            .collect();
+            ingestor
+                .receive(Delivery {
+                    source_id: "bench",
+                    headers: &headers,
+                    body: &body,
+                })
+                .await
+                .unwrap();
+        }
+    }
+    sent
+}
+
+async fn run_drainers(
+    options: &PgConnectOptions,
+    drainers: usize,
+    minutes: u64,
+    tag: &str,
+) -> Vec<f64> {
+    let processed = Arc::new(AtomicU64::new(0));
+    let stop = Arc::new(AtomicBool::new(false));
+    let registry = Arc::new(EffectRegistry::standard());
+    let mut tasks = Vec::new();
+    for i in 0..drainers {
+        let (processed, stop, registry) = (processed.clone(), stop.clone(), registry.clone());
+        let options = options
+            .clone()
+            .application_name(&format!("bench-drainer-{i}"));
+        tasks.push(tokio::spawn(async move {
+            let pool = PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(options)
+                .await
+                .unwrap();
+            let settings = shared::config::Vars::process()
+                .drain()
+                .expect("DRAIN_* settings");
+            let drainer = Drainer::new(pool, registry, settings);
+            while !stop.load(Ordering::Relaxed) {
+                let batch = drainer.run_once().await.unwrap();
+                processed.fetch_add(batch.processed, Ordering::Relaxed);
+                if batch.claimed == 0 {
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+            }
+        }));
+    }
+    let ingest_pool = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    let registry = Arc::new(SourceRegistry::new(
+        ingest_pool.clone(),
+        Duration::from_secs(3600),
+    ));
+    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
+    let ingestor = Arc::new(Ingestor::new(
+        ingest_pool.clone(),
+        registry,
+        Arc::new(secrets),
+        IngestLimits {
+            max_body_bytes: 1 << 20,
+        },
+    ));
+    let ingest = tokio::spawn(ingest_steadily(ingestor, stop.clone(), tag.to_owned()));
+
+    let mut per_minute = Vec::new();
+    let mut last = 0;
+    for minute in 1..=minutes {
+        let start = Instant::now();
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let now = processed.load(Ordering::Relaxed);
+        let rate = (now - last) as f64 / start.elapsed().as_secs_f64();
+        last = now;
+        let (waiting, _): (i64, f64) = shared::store::event_queue::backlog(&ingest_pool)
+            .await
+            .unwrap();
+        println!(
+            "    drainers={drainers} minute {minute}: {rate:>8.0} events/s ({waiting} still queued)"
+        );
+        assert!(
+            waiting > 0,
+            "the queue ran dry: the rate measured ingestion, not the drain; prefill more"
+        );
+        per_minute.push(rate);
+    }
+    stop.store(true, Ordering::Relaxed);
+    for t in tasks {
+        t.await.unwrap();
+    }
+    ingest.await.unwrap();
+    per_minute
+}
+
+/// The raw limit: pgbench claiming and completing 100-row batches on a copy of the queue table.
+async fn raw_claim_and_complete(
+    pool: &PgPool,
+    options: &PgConnectOptions,
+    clients: usize,
+    seconds: u64,
+    rows: u64,
+) -> f64 {
+    exec(pool, "DROP TABLE IF EXISTS queue_copy".into()).await;
+    exec(pool, "CREATE TABLE queue_copy (LIKE event_queue INCLUDING ALL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0)".into()).await;
+    exec(pool, format!("INSERT INTO queue_copy (tenant_id, external_id, ready_at, enqueued_at) SELECT 'bench', 'raw-' || g, now() - interval '1 hour' + g * interval '1 microsecond', now() FROM generate_series(1, {rows}) AS g")).await;
+    exec(pool, "VACUUM ANALYZE queue_copy".into()).await;
+    let script = std::env::temp_dir().join(format!("claim-complete-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED) DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n",
+    )
+    .unwrap();
+    let output = std::process::Command::new(pgbench().expect("pgbench not found"))
+        .args([
+            "-n",
+            "-M",
+            "prepared",
+            "-c",
+            &clients.to_string(),
+            "-j",
+            &clients.min(2).to_string(),
+            "-T",
+            &seconds.to_string(),
+            "-f",
+        ])
+        .arg(&script)
+        .args([
+            "-h",
+            options.get_host(),
+            "-p",
+            &options.get_port().to_string(),
+            "-U",
+            options.get_username(),
+        ])
+        .arg(options.get_database().unwrap())
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_copy")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    assert!(left > 0, "the copy ran dry: prefill more rows");
+    exec(pool, "DROP TABLE queue_copy".into()).await;
+    (rows as i64 - left) as f64 / seconds as f64
+}
+
+#[tokio::main]
+async fn main() {
+    let minutes: u64 = std::env::var("BENCH_MINUTES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(5)
+        .max(2);
+    let backlog: u64 = std::env::var("BENCH_BACKLOG")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1_500_000 * minutes / 5);
+    let raw_seconds: u64 = 30;
+    let url =
+        std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");
+    let admin: PgConnectOptions = url.parse().unwrap();
+    let database = format!("bench_drain_{}", std::process::id());
+    let mut conn = admin.connect().await.unwrap();
+    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
+        .await
+        .unwrap();
+    let options = admin.clone().database(&database);
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(options.clone())
+        .await
+        .unwrap();
+    MIGRATOR.run(&pool).await.unwrap();
+    sources::apply(&pool, &[source()]).await.unwrap();
+
+    println!(
+        "drain: {minutes} min per run over a {backlog}-event backlog while ingesting {INGEST_PER_SECOND}/s; raw: pgbench claim-and-complete (100-row batches) on a copy of event_queue, {raw_seconds} s"
+    );
+    let mut rows = Vec::new();
+    let counts: Vec<usize> = std::env::var("BENCH_DRAINERS")
+        .unwrap_or_else(|_| "1,2,4".into())
+        .split(',')
+        .map(|n| {
+            n.trim()
+                .parse()
+                .expect("BENCH_DRAINERS: comma-separated counts")
+        })
+        .collect();
+    for drainers in counts {
+        let tag = format!("d{drainers}");
+        prefill(&pool, backlog, &tag).await;
+        let per_minute = run_drainers(&options, drainers, minutes, &tag).await;
+        let raw = raw_claim_and_complete(&pool, &options, drainers, raw_seconds, 2_000_000).await;
+        rows.push((drainers, per_minute, raw));
+    }
+    println!();
+    println!(
+        "{:>8} {:>12} {:>12} {:>12} {:>10} {:>12} {:>8}",
+        "drainers", "events/s", "first min", "last min", "last/first", "raw rows/s", "ratio"
+    );
+    for (drainers, per_minute, raw) in &rows {
+        let mean = per_minute.iter().sum::<f64>() / per_minute.len() as f64;
+        let (first, last) = (per_minute[0], *per_minute.last().unwrap());
+        println!(
+            "{drainers:>8} {mean:>12.0} {first:>12.0} {last:>12.0} {:>9.2}x {raw:>12.0} {:>7.3}x",
+            last / first,
+            mean / raw
+        );
+    }
+    pool.close().await;
+    conn.execute(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE {database} WITH (FORCE)"
+    )))
+    .await
+    .unwrap();
+}
