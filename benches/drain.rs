@@ -39,6 +39,7 @@ fn source() -> Source {
         tolerance: Duration::from_secs(3600),
         fields,
         enabled: true,
+        gaps: None,
     }
 }
 
@@ -257,7 +258,7 @@ async fn main() {
     let backlog: u64 = std::env::var("BENCH_BACKLOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1_500_000 * minutes / 5);
+        .unwrap_or(1_800_000 * minutes / 5);
     let raw_seconds: u64 = 30;
     let url =
         std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");

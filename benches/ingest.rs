@@ -160,7 +160,7 @@ async fn run_store_only(
                         payload: &body,
                         payload_sha256: [7; 32],
                         headers: serde_json::json!({"content-type": "application/json"}),
-                        verified_with: shared::domain::SecretVersion::Current,
+                        verified_with: "current",
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
@@ -300,6 +300,7 @@ async fn main() {
         tolerance: Duration::from_secs(3600),
         fields: FieldMap::defaults_for(Scheme::Stripe),
         enabled: true,
+        gaps: None,
     };
     sources::apply(&setup, &[source]).await.unwrap();
 

@@ -142,3 +142,61 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         1
     );
 }
+
+#[test]
+fn the_reconcile_function_tells_its_triggers_apart() {
+    let schedule = serde_json::json!({
+        "version": "0", "id": "1", "detail-type": "Scheduled Event", "source": "aws.events", "account": "123456789012",
+        "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}
+    });
+    assert_eq!(reconcile::trigger_of(&schedule).unwrap(), "schedule");
+    let alarm_message =
+        serde_json::json!({"AlarmName": "webhooks-oldest-pending-age", "NewStateValue": "ALARM"})
+            .to_string();
+    let sns = serde_json::json!({"Records": [{
+        "EventSource": "aws:sns", "EventVersion": "1.0", "EventSubscriptionArn": "arn:aws:sns:us-east-1:123456789012:alarms:1",
+        "Sns": {"Type": "Notification", "MessageId": "m1", "TopicArn": "arn:aws:sns:us-east-1:123456789012:alarms",
+                "Subject": "ALARM", "Message": alarm_message, "Timestamp": "2026-11-30T12:00:00.000Z",
+                "SignatureVersion": "1", "Signature": "x", "SigningCertUrl": "https://x", "UnsubscribeUrl": "https://x",
+                "MessageAttributes": {}}
+    }]});
+    assert_eq!(
+        reconcile::trigger_of(&sns).unwrap(),
+        "alarm:webhooks-oldest-pending-age"
+    );
+    let junk = reconcile::trigger_of(&serde_json::json!({"hello": 1})).unwrap_err();
+    assert_eq!(junk.error_type, "UnrecognisedTrigger");
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_reconcile_function_runs_a_pass_and_records_its_trigger(pool: PgPool) {
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    let payload = serde_json::json!({
+        "version": "0", "id": "1", "detail-type": "Scheduled Event", "source": "aws.events", "account": "123456789012",
+        "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}
+    });
+    let outcome = reconcile::handler(
+        LambdaEvent::new(payload, Context::default()),
+        &pool,
+        &drainer,
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            outcome,
+            shared::reconcile::ReconcileOutcome::Completed { .. }
+        ),
+        "{outcome:?}"
+    );
+    let trigger: String = sqlx::query_scalar("SELECT trigger FROM maintenance_runs")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(trigger, "schedule");
+}

@@ -51,6 +51,12 @@ enum Command {
     },
     /// Drain the queue once, as the drain Lambda does.
     Drain,
+    /// Run one reconciliation pass, as the reconcile Lambda does.
+    Reconcile,
+    /// Run one gap detection and backfill pass, as the backfill Lambda does.
+    Backfill,
+    /// Run one retention pass, as the retention Lambda does.
+    Retention,
 }
 
 #[derive(Args)]
@@ -69,6 +75,9 @@ struct ServeArgs {
     /// How often the drain and the outbox run, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pipeline_interval_ms: u64,
+    /// How often backfill, reconcile and retention run, in seconds.
+    #[arg(long, default_value_t = 10)]
+    maintenance_interval_seconds: u64,
 }
 
 #[derive(Subcommand)]
@@ -139,6 +148,9 @@ async fn main() -> ExitCode {
         Command::Sign(args) => run_sign(args),
         Command::Operator { request } => run_operator(&request).await,
         Command::Drain => run_drain().await,
+        Command::Reconcile => run_maintenance("reconcile").await,
+        Command::Backfill => run_maintenance("backfill").await,
+        Command::Retention => run_maintenance("retention").await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -253,11 +265,31 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let sender = OutboxSender::new(ingestor.pool().clone(), OutboxSettings::new(&target))
         .map_err(|e| e.to_string())?;
     let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
-    let _pipeline = serve::spawn_pipeline(Arc::new(drainer), Some(Arc::new(sender)), every);
+    let drainer = Arc::new(drainer);
+    let _pipeline = serve::spawn_pipeline(drainer.clone(), Some(Arc::new(sender)), every);
+    let secrets = match &settings.secrets {
+        SecretsBackend::File(path) => SecretStore::File(path.clone()),
+        SecretsBackend::Aws(aws) => {
+            SecretStore::Aws(AwsSecrets::connect(aws).await.map_err(|e| e.to_string())?)
+        }
+    };
+    let backfiller = shared::backfill::Backfiller::new(
+        ingestor.pool().clone(),
+        Arc::new(secrets),
+        vars.backfill().map_err(|e| e.to_string())?,
+    );
+    let maintenance_every = Duration::from_secs(args.maintenance_interval_seconds.max(1));
+    let _maintenance = serve::spawn_maintenance(
+        ingestor.pool().clone(),
+        drainer,
+        Arc::new(backfiller),
+        maintenance_every,
+    );
     eprintln!(
-        "ingest listening on http://{}; drain and outbox (→ {target}) every {} ms",
+        "ingest listening on http://{}; drain and outbox (→ {target}) every {} ms; backfill, reconcile, retention every {} s",
         args.listen,
-        every.as_millis()
+        every.as_millis(),
+        maintenance_every.as_secs()
     );
     let runner = serve::Runner {
         ingestor: Arc::new(ingestor),
@@ -412,6 +444,46 @@ async fn run_drain() -> CmdResult {
         .await
         .map_err(|e| e.to_string())?;
     println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
+    Ok(())
+}
+
+async fn run_maintenance(job: &str) -> CmdResult {
+    let vars = Vars::process();
+    let pool = pool().await?;
+    let err = |e: &dyn std::fmt::Display| e.to_string();
+    let report = match job {
+        "reconcile" => {
+            let drainer = Drainer::new(
+                pool.clone(),
+                Arc::new(EffectRegistry::standard()),
+                vars.drain().map_err(|e| err(&e))?,
+            );
+            let settings = vars.reconcile().map_err(|e| err(&e))?;
+            serde_json::to_value(
+                shared::reconcile::run_once(&pool, &drainer, &settings, "operator")
+                    .await
+                    .map_err(|e| err(&e))?,
+            )
+        }
+        "backfill" => {
+            let secrets = vars.secret_store().await.map_err(|e| err(&e))?;
+            let backfiller = shared::backfill::Backfiller::new(
+                pool,
+                Arc::new(secrets),
+                vars.backfill().map_err(|e| err(&e))?,
+            );
+            serde_json::to_value(backfiller.run_once("operator").await.map_err(|e| err(&e))?)
+        }
+        _ => {
+            let settings = vars.retention().map_err(|e| err(&e))?;
+            serde_json::to_value(
+                shared::retention::run_once(&pool, &settings, "operator")
+                    .await
+                    .map_err(|e| err(&e))?,
+            )
+        }
+    };
+    println!("{}", report.unwrap_or_default());
     Ok(())
 }
 

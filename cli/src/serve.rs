@@ -63,6 +63,38 @@ pub fn spawn_pipeline(
     })
 }
 
+/// Runs a backfill pass, a reconcile pass and a retention pass every `every`, as their
+/// EventBridge schedules would, until the task is dropped.
+pub fn spawn_maintenance(
+    pool: shared::store::PgPool,
+    drainer: Arc<Drainer>,
+    backfiller: Arc<shared::backfill::Backfiller>,
+    every: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(every);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let reconcile = shared::reconcile::ReconcileSettings::default();
+        let retention = shared::retention::RetentionSettings::default();
+        loop {
+            tick.tick().await;
+            if let Err(error) = backfiller.run_once("local-schedule").await {
+                tracing::warn!(%error, "backfill pass failed");
+            }
+            if let Err(error) =
+                shared::reconcile::run_once(&pool, &drainer, &reconcile, "local-schedule").await
+            {
+                tracing::warn!(%error, "reconcile pass failed");
+            }
+            if let Err(error) =
+                shared::retention::run_once(&pool, &retention, "local-schedule").await
+            {
+                tracing::warn!(%error, "retention pass failed");
+            }
+        }
+    })
+}
+
 async fn operate(State(runner): State<Runner>, body: Bytes) -> Response {
     let request = serde_json::from_slice(&body)
         .map_err(|e| operator::OperatorError::BadRequest(e.to_string()))

@@ -196,6 +196,61 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok(settings)
     }
 
+    pub fn reconcile(&self) -> Result<crate::reconcile::ReconcileSettings, ConfigError> {
+        let d = crate::reconcile::ReconcileSettings::default();
+        Ok(crate::reconcile::ReconcileSettings {
+            pending_sla: self.seconds("RECONCILE_PENDING_SLA_SECONDS", d.pending_sla)?,
+            outbox_window: self.seconds("RECONCILE_OUTBOX_WINDOW_SECONDS", d.outbox_window)?,
+            untriaged_after: self
+                .seconds("RECONCILE_UNTRIAGED_AFTER_SECONDS", d.untriaged_after)?,
+            chunk_size: self.parsed("RECONCILE_CHUNK_SIZE", d.chunk_size)?.max(1),
+            max_chunks: self.parsed("RECONCILE_MAX_CHUNKS", d.max_chunks)?.max(1),
+            drain_for: self.seconds("RECONCILE_DRAIN_SECONDS", d.drain_for)?,
+        })
+    }
+
+    pub fn backfill(&self) -> Result<crate::backfill::BackfillSettings, ConfigError> {
+        let d = crate::backfill::BackfillSettings::default();
+        Ok(crate::backfill::BackfillSettings {
+            fetch_limit: self.parsed("BACKFILL_FETCH_LIMIT", d.fetch_limit)?.max(1),
+            max_list_pages: self
+                .parsed("BACKFILL_MAX_LIST_PAGES", d.max_list_pages)?
+                .max(1),
+            request_timeout: self.millis("BACKFILL_TIMEOUT_MS", d.request_timeout)?,
+        })
+    }
+
+    pub fn retention(&self) -> Result<crate::retention::RetentionSettings, ConfigError> {
+        let d = crate::retention::RetentionSettings::default();
+        let s = crate::retention::RetentionSettings {
+            payload_after: self.seconds("RETENTION_PAYLOAD_SECONDS", d.payload_after)?,
+            identity_after: self.seconds("RETENTION_IDENTITY_SECONDS", d.identity_after)?,
+            history_after: self.seconds("RETENTION_HISTORY_SECONDS", d.history_after)?,
+            batch_size: self.parsed("RETENTION_BATCH_SIZE", d.batch_size)?,
+            max_batches: self.parsed("RETENTION_MAX_BATCHES", d.max_batches)?,
+        };
+        s.validate().map_err(|reason| ConfigError::Invalid {
+            var: "RETENTION_*",
+            reason,
+        })?;
+        Ok(s)
+    }
+
+    /// The secret store the ingest settings describe (Secrets Manager, or a file locally).
+    pub async fn secret_store(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
+        Ok(match self.secrets_backend()? {
+            SecretsBackend::File(path) => crate::secrets::SecretStore::File(path),
+            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
+                crate::secrets::AwsSecrets::connect(&aws)
+                    .await
+                    .map_err(|e| ConfigError::Invalid {
+                        var: "SECRETS_MANAGER_ENDPOINT",
+                        reason: e.to_string(),
+                    })?,
+            ),
+        })
+    }
+
     pub fn outbox(&self) -> Result<crate::outbox::OutboxSettings, ConfigError> {
         let target = self.get("OUTBOX_TARGET_URL").ok_or(ConfigError::Missing {
             var: "OUTBOX_TARGET_URL",

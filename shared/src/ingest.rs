@@ -218,7 +218,7 @@ impl Ingestor {
                 payload: delivery.body,
                 payload_sha256: digest,
                 headers: kept_headers(&source, delivery.headers),
-                verified_with: verified.secret,
+                verified_with: verified.secret.as_str(),
             },
         )
         .await?;

@@ -2,6 +2,7 @@
 //! Postgres store and the ingest path. It knows nothing about Lambda event types; the crates
 //! under `functions/` adapt Lambda events to the calls made here.
 
+pub mod backfill;
 pub mod config;
 pub mod domain;
 pub mod drain;
@@ -10,6 +11,9 @@ pub mod extract;
 pub mod ingest;
 pub mod operator;
 pub mod outbox;
+pub mod provider_api;
+pub mod reconcile;
+pub mod retention;
 pub mod secrets;
 pub mod signature;
 pub mod sources;

@@ -5,6 +5,8 @@
 //! {"action": "replay", "filter": {"event_type": "payment_intent.succeeded", "error_contains": "timeout"}}
 //! {"action": "list_dead_letters", "filter": {"tenant_id": "acme"}}
 //! {"action": "set_dead_letter_status", "dead_letter_id": 7, "status": "investigating"}
+//! {"action": "tombstone", "tenant_id": "acme", "source_id": "stripe-prod", "external_id": "evt_1",
+//!  "reason": "test event deleted in the dashboard", "operator": "alice"}
 //! ```
 
 use serde::{Deserialize, Serialize};
@@ -30,6 +32,16 @@ pub enum OperatorRequest {
     },
     /// Triage: `investigating` or `discarded`.
     SetDeadLetterStatus { dead_letter_id: i64, status: String },
+    /// Declares an event ID that will never arrive: gap detection stops flagging it.
+    Tombstone {
+        tenant_id: String,
+        source_id: String,
+        external_id: String,
+        #[serde(default)]
+        sequence: Option<i64>,
+        reason: String,
+        operator: String,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -46,6 +58,7 @@ pub enum OperatorResponse {
     Replay(ReplayOutcome),
     DeadLetters { dead_letters: Vec<DeadLetterView> },
     StatusChanged { dead_letter_id: i64, status: String },
+    Tombstoned { external_id: String, created: bool },
 }
 
 #[derive(Debug, Serialize)]
@@ -108,6 +121,35 @@ pub async fn handle(
             Ok(OperatorResponse::StatusChanged {
                 dead_letter_id,
                 status,
+            })
+        }
+        OperatorRequest::Tombstone {
+            tenant_id,
+            source_id,
+            external_id,
+            sequence,
+            reason,
+            operator,
+        } => {
+            if reason.trim().is_empty() || operator.trim().is_empty() {
+                return Err(OperatorError::BadRequest(
+                    "a tombstone needs a reason and the operator's name".into(),
+                ));
+            }
+            let by = format!("operator:{operator}");
+            let created = crate::store::gaps::tombstone(
+                pool,
+                &tenant_id,
+                &source_id,
+                &external_id,
+                sequence,
+                &reason,
+                &by,
+            )
+            .await?;
+            Ok(OperatorResponse::Tombstoned {
+                external_id,
+                created,
             })
         }
     }

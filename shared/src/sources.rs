@@ -31,6 +31,41 @@ pub struct Source {
     pub tolerance: Duration,
     pub fields: FieldMap,
     pub enabled: bool,
+    /// How to find and backfill events that never arrived; `None`: this source has no gap
+    /// detection.
+    pub gaps: Option<GapConfig>,
+}
+
+/// How a source's expected event IDs are known, and where missing ones are fetched.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GapConfig {
+    pub strategy: GapStrategy,
+    /// Provider API base (`https://api.stripe.com`); events are fetched at `/v1/events/{id}`.
+    pub api_base_url: String,
+    /// Secret holding the API key, sent as a bearer token.
+    pub api_secret_ref: String,
+    /// A gap younger than this is left alone.
+    pub grace: Duration,
+    /// Sequence: numbers examined above the watermark per pass. List: seconds listed back.
+    pub window: i64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GapStrategy {
+    /// The provider numbers its events (read with the source's `sequence` field); the ID of
+    /// number n is `id_template` with `{seq}` replaced by n.
+    Sequence { id_template: String },
+    /// The provider lists its events over a time window (`GET /v1/events`, cursor-paged).
+    ListApi,
+}
+
+impl GapStrategy {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            GapStrategy::Sequence { .. } => "sequence",
+            GapStrategy::ListApi => "list_api",
+        }
+    }
 }
 
 /// How a source is written in a sources file (`hookctl sources apply`, the local runner):
@@ -45,6 +80,13 @@ pub struct Source {
 /// enabled = true                 # optional
 /// [source.fields]                # optional, per-field overrides of the scheme's defaults
 /// entity_id = "json:/repository/id"
+/// [source.gaps]                  # optional: gap detection and backfill
+/// strategy = "sequence"          # or "list_api"
+/// id_template = "evt_{seq}"      # sequence only
+/// api_base_url = "https://api.example.com"
+/// api_secret_ref = "webhooks/example-api-key"
+/// grace_seconds = 600            # optional, default 600
+/// window = 100000                # optional: numbers per pass, or seconds listed back
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -59,6 +101,61 @@ pub struct SourceSpec {
     pub enabled: bool,
     #[serde(default)]
     pub fields: FieldOverrides,
+    #[serde(default)]
+    pub gaps: Option<GapSpec>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GapSpec {
+    strategy: String,
+    id_template: Option<String>,
+    api_base_url: String,
+    api_secret_ref: String,
+    grace_seconds: Option<u32>,
+    window: Option<i64>,
+}
+
+impl GapSpec {
+    fn into_config(self, fields: &FieldMap) -> Result<GapConfig, String> {
+        let strategy = match (self.strategy.as_str(), self.id_template) {
+            ("sequence", Some(t)) if t.contains("{seq}") => {
+                if fields.sequence.is_none() {
+                    return Err("gaps.strategy = \"sequence\" needs fields.sequence".into());
+                }
+                GapStrategy::Sequence { id_template: t }
+            }
+            ("sequence", _) => {
+                return Err(
+                    "gaps.strategy = \"sequence\" needs an id_template containing {seq}".into(),
+                );
+            }
+            ("list_api", _) => GapStrategy::ListApi,
+            (other, _) => {
+                return Err(format!(
+                    "gaps.strategy {other:?} is neither sequence nor list_api"
+                ));
+            }
+        };
+        if !(self.api_base_url.starts_with("http://") || self.api_base_url.starts_with("https://"))
+        {
+            return Err(format!(
+                "gaps.api_base_url {:?} is not an http(s) URL",
+                self.api_base_url
+            ));
+        }
+        let window = self.window.unwrap_or(100_000);
+        if window <= 0 {
+            return Err("gaps.window must be positive".into());
+        }
+        Ok(GapConfig {
+            strategy,
+            api_base_url: self.api_base_url.trim_end_matches('/').to_owned(),
+            api_secret_ref: self.api_secret_ref,
+            grace: Duration::from_secs(self.grace_seconds.unwrap_or(600).into()),
+            window,
+        })
+    }
 }
 
 fn yes() -> bool {
@@ -114,20 +211,23 @@ impl SourceSpec {
         }
         let defaults = FieldMap::defaults_for(self.scheme);
         let o = self.fields;
+        let fields = FieldMap {
+            external_id: o.external_id.unwrap_or(defaults.external_id),
+            event_type: o.event_type.unwrap_or(defaults.event_type),
+            entity_id: o.entity_id.or(defaults.entity_id),
+            entity_version: o.entity_version.or(defaults.entity_version),
+            sequence: o.sequence.or(defaults.sequence),
+        };
+        let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;
         Ok(Source {
             source_id: self.id,
             tenant_id: self.tenant,
             scheme: self.scheme,
             secret_ref: self.secret_ref,
             tolerance: Duration::from_secs(tolerance_seconds.into()),
-            fields: FieldMap {
-                external_id: o.external_id.unwrap_or(defaults.external_id),
-                event_type: o.event_type.unwrap_or(defaults.event_type),
-                entity_id: o.entity_id.or(defaults.entity_id),
-                entity_version: o.entity_version.or(defaults.entity_version),
-                sequence: o.sequence.or(defaults.sequence),
-            },
+            fields,
             enabled: self.enabled,
+            gaps,
         })
     }
 }
@@ -245,6 +345,44 @@ mod tests {
             Some(crate::FieldLocator::json("/repository/id"))
         );
         assert!(source.enabled);
+    }
+
+    #[test]
+    fn gap_settings_are_read_and_checked() {
+        let spec = |gaps: &str| {
+            let file: SourcesFile = toml::from_str(&format!(
+                "[[source]]\nid='p'\ntenant='t'\nscheme='stripe'\nsecret_ref='x'\n[source.fields]\nsequence='json:/sequence'\n[source.gaps]\n{gaps}"
+            ))
+            .unwrap();
+            file.source.into_iter().next().unwrap().into_source()
+        };
+        let ok = spec("strategy='sequence'\nid_template='evt_{seq}'\napi_base_url='http://127.0.0.1:9/'\napi_secret_ref='k'").unwrap();
+        let gaps = ok.gaps.unwrap();
+        assert_eq!(
+            gaps.strategy,
+            GapStrategy::Sequence {
+                id_template: "evt_{seq}".into()
+            }
+        );
+        assert_eq!(
+            (gaps.api_base_url.as_str(), gaps.grace, gaps.window),
+            ("http://127.0.0.1:9", Duration::from_secs(600), 100_000)
+        );
+        assert!(
+            spec("strategy='sequence'\napi_base_url='http://x'\napi_secret_ref='k'")
+                .unwrap_err()
+                .contains("{seq}")
+        );
+        assert!(
+            spec("strategy='list'\napi_base_url='http://x'\napi_secret_ref='k'")
+                .unwrap_err()
+                .contains("list_api")
+        );
+        assert!(
+            spec("strategy='list_api'\napi_base_url='x'\napi_secret_ref='k'")
+                .unwrap_err()
+                .contains("http")
+        );
     }
 
     #[test]

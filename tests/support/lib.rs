@@ -35,6 +35,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         tolerance: sources::DEFAULT_TOLERANCE,
         fields: FieldMap::defaults_for(scheme),
         enabled: true,
+        gaps: None,
     }
 }
 
@@ -562,5 +563,109 @@ pub mod drain {
 
     pub async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
         sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+    }
+}
+
+// ---- Reconciliation, gaps, backfill --------------------------------------------------------
+
+pub mod gaps {
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    use shared::backfill::{BackfillSettings, Backfiller};
+    use shared::domain::{FieldLocator, Scheme};
+    use shared::secrets::{SecretSet, SecretStore};
+    use shared::sources::{GapConfig, GapStrategy, Source};
+    use simulator::{Provider, ProviderConfig};
+    use sqlx::PgPool;
+
+    use super::*;
+
+    pub const SIGNING: &str = "whsec_simulated_provider";
+    pub const API_KEY: &str = "sk_test_simulated";
+
+    pub fn provider(events: u64, never_existed: Vec<u64>) -> Arc<Provider> {
+        Provider::new(ProviderConfig {
+            events,
+            never_existed,
+            entities: 200,
+            first_created: now() - events as i64 - 10,
+            signing_secret: SIGNING.into(),
+            api_key: API_KEY.into(),
+        })
+    }
+
+    /// A Stripe-signed source for the simulated provider, with gap detection by `strategy`.
+    pub fn provider_source(
+        id: &str,
+        strategy: GapStrategy,
+        api_base_url: &str,
+        grace: Duration,
+    ) -> Source {
+        let mut s = source(id, TENANT, Scheme::Stripe, "secret/provider-signing");
+        s.fields.entity_version = Some(FieldLocator::json("/data/object/version"));
+        s.fields.sequence = Some(FieldLocator::json("/sequence"));
+        s.gaps = Some(GapConfig {
+            strategy,
+            api_base_url: api_base_url.to_owned(),
+            api_secret_ref: "secret/provider-api".into(),
+            grace,
+            window: 100_000,
+        });
+        s
+    }
+
+    pub fn sequence_strategy() -> GapStrategy {
+        GapStrategy::Sequence {
+            id_template: "evt_{seq}".into(),
+        }
+    }
+
+    fn secrets() -> SecretStore {
+        SecretStore::memory([
+            (
+                "secret/provider-signing".to_owned(),
+                SecretSet::new(SIGNING, None),
+            ),
+            (
+                "secret/provider-api".to_owned(),
+                SecretSet::new(API_KEY, None),
+            ),
+        ])
+    }
+
+    pub async fn app(pool: PgPool, sources: &[Source]) -> TestApp {
+        TestApp::new(pool, sources, secrets()).await
+    }
+
+    pub fn backfiller(pool: &PgPool) -> Backfiller {
+        Backfiller::new(
+            pool.clone(),
+            Arc::new(secrets()),
+            BackfillSettings::default(),
+        )
+    }
+
+    /// Delivers through the ingest handler, several at a time; every reply must be a 200.
+    pub async fn deliver_all(app: &TestApp, source_id: &str, deliveries: Vec<simulator::Delivery>) {
+        let queue = Arc::new(std::sync::Mutex::new(deliveries));
+        let tasks: Vec<_> = (0..4)
+            .map(|_| {
+                let (queue, ingestor, source_id) =
+                    (queue.clone(), app.ingestor.clone(), source_id.to_owned());
+                tokio::spawn(async move {
+                    loop {
+                        let Some(d) = queue.lock().unwrap().pop() else {
+                            break;
+                        };
+                        let reply = post_to(&ingestor, &source_id, d.headers, &d.body).await;
+                        assert_eq!(reply.status, 200, "{:?}", reply.json);
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
     }
 }

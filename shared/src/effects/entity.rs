@@ -4,7 +4,7 @@
 
 use sqlx::PgConnection;
 
-use super::{Effect, EffectError, EffectFuture, EffectHandler, outbox_key, payload_json};
+use super::{Effect, EffectFuture, EffectHandler, outbox_key, payload_json};
 use crate::store::entities::{self, EntityChange};
 use crate::store::event_queue::ClaimedEvent;
 
@@ -32,27 +32,34 @@ impl EffectHandler for EntityProjection {
             let state = payload_json(event)?;
             let (entity_type, deleted) = classify(&event.event_type);
             let key = outbox_key(&event.tenant_id, &event.external_id, ENTITY_CHANGED);
-            let applied = entities::apply_versioned(
-                conn,
-                &EntityChange {
-                    tenant_id: &event.tenant_id,
-                    entity_type,
-                    entity_id,
-                    version,
-                    state: &state,
-                    deleted,
-                    external_id: &event.external_id,
-                    outbox_action: ENTITY_CHANGED,
-                    outbox_key: &key,
-                },
-            )
-            .await
-            .map_err(EffectError::from)?;
-            Ok(if applied {
-                Effect::Applied
-            } else {
-                Effect::Stale
-            })
+            let change = EntityChange {
+                tenant_id: &event.tenant_id,
+                entity_type,
+                entity_id,
+                version,
+                state: &state,
+                deleted,
+                external_id: &event.external_id,
+                outbox_action: ENTITY_CHANGED,
+                outbox_key: &key,
+            };
+            let result =
+                entities::apply_versioned(&mut *conn, &change, event.first_received_at).await?;
+            if result.applied {
+                return Ok(Effect::Applied);
+            }
+            if result.held_by_this_event {
+                if result.changed_before {
+                    // Applied before this event row existed: a redelivery after retention
+                    // purged its identity. Recorded; nothing repeated, nothing re-announced.
+                    super::redelivered_after_purge(conn, event).await?;
+                } else {
+                    // This event's own effect: make sure its announcement exists (the
+                    // reconciler re-queues events whose outbox row went missing).
+                    entities::ensure_announced(&mut *conn, &change).await?;
+                }
+            }
+            Ok(Effect::Stale)
         })
     }
 }

@@ -134,6 +134,23 @@ pub fn outbox_key(tenant_id: &str, external_id: &str, action: &str) -> String {
     hex::encode(hash.finalize())
 }
 
+/// Records that this event's effect predates its own event row (see `ingest_anomalies`).
+pub(crate) async fn redelivered_after_purge(
+    conn: &mut PgConnection,
+    event: &ClaimedEvent,
+) -> Result<(), EffectError> {
+    tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, "redelivered after its identity was purged");
+    crate::store::ingest_anomalies::record_redelivered_after_purge(
+        conn,
+        &event.tenant_id,
+        &event.source_id,
+        &event.external_id,
+        &event.payload_sha256,
+    )
+    .await?;
+    Ok(())
+}
+
 /// The event's payload as JSON, or a fatal error saying why not.
 pub fn payload_json(event: &ClaimedEvent) -> Result<serde_json::Value, EffectError> {
     let bytes = event

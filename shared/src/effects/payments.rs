@@ -100,7 +100,16 @@ impl EffectHandler for Payments {
             };
             if order.state != "awaiting_payment" {
                 return if order.paid_by_event.as_deref() == Some(event_id) {
-                    // This event already paid it (a replay of committed work): nothing to do.
+                    if order.paid_at.is_some_and(|t| t < event.first_received_at) {
+                        // Paid before this event row existed: a redelivery after retention.
+                        super::redelivered_after_purge(conn, event).await?;
+                    } else {
+                        // This event paid it: make sure its fulfilment row exists.
+                        let message = fulfilment(&payment);
+                        let key = outbox_key(tenant, event_id, FULFIL_ORDER);
+                        outbox::enqueue(&mut *conn, tenant, event_id, FULFIL_ORDER, &message, &key)
+                            .await?;
+                    }
                     Ok(Effect::Stale)
                 } else if order.state == "cancelled" {
                     exception(conn, event, order_id, "invalid_state", "order is cancelled").await
@@ -163,17 +172,21 @@ impl EffectHandler for Payments {
                     "order changed under its lock".into(),
                 ));
             }
-            let message = serde_json::json!({
-                "order_id": payment.order_id,
-                "amount_minor": payment.amount,
-                "currency": payment.currency,
-                "gateway_order_id": payment.gateway_order_id,
-            });
+            let message = fulfilment(&payment);
             let key = outbox_key(tenant, event_id, FULFIL_ORDER);
             outbox::enqueue(&mut *conn, tenant, event_id, FULFIL_ORDER, &message, &key).await?;
             Ok(Effect::Applied)
         })
     }
+}
+
+fn fulfilment(payment: &Payment) -> serde_json::Value {
+    serde_json::json!({
+        "order_id": payment.order_id,
+        "amount_minor": payment.amount,
+        "currency": payment.currency,
+        "gateway_order_id": payment.gateway_order_id,
+    })
 }
 
 async fn exception(

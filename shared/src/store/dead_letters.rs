@@ -105,7 +105,7 @@ pub async fn claim_for_replay(
     dead_letter_id: i64,
 ) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.attempts \
+                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts \
          FROM dead_letters AS l \
          JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \

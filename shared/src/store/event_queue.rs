@@ -15,6 +15,8 @@ pub struct ClaimedEvent {
     pub entity_id: Option<String>,
     pub entity_version: Option<i64>,
     pub payload: Option<Vec<u8>>,
+    pub payload_sha256: Vec<u8>,
+    pub first_received_at: chrono::DateTime<chrono::Utc>,
     /// Attempts made before this one.
     pub attempts: i32,
 }
@@ -24,7 +26,7 @@ pub struct ClaimedEvent {
 /// skipped, not waited for.
 pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.attempts \
+                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts \
          FROM event_queue AS q \
          JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \

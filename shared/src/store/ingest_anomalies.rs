@@ -36,3 +36,25 @@ pub async fn record_unreadable(
         .await?;
     Ok(id)
 }
+
+/// A delivery whose effect was applied before its event row existed: its identity had been
+/// purged by retention and the provider delivered it again. No second effect was made.
+pub async fn record_redelivered_after_purge(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    source_id: &str,
+    external_id: &str,
+    payload_sha256: &[u8],
+) -> Result<(), StoreError> {
+    const SQL: &str = "INSERT INTO ingest_anomalies (tenant_id, source_id, kind, external_id, payload_sha256, detail) \
+         VALUES ($1, $2, 'redelivered_after_purge', $3, $4, \
+                 'delivered again after retention purged its identity; its effect was already applied and was not repeated')";
+    sqlx::query(SQL)
+        .bind(tenant_id)
+        .bind(source_id)
+        .bind(external_id)
+        .bind(payload_sha256)
+        .execute(executor)
+        .await?;
+    Ok(())
+}

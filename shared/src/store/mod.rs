@@ -1,12 +1,17 @@
 //! All SQL lives under this module: one file per table, each function generic over the
 //! executor so callers own the transaction. Database errors become [`StoreError`] in one place.
 
+pub mod advisory_locks;
 pub mod dead_letters;
 pub mod entities;
 pub mod event_queue;
+pub mod gaps;
 pub mod ingest_anomalies;
+pub mod maintenance_runs;
 pub mod orders;
 pub mod outbox;
+pub mod reconcile;
+pub mod retention;
 pub mod sources;
 pub mod webhook_events;
 

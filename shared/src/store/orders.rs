@@ -13,6 +13,7 @@ pub struct Order {
     pub currency: String,
     pub state: String,
     pub paid_by_event: Option<String>,
+    pub paid_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// The order, locked for the rest of the caller's transaction.
@@ -21,7 +22,7 @@ pub async fn lock(
     tenant_id: &str,
     order_id: &str,
 ) -> Result<Option<Order>, StoreError> {
-    const SQL: &str = "SELECT order_id, merchant_reference, gateway_order_id, amount_minor, currency, state, paid_by_event \
+    const SQL: &str = "SELECT order_id, merchant_reference, gateway_order_id, amount_minor, currency, state, paid_by_event, paid_at \
          FROM orders WHERE tenant_id = $1 AND order_id = $2 FOR UPDATE";
     Ok(sqlx::query_as(SQL)
         .bind(tenant_id)

@@ -7,7 +7,7 @@ use sqlx::PgExecutor;
 use super::StoreError;
 use crate::domain::{FieldLocator, SourceId, TenantId};
 use crate::extract::FieldMap;
-use crate::sources::Source;
+use crate::sources::{GapConfig, GapStrategy, Source};
 
 #[derive(sqlx::FromRow)]
 struct SourceRow {
@@ -22,6 +22,12 @@ struct SourceRow {
     entity_version_from: Option<String>,
     sequence_from: Option<String>,
     enabled: bool,
+    gap_strategy: Option<String>,
+    id_template: Option<String>,
+    api_base_url: Option<String>,
+    api_secret_ref: Option<String>,
+    gap_grace_seconds: i32,
+    gap_window: i64,
 }
 
 impl TryFrom<SourceRow> for Source {
@@ -48,6 +54,35 @@ impl TryFrom<SourceRow> for Source {
                 sequence: optional(&row.sequence_from)?,
             },
             enabled: row.enabled,
+            gaps: match (
+                row.gap_strategy.as_deref(),
+                row.api_base_url,
+                row.api_secret_ref,
+            ) {
+                (None, _, _) => None,
+                (Some(strategy), Some(api_base_url), Some(api_secret_ref)) => Some(GapConfig {
+                    strategy: match (strategy, row.id_template) {
+                        ("sequence", Some(id_template)) => GapStrategy::Sequence { id_template },
+                        ("list_api", _) => GapStrategy::ListApi,
+                        (other, _) => {
+                            return Err(StoreError::Corrupt {
+                                what: "source",
+                                reason: format!("{}: gap strategy {other}", row.source_id),
+                            });
+                        }
+                    },
+                    api_base_url,
+                    api_secret_ref,
+                    grace: Duration::from_secs(u64::try_from(row.gap_grace_seconds).unwrap_or(0)),
+                    window: row.gap_window,
+                }),
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        what: "source",
+                        reason: format!("{}: incomplete gap settings", row.source_id),
+                    });
+                }
+            },
         })
     }
 }
@@ -55,7 +90,8 @@ impl TryFrom<SourceRow> for Source {
 macro_rules! source_columns {
     () => {
         "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
-         event_type_from, entity_id_from, entity_version_from, sequence_from, enabled"
+         event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
+         gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window"
     };
 }
 
@@ -92,14 +128,17 @@ pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<Source>, StoreErr
 #[tracing::instrument(skip_all, fields(source_id = %source.source_id), err)]
 pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<(), StoreError> {
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
-             external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11) \
+             external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
+             gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
              event_type_from = EXCLUDED.event_type_from, entity_id_from = EXCLUDED.entity_id_from, \
              entity_version_from = EXCLUDED.entity_version_from, sequence_from = EXCLUDED.sequence_from, \
-             enabled = EXCLUDED.enabled, updated_at = now()";
+             enabled = EXCLUDED.enabled, gap_strategy = EXCLUDED.gap_strategy, id_template = EXCLUDED.id_template, \
+             api_base_url = EXCLUDED.api_base_url, api_secret_ref = EXCLUDED.api_secret_ref, \
+             gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, updated_at = now()";
     let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
     sqlx::query(SQL)
         .bind(source.source_id.as_str())
@@ -113,6 +152,17 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .bind(text(&source.fields.entity_version))
         .bind(text(&source.fields.sequence))
         .bind(source.enabled)
+        .bind(source.gaps.as_ref().map(|g| g.strategy.as_str()))
+        .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
+            GapStrategy::Sequence { id_template } => Some(id_template.as_str()),
+            GapStrategy::ListApi => None,
+        }))
+        .bind(source.gaps.as_ref().map(|g| g.api_base_url.as_str()))
+        .bind(source.gaps.as_ref().map(|g| g.api_secret_ref.as_str()))
+        .bind(source.gaps.as_ref().map_or(600, |g| {
+            i32::try_from(g.grace.as_secs()).unwrap_or(i32::MAX)
+        }))
+        .bind(source.gaps.as_ref().map_or(100_000, |g| g.window))
         .execute(executor)
         .await?;
     Ok(())

@@ -3,7 +3,9 @@
 use sqlx::PgExecutor;
 
 use super::StoreError;
-use crate::domain::SecretVersion;
+
+/// `verified_with` of an event fetched from the provider's API by backfill.
+pub const PROVIDER_API: &str = "provider_api";
 
 /// A verified delivery, ready to store.
 #[derive(Debug, Clone)]
@@ -18,7 +20,8 @@ pub struct NewEvent<'a> {
     pub payload: &'a [u8],
     pub payload_sha256: [u8; 32],
     pub headers: serde_json::Value,
-    pub verified_with: SecretVersion,
+    /// `current` or `previous` (the secret that verified the delivery), or [`PROVIDER_API`].
+    pub verified_with: &'a str,
 }
 
 /// What the delivery turned out to be.
@@ -143,7 +146,7 @@ pub async fn upsert(
         .bind(event.payload)
         .bind(&event.payload_sha256[..])
         .bind(&event.headers)
-        .bind(event.verified_with.as_str())
+        .bind(event.verified_with)
         .fetch_one(executor)
         .await?;
     let outcome = match row.last_delivery_outcome.as_str() {

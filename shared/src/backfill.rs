@@ -1,0 +1,313 @@
+//! Gap detection and backfill: events the provider sent (or lists) that never arrived.
+//!
+//! Per source with gap settings, a pass (1) finds candidates: for a sequence, the numbers
+//! missing above the source's contiguous watermark within a bounded window (gaps-and-islands
+//! over the sequence index, cost in proportion to the window); for a list API, the listed IDs
+//! of a time window that are neither stored nor tombstoned (primary-key probes); then (2)
+//! fetches candidates older than the grace period by ID: found → stored through the same
+//! upsert as a delivery (`verified_with = provider_api`) and drained like any event; not found
+//! → tombstoned with the reason, never flagged again; other errors → retried next pass.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde::Serialize;
+use sha2::{Digest, Sha256};
+use sqlx::PgPool;
+
+use crate::extract;
+use crate::provider_api::{Fetched, ProviderApi};
+use crate::secrets::SecretStore;
+use crate::sources::{GapConfig, GapStrategy, Source};
+use crate::store::{self, StoreError, advisory_locks, gaps, maintenance_runs, webhook_events};
+
+/// Advisory lock key of the backfill pass ("backfill" in ASCII).
+pub const BACKFILL_LOCK: i64 = 0x6261_636b_6669_6c6c;
+
+#[derive(Debug, Clone)]
+pub struct BackfillSettings {
+    /// Candidates fetched per source per pass.
+    pub fetch_limit: i64,
+    pub max_list_pages: usize,
+    pub request_timeout: Duration,
+}
+
+impl Default for BackfillSettings {
+    fn default() -> Self {
+        Self {
+            fetch_limit: 500,
+            max_list_pages: 200,
+            request_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// Counts of one pass, over all sources.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct BackfillOutcome {
+    pub sources: u64,
+    pub new_candidates: u64,
+    pub arrived_late: u64,
+    pub waiting_grace: i64,
+    pub fetched: u64,
+    pub backfilled: u64,
+    pub tombstoned: u64,
+    pub errors: u64,
+    /// Source-level failures (API down, bad credentials), by source id.
+    pub failed_sources: Vec<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum BackfillRun {
+    Skipped {
+        run_id: i64,
+    },
+    Completed {
+        run_id: i64,
+        outcome: BackfillOutcome,
+    },
+}
+
+pub struct Backfiller {
+    pool: PgPool,
+    secrets: Arc<SecretStore>,
+    settings: BackfillSettings,
+}
+
+impl Backfiller {
+    pub fn new(pool: PgPool, secrets: Arc<SecretStore>, settings: BackfillSettings) -> Self {
+        Self {
+            pool,
+            secrets,
+            settings,
+        }
+    }
+
+    /// One pass over every enabled source with gap settings; `skipped` if a pass is running.
+    #[tracing::instrument(skip(self), err)]
+    pub async fn run_once(&self, trigger: &str) -> Result<BackfillRun, StoreError> {
+        let mut lock_conn = self.pool.acquire().await?;
+        if !advisory_locks::try_lock(&mut lock_conn, BACKFILL_LOCK).await? {
+            let run_id = maintenance_runs::skipped(&self.pool, "backfill", trigger).await?;
+            return Ok(BackfillRun::Skipped { run_id });
+        }
+        let run_id = maintenance_runs::start(&self.pool, "backfill", trigger).await;
+        let result = match run_id {
+            Ok(run_id) => {
+                let mut outcome = BackfillOutcome::default();
+                let result = self.all_sources(&mut outcome).await;
+                let error = result.as_ref().err().map(ToString::to_string);
+                let counts = crate::reconcile::json(&outcome);
+                maintenance_runs::finish(&self.pool, run_id, &counts, &counts, error.as_deref())
+                    .await?;
+                result.map(|()| BackfillRun::Completed { run_id, outcome })
+            }
+            Err(e) => Err(e),
+        };
+        if advisory_locks::unlock(&mut lock_conn, BACKFILL_LOCK)
+            .await
+            .is_err()
+        {
+            drop(lock_conn.detach());
+        }
+        result
+    }
+
+    async fn all_sources(&self, outcome: &mut BackfillOutcome) -> Result<(), StoreError> {
+        for source in store::sources::list(&self.pool).await? {
+            let Some(gaps) = source.gaps.clone().filter(|_| source.enabled) else {
+                continue;
+            };
+            outcome.sources += 1;
+            if let Err(why) = self.one_source(&source, &gaps, outcome).await {
+                match why {
+                    SourceFailure::Store(e) => return Err(e),
+                    SourceFailure::Provider(why) => {
+                        tracing::warn!(source_id = %source.source_id, %why, "backfill of source failed");
+                        outcome.failed_sources.push(source.source_id.to_string());
+                    }
+                }
+            }
+        }
+        tracing::info!(?outcome, "backfill pass finished");
+        Ok(())
+    }
+
+    async fn one_source(
+        &self,
+        source: &Source,
+        config: &GapConfig,
+        outcome: &mut BackfillOutcome,
+    ) -> Result<(), SourceFailure> {
+        let (tenant, source_id) = (source.tenant_id.as_str(), source.source_id.as_str());
+        let key = self
+            .secrets
+            .secrets(&config.api_secret_ref)
+            .await
+            .map_err(|e| SourceFailure::Provider(e.to_string()))?;
+        let api = ProviderApi::new(
+            &config.api_base_url,
+            key.current.expose(),
+            self.settings.request_timeout,
+        )
+        .map_err(SourceFailure::Provider)?;
+
+        // 1. Find what is missing.
+        match &config.strategy {
+            GapStrategy::Sequence { id_template } => {
+                outcome.new_candidates +=
+                    detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
+            }
+            GapStrategy::ListApi => {
+                let now = chrono::Utc::now().timestamp();
+                let ids = api
+                    .list_ids(now - config.window, now + 1, self.settings.max_list_pages)
+                    .await
+                    .map_err(SourceFailure::Provider)?;
+                outcome.new_candidates +=
+                    gaps::add_listed_candidates(&self.pool, tenant, source_id, &ids).await?;
+            }
+        }
+        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        let grace = config.grace.as_secs_f64();
+        outcome.waiting_grace += gaps::waiting_candidates(&self.pool, source_id, grace).await?;
+
+        // 2. Fetch what is missing and old enough.
+        for candidate in
+            gaps::due_candidates(&self.pool, source_id, grace, self.settings.fetch_limit).await?
+        {
+            outcome.fetched += 1;
+            match api.fetch(&candidate.external_id).await {
+                Fetched::Found(body) => {
+                    match store_fetched(&self.pool, source, &candidate.external_id, &body).await {
+                        Ok(()) => {
+                            gaps::mark_backfilled(&self.pool, tenant, &candidate.external_id)
+                                .await?;
+                            outcome.backfilled += 1;
+                        }
+                        Err(SourceFailure::Provider(why)) => {
+                            gaps::record_fetch_error(
+                                &self.pool,
+                                tenant,
+                                &candidate.external_id,
+                                &why,
+                            )
+                            .await?;
+                            outcome.errors += 1;
+                        }
+                        Err(e) => return Err(e),
+                    }
+                }
+                Fetched::NotFound => {
+                    let reason = "the provider's API answers 404 for this ID: it never existed or was deleted";
+                    gaps::tombstone(
+                        &self.pool,
+                        tenant,
+                        source_id,
+                        &candidate.external_id,
+                        candidate.sequence,
+                        reason,
+                        "backfill",
+                    )
+                    .await?;
+                    outcome.tombstoned += 1;
+                }
+                Fetched::Failed(why) => {
+                    gaps::record_fetch_error(&self.pool, tenant, &candidate.external_id, &why)
+                        .await?;
+                    outcome.errors += 1;
+                }
+            }
+        }
+        // Backfilled and tombstoned numbers now fill their gaps: let the watermark rise.
+        if let GapStrategy::Sequence { id_template } = &config.strategy {
+            detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
+        }
+        Ok(())
+    }
+}
+
+enum SourceFailure {
+    Store(StoreError),
+    Provider(String),
+}
+
+impl From<StoreError> for SourceFailure {
+    fn from(e: StoreError) -> Self {
+        SourceFailure::Store(e)
+    }
+}
+
+/// Candidates for the numbers missing in `(watermark, watermark + window]`, and the watermark
+/// raised to just below the first gap. Returns how many candidates are new.
+pub async fn detect_sequence_gaps(
+    pool: &PgPool,
+    source: &Source,
+    id_template: &str,
+    window: i64,
+) -> Result<u64, StoreError> {
+    let source_id = source.source_id.as_str();
+    let after = match gaps::watermark(pool, source_id).await? {
+        Some(w) => w,
+        None => match gaps::sequence_bounds(pool, source_id).await? {
+            // Start just below the first number ever stored.
+            (Some(min), _) => min - 1,
+            _ => return Ok(0),
+        },
+    };
+    let (found, highest) =
+        gaps::sequence_gaps(pool, source_id, after, after.saturating_add(window)).await?;
+    let new = gaps::add_sequence_candidates(
+        pool,
+        source.tenant_id.as_str(),
+        source_id,
+        id_template,
+        &found,
+    )
+    .await?;
+    let contiguous = match (found.first(), highest) {
+        (Some(gap), _) => gap.gap_from - 1,
+        (None, Some(highest)) => highest,
+        (None, None) => after,
+    };
+    gaps::raise_watermark(pool, source_id, contiguous).await?;
+    Ok(new)
+}
+
+/// Stores a fetched event through the ingest upsert, its fields read with the source's map.
+async fn store_fetched(
+    pool: &PgPool,
+    source: &Source,
+    expected_id: &str,
+    body: &serde_json::Value,
+) -> Result<(), SourceFailure> {
+    let bytes = serde_json::to_vec(body).map_err(|e| SourceFailure::Provider(e.to_string()))?;
+    let fields = extract::extract(&source.fields, &http::HeaderMap::new(), &bytes)
+        .map_err(|e| SourceFailure::Provider(format!("fetched event cannot be filed: {e}")))?;
+    if fields.external_id.as_str() != expected_id {
+        return Err(SourceFailure::Provider(format!(
+            "asked for {expected_id}, the provider returned {}",
+            fields.external_id
+        )));
+    }
+    let digest: [u8; 32] = Sha256::digest(&bytes).into();
+    webhook_events::upsert(
+        pool,
+        &webhook_events::NewEvent {
+            tenant_id: source.tenant_id.as_str(),
+            external_id: fields.external_id.as_str(),
+            source_id: source.source_id.as_str(),
+            event_type: &fields.event_type,
+            entity_id: fields.entity_id.as_deref(),
+            entity_version: fields.entity_version,
+            sequence: fields.sequence,
+            payload: &bytes,
+            payload_sha256: digest,
+            headers: serde_json::json!({}),
+            verified_with: webhook_events::PROVIDER_API,
+        },
+    )
+    .await?;
+    Ok(())
+}

@@ -1,0 +1,187 @@
+//! Reconciliation: re-checks written vs processed vs effects, repairs what is safe through the
+//! normal path, and records what it found. One pass at a time across all environments: the
+//! pass holds a session-level advisory lock on one connection for its whole duration; a
+//! trigger that finds it held records a `skipped` run and returns at once.
+//!
+//! The scan of `webhook_events` reads bounded chunks by primary key from a persisted cursor,
+//! each its own short statement, so a pass over a large table holds no long lock and starves
+//! no ingestion; a pass covers at most `max_chunks` chunks and the next pass continues.
+
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::drain::{DrainOutcome, Drainer};
+use crate::store::{StoreError, advisory_locks, maintenance_runs, reconcile as checks};
+
+/// Advisory lock key of the reconcile pass ("reconcil" in ASCII).
+pub const RECONCILE_LOCK: i64 = 0x7265_636f_6e63_696c;
+
+#[derive(Debug, Clone)]
+pub struct ReconcileSettings {
+    /// An event waiting longer than this is reported (and drained) as stuck.
+    pub pending_sla: Duration,
+    /// An outbox row undelivered longer than this is reported and made due.
+    pub outbox_window: Duration,
+    /// A dead letter still `new` after this long is reported.
+    pub untriaged_after: Duration,
+    pub chunk_size: i64,
+    pub max_chunks: usize,
+    /// How long the pass may drain what it re-queued.
+    pub drain_for: Duration,
+}
+
+impl Default for ReconcileSettings {
+    fn default() -> Self {
+        Self {
+            pending_sla: Duration::from_secs(15 * 60),
+            outbox_window: Duration::from_secs(60 * 60),
+            untriaged_after: Duration::from_secs(24 * 60 * 60),
+            chunk_size: 2000,
+            max_chunks: 50,
+            drain_for: Duration::from_secs(20),
+        }
+    }
+}
+
+/// What a pass found.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Found {
+    pub events_scanned: u64,
+    pub pending_past_sla: i64,
+    pub orphaned_pending: u64,
+    pub missing_effects: u64,
+    pub missing_outbox: u64,
+    pub outbox_undelivered_past_window: i64,
+    pub outbox_failed: i64,
+    pub dead_letters_untriaged: i64,
+}
+
+/// What a pass repaired.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Repaired {
+    pub requeued: u64,
+    pub outbox_made_due: u64,
+    pub drained: DrainOutcome,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum ReconcileOutcome {
+    /// Another pass held the lock.
+    Skipped { run_id: i64 },
+    Completed {
+        run_id: i64,
+        found: Found,
+        repaired: Repaired,
+    },
+}
+
+/// Runs one pass, or records `skipped` if one is running. `trigger` says why it ran
+/// (`schedule`, `alarm:<name>`, `operator`).
+#[tracing::instrument(skip(pool, drainer, settings), err)]
+pub async fn run_once(
+    pool: &PgPool,
+    drainer: &Drainer,
+    settings: &ReconcileSettings,
+    trigger: &str,
+) -> Result<ReconcileOutcome, StoreError> {
+    let mut lock_conn = pool.acquire().await?;
+    if !advisory_locks::try_lock(&mut lock_conn, RECONCILE_LOCK).await? {
+        let run_id = maintenance_runs::skipped(pool, "reconcile", trigger).await?;
+        tracing::info!(run_id, "another reconcile pass holds the lock: skipped");
+        return Ok(ReconcileOutcome::Skipped { run_id });
+    }
+    let result = locked_pass(pool, drainer, settings, trigger).await;
+    match advisory_locks::unlock(&mut lock_conn, RECONCILE_LOCK).await {
+        Ok(_) => {}
+        // Never return a connection that may still hold the lock to the pool.
+        Err(_) => drop(lock_conn.detach()),
+    }
+    result
+}
+
+async fn locked_pass(
+    pool: &PgPool,
+    drainer: &Drainer,
+    settings: &ReconcileSettings,
+    trigger: &str,
+) -> Result<ReconcileOutcome, StoreError> {
+    let run_id = maintenance_runs::start(pool, "reconcile", trigger).await?;
+    let mut found = Found::default();
+    let mut repaired = Repaired::default();
+    let result = checks_and_repairs(pool, drainer, settings, &mut found, &mut repaired).await;
+    let error = result.as_ref().err().map(ToString::to_string);
+    let (found_json, repaired_json) = (json(&found), json(&repaired));
+    maintenance_runs::finish(pool, run_id, &found_json, &repaired_json, error.as_deref()).await?;
+    result?;
+    tracing::info!(run_id, ?found, ?repaired, "reconcile pass finished");
+    Ok(ReconcileOutcome::Completed {
+        run_id,
+        found,
+        repaired,
+    })
+}
+
+async fn checks_and_repairs(
+    pool: &PgPool,
+    drainer: &Drainer,
+    settings: &ReconcileSettings,
+    found: &mut Found,
+    repaired: &mut Repaired,
+) -> Result<(), StoreError> {
+    let (past_sla, _ready) =
+        checks::pending_past_sla(pool, settings.pending_sla.as_secs_f64()).await?;
+    found.pending_past_sla = past_sla;
+
+    // The chunked scan: orphaned queue entries, missing or stale effects, missing outbox rows.
+    let (mut tenant, mut id) = checks::cursor(pool).await?;
+    let mut to_requeue: (Vec<String>, Vec<String>) = Default::default();
+    for _ in 0..settings.max_chunks {
+        let chunk = checks::scan_chunk(pool, &tenant, &id, settings.chunk_size).await?;
+        found.events_scanned += chunk.len() as u64;
+        let wrapped = (chunk.len() as i64) < settings.chunk_size;
+        if let Some(last) = chunk.last() {
+            (tenant, id) = (last.tenant_id.clone(), last.external_id.clone());
+        }
+        for event in chunk {
+            match event.problem.as_deref() {
+                Some("orphaned_pending") => found.orphaned_pending += 1,
+                Some("missing_effect") => found.missing_effects += 1,
+                Some("missing_outbox") => found.missing_outbox += 1,
+                _ => continue,
+            }
+            tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = ?event.problem, "reconcile found");
+            to_requeue.0.push(event.tenant_id);
+            to_requeue.1.push(event.external_id);
+        }
+        if wrapped {
+            // End of the table: the next pass starts again from the beginning.
+            (tenant, id) = Default::default();
+            break;
+        }
+    }
+    checks::save_cursor(pool, &tenant, &id).await?;
+    repaired.requeued = checks::requeue(pool, &to_requeue.0, &to_requeue.1).await?;
+
+    let window = settings.outbox_window.as_secs_f64();
+    (found.outbox_undelivered_past_window, found.outbox_failed) =
+        checks::undelivered_outbox(pool, window).await?;
+    repaired.outbox_made_due = checks::hurry_outbox(pool, window).await?;
+    found.dead_letters_untriaged =
+        checks::untriaged_dead_letters(pool, settings.untriaged_after.as_secs_f64()).await?;
+
+    // Stuck, starved and re-queued events go through the normal path now.
+    if found.pending_past_sla > 0 || repaired.requeued > 0 {
+        repaired.drained = drainer
+            .drain_until(Instant::now() + settings.drain_for)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A run's counts as stored in `maintenance_runs`.
+pub(crate) fn json(counts: &impl Serialize) -> serde_json::Value {
+    serde_json::to_value(counts).unwrap_or_default()
+}

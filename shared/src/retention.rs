@@ -1,0 +1,142 @@
+//! Retention: payload bytes are purged first, event identity (the dedup key) only after a
+//! horizon longer than the longest provider retry window, in bounded batches each its own
+//! statement. Dead letters, tombstones, entities and orders are kept. A delivery arriving after
+//! its identity was purged is accepted as new, but its effect is not repeated (the version
+//! guard and the payment state machine see it applied) and it is recorded as an anomaly.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::store::{StoreError, maintenance_runs, retention};
+
+/// Stripe retries for up to three days, Shopify two, Standard Webhooks senders about a day:
+/// identity must outlive the longest of them with a margin.
+pub const MIN_IDENTITY_HORIZON: Duration = Duration::from_secs(4 * 24 * 3600);
+
+#[derive(Debug, Clone)]
+pub struct RetentionSettings {
+    pub payload_after: Duration,
+    pub identity_after: Duration,
+    /// Anomaly records and run rows.
+    pub history_after: Duration,
+    pub batch_size: i64,
+    pub max_batches: u32,
+}
+
+impl Default for RetentionSettings {
+    fn default() -> Self {
+        Self {
+            payload_after: Duration::from_secs(7 * 24 * 3600),
+            identity_after: Duration::from_secs(30 * 24 * 3600),
+            history_after: Duration::from_secs(90 * 24 * 3600),
+            batch_size: 5000,
+            max_batches: 20,
+        }
+    }
+}
+
+impl RetentionSettings {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.identity_after < MIN_IDENTITY_HORIZON {
+            return Err(format!(
+                "identity horizon {} s is shorter than the longest provider retry window plus margin ({} s)",
+                self.identity_after.as_secs(),
+                MIN_IDENTITY_HORIZON.as_secs()
+            ));
+        }
+        if self.payload_after > self.identity_after {
+            return Err(
+                "payloads cannot outlive identity: payload age exceeds the identity horizon".into(),
+            );
+        }
+        if self.batch_size < 1 || self.max_batches < 1 {
+            return Err("batch size and batch count must be positive".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct RetentionOutcome {
+    pub payloads_purged: u64,
+    pub identities_purged: u64,
+    pub history_purged: u64,
+}
+
+#[tracing::instrument(skip(pool, settings), err)]
+pub async fn run_once(
+    pool: &PgPool,
+    settings: &RetentionSettings,
+    trigger: &str,
+) -> Result<RetentionOutcome, StoreError> {
+    let run_id = maintenance_runs::start(pool, "retention", trigger).await?;
+    let mut outcome = RetentionOutcome::default();
+    let result = purge(pool, settings, &mut outcome).await;
+    let error = result.as_ref().err().map(ToString::to_string);
+    let counts = crate::reconcile::json(&outcome);
+    maintenance_runs::finish(
+        pool,
+        run_id,
+        &serde_json::json!({}),
+        &counts,
+        error.as_deref(),
+    )
+    .await?;
+    result?;
+    tracing::info!(?outcome, "retention pass finished");
+    Ok(outcome)
+}
+
+async fn purge(
+    pool: &PgPool,
+    s: &RetentionSettings,
+    outcome: &mut RetentionOutcome,
+) -> Result<(), StoreError> {
+    for _ in 0..s.max_batches {
+        let n =
+            retention::purge_payloads(pool, s.payload_after.as_secs_f64(), s.batch_size).await?;
+        outcome.payloads_purged += n;
+        if n == 0 {
+            break;
+        }
+    }
+    for _ in 0..s.max_batches {
+        let n =
+            retention::purge_identities(pool, s.identity_after.as_secs_f64(), s.batch_size).await?;
+        outcome.identities_purged += n;
+        if n < s.batch_size as u64 {
+            break;
+        }
+    }
+    for _ in 0..s.max_batches {
+        let n = retention::purge_history(pool, s.history_after.as_secs_f64(), s.batch_size).await?;
+        outcome.history_purged += n;
+        if n < s.batch_size as u64 {
+            break;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn identity_must_outlive_provider_retries() {
+        assert!(RetentionSettings::default().validate().is_ok());
+        let short = RetentionSettings {
+            identity_after: Duration::from_secs(3600),
+            payload_after: Duration::from_secs(60),
+            ..Default::default()
+        };
+        assert!(short.validate().unwrap_err().contains("retry window"));
+        let inverted = RetentionSettings {
+            payload_after: Duration::from_secs(40 * 24 * 3600),
+            ..Default::default()
+        };
+        assert!(inverted.validate().is_err());
+    }
+}

@@ -1,0 +1,157 @@
+//! Reconciliation's reads and repairs: bounded, indexed statements, none holding locks longer
+//! than one chunk.
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+
+/// One event of a scanned chunk, with what is wrong with it (if anything).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct ScannedEvent {
+    pub tenant_id: String,
+    pub external_id: String,
+    /// `orphaned_pending`, `missing_effect`, `missing_outbox`, or NULL when consistent.
+    pub problem: Option<String>,
+}
+
+/// The next `limit` events after the cursor, by primary key, each checked against its queue
+/// row, its projection and the outbox row its handler writes. The entity type is derived from
+/// the event type exactly as the projection derives it (everything before the last `.` or `/`).
+pub async fn scan_chunk(
+    executor: impl PgExecutor<'_>,
+    after_tenant: &str,
+    after_id: &str,
+    limit: i64,
+) -> Result<Vec<ScannedEvent>, StoreError> {
+    const SQL: &str = "WITH chunk AS ( \
+             SELECT tenant_id, external_id, event_type, entity_id, entity_version, status \
+             FROM webhook_events WHERE (tenant_id, external_id) > ($1, $2) \
+             ORDER BY tenant_id, external_id LIMIT $3) \
+         SELECT c.tenant_id, c.external_id, \
+             CASE \
+                 WHEN c.status = 'pending' AND q.external_id IS NULL THEN 'orphaned_pending' \
+                 WHEN c.status <> 'processed' THEN NULL \
+                 WHEN c.entity_id IS NOT NULL AND c.entity_version IS NOT NULL \
+                      AND (x.version IS NULL OR x.version < c.entity_version) THEN 'missing_effect' \
+                 WHEN x.last_event_id = c.external_id AND NOT EXISTS ( \
+                      SELECT 1 FROM outbox o WHERE o.tenant_id = c.tenant_id AND o.external_id = c.external_id \
+                        AND o.action = 'entity.changed') THEN 'missing_outbox' \
+                 WHEN p.order_id IS NOT NULL AND NOT EXISTS ( \
+                      SELECT 1 FROM outbox o WHERE o.tenant_id = c.tenant_id AND o.external_id = c.external_id \
+                        AND o.action = 'fulfil_order') THEN 'missing_outbox' \
+             END AS problem \
+         FROM chunk AS c \
+         LEFT JOIN event_queue AS q ON q.tenant_id = c.tenant_id AND q.external_id = c.external_id \
+         LEFT JOIN entities AS x ON x.tenant_id = c.tenant_id AND x.entity_id = c.entity_id \
+              AND x.entity_type = regexp_replace(c.event_type, '[./][^./]*$', '') \
+         LEFT JOIN orders AS p ON p.tenant_id = c.tenant_id AND p.paid_by_event = c.external_id \
+         ORDER BY c.tenant_id, c.external_id";
+    Ok(sqlx::query_as(SQL)
+        .bind(after_tenant)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?)
+}
+
+/// Where the scan resumes: (tenant_id, external_id), or the start of the table.
+pub async fn cursor(executor: impl PgExecutor<'_>) -> Result<(String, String), StoreError> {
+    const SQL: &str =
+        "SELECT tenant_id, external_id FROM reconcile_cursors WHERE check_name = 'events'";
+    Ok(sqlx::query_as(SQL)
+        .fetch_optional(executor)
+        .await?
+        .unwrap_or_default())
+}
+
+pub async fn save_cursor(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    external_id: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "INSERT INTO reconcile_cursors (check_name, tenant_id, external_id) VALUES ('events', $1, $2) \
+         ON CONFLICT (check_name) DO UPDATE SET tenant_id = EXCLUDED.tenant_id, external_id = EXCLUDED.external_id, updated_at = now()";
+    sqlx::query(SQL)
+        .bind(tenant_id)
+        .bind(external_id)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Puts events back through the normal path: pending again, and in the queue.
+pub async fn requeue(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH e AS ( \
+             UPDATE webhook_events AS e SET status = 'pending', next_attempt_at = now() \
+             FROM unnest($1::text[], $2::text[]) AS r(tenant_id, external_id) \
+             WHERE e.tenant_id = r.tenant_id AND e.external_id = r.external_id AND e.status IN ('pending', 'processed') \
+             RETURNING e.tenant_id, e.external_id) \
+         INSERT INTO event_queue (tenant_id, external_id) SELECT tenant_id, external_id FROM e \
+         ON CONFLICT (tenant_id, external_id) DO UPDATE SET ready_at = now()";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Events waiting longer than the SLA (seconds), and how many of those are ready now.
+pub async fn pending_past_sla(
+    executor: impl PgExecutor<'_>,
+    sla_seconds: f64,
+) -> Result<(i64, i64), StoreError> {
+    const SQL: &str = "SELECT count(*), count(*) FILTER (WHERE ready_at <= now()) FROM event_queue \
+         WHERE enqueued_at < now() - make_interval(secs => $1)";
+    Ok(sqlx::query_as(SQL)
+        .bind(sla_seconds)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// Outbox rows still pending past the window, and rows that failed for good.
+pub async fn undelivered_outbox(
+    executor: impl PgExecutor<'_>,
+    window_seconds: f64,
+) -> Result<(i64, i64), StoreError> {
+    const SQL: &str = "SELECT count(*) FILTER (WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1)), \
+                count(*) FILTER (WHERE status = 'failed') \
+         FROM outbox WHERE status IN ('pending', 'failed')";
+    Ok(sqlx::query_as(SQL)
+        .bind(window_seconds)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// Makes overdue outbox rows due now (their lease or backoff pushed them out).
+pub async fn hurry_outbox(
+    executor: impl PgExecutor<'_>,
+    window_seconds: f64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE outbox SET next_attempt_at = now() \
+         WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1) AND next_attempt_at > now()";
+    Ok(sqlx::query(SQL)
+        .bind(window_seconds)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Dead letters nobody has looked at for longer than `seconds`.
+pub async fn untriaged_dead_letters(
+    executor: impl PgExecutor<'_>,
+    seconds: f64,
+) -> Result<i64, StoreError> {
+    const SQL: &str = "SELECT count(*) FROM dead_letters WHERE status = 'new' AND created_at < now() - make_interval(secs => $1)";
+    Ok(sqlx::query_scalar(SQL)
+        .bind(seconds)
+        .fetch_one(executor)
+        .await?)
+}

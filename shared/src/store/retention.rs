@@ -1,0 +1,95 @@
+//! Retention's bounded purges. Payload bytes go first; identity (the dedup key) only after a
+//! horizon longer than any provider's retry window, together with its outbox rows.
+
+use sqlx::PgExecutor;
+
+use super::StoreError;
+
+/// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
+/// resuming from the stored cursor (which moves past what was examined). Returns how many
+/// payloads were cleared.
+pub async fn purge_payloads(
+    executor: impl PgExecutor<'_>,
+    age_seconds: f64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH cursor AS ( \
+             SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
+         batch AS ( \
+             SELECT e.tenant_id, e.external_id, e.first_received_at FROM webhook_events AS e, cursor \
+             WHERE e.first_received_at >= cursor.through \
+               AND e.first_received_at < now() - make_interval(secs => $1) \
+             ORDER BY e.first_received_at LIMIT $2), \
+         purged AS ( \
+             UPDATE webhook_events AS e SET payload = NULL FROM batch \
+             WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \
+               AND e.status <> 'pending' AND e.payload IS NOT NULL \
+             RETURNING 1), \
+         moved AS ( \
+             INSERT INTO retention_cursors (name, through) \
+             SELECT 'payloads', reached FROM (SELECT max(first_received_at) AS reached FROM batch) AS r \
+             WHERE reached IS NOT NULL \
+             ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through) \
+         SELECT count(*) FROM purged";
+    let purged: i64 = sqlx::query_scalar(SQL)
+        .bind(age_seconds)
+        .bind(limit)
+        .fetch_one(executor)
+        .await?;
+    Ok(purged as u64)
+}
+
+/// Deletes up to `limit` processed events neither received nor seen within `horizon_seconds`,
+/// with their outbox rows. Events with a dead letter (the letter needs them) or an undelivered
+/// outbox row are kept.
+pub async fn purge_identities(
+    executor: impl PgExecutor<'_>,
+    horizon_seconds: f64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH batch AS ( \
+             SELECT e.tenant_id, e.external_id FROM webhook_events AS e \
+             WHERE e.first_received_at < now() - make_interval(secs => $1) \
+               AND e.last_seen_at < now() - make_interval(secs => $1) \
+               AND e.status = 'processed' \
+               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id) \
+               AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
+                               AND o.status = 'pending') \
+             ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         outbox_gone AS ( \
+             DELETE FROM outbox AS o USING batch \
+             WHERE o.tenant_id = batch.tenant_id AND o.external_id = batch.external_id), \
+         gone AS ( \
+             DELETE FROM webhook_events AS e USING batch \
+             WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id RETURNING 1) \
+         SELECT count(*) FROM gone";
+    let deleted: i64 = sqlx::query_scalar(SQL)
+        .bind(horizon_seconds)
+        .bind(limit)
+        .fetch_one(executor)
+        .await?;
+    Ok(deleted as u64)
+}
+
+/// Deletes records that only describe the past: anomalies and run rows older than the horizon.
+pub async fn purge_history(
+    executor: impl PgExecutor<'_>,
+    horizon_seconds: f64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH a AS ( \
+             DELETE FROM ingest_anomalies WHERE anomaly_id IN ( \
+                 SELECT anomaly_id FROM ingest_anomalies WHERE detected_at < now() - make_interval(secs => $1) \
+                 ORDER BY anomaly_id LIMIT $2) RETURNING 1), \
+         r AS ( \
+             DELETE FROM maintenance_runs WHERE run_id IN ( \
+                 SELECT run_id FROM maintenance_runs WHERE started_at < now() - make_interval(secs => $1) \
+                 ORDER BY run_id LIMIT $2) RETURNING 1) \
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM r)";
+    let deleted: i64 = sqlx::query_scalar(SQL)
+        .bind(horizon_seconds)
+        .bind(limit)
+        .fetch_one(executor)
+        .await?;
+    Ok(deleted as u64)
+}

@@ -1,0 +1,586 @@
+//! Reconciliation, gap detection and backfill against a real PostgreSQL and the provider
+//! simulator: drops found and fetched, missing IDs tombstoned once, late events left to their
+//! grace, one reconcile pass at a time, lost effects repaired, retention without second effects.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipeline_tests::drain::{create_order, drain_all, fast_settings, payment, scalar};
+use pipeline_tests::gaps::*;
+use pipeline_tests::*;
+use shared::backfill::BackfillRun;
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
+use shared::reconcile::{self, ReconcileOutcome, ReconcileSettings};
+use shared::sources::GapStrategy;
+use simulator::DeliveryPlan;
+use sqlx::PgPool;
+
+fn drainer(pool: &PgPool) -> Drainer {
+    Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    )
+}
+
+fn plan(drop_rate: f64, seed: u64) -> DeliveryPlan {
+    DeliveryPlan {
+        duplicate_rate: 0.1,
+        drop_rate,
+        reorder_window: 25,
+        seed,
+        signed_at: now(),
+    }
+}
+
+async fn completed(run: BackfillRun) -> shared::backfill::BackfillOutcome {
+    match run {
+        BackfillRun::Completed { outcome, .. } => outcome,
+        other => panic!("expected a completed pass, got {other:?}"),
+    }
+}
+
+/// The receiver's projection, as the provider's truth is shaped: entity → (version, event id).
+async fn projection(pool: &PgPool) -> BTreeMap<String, (i64, String)> {
+    let rows: Vec<(String, i64, String)> =
+        sqlx::query_as("SELECT entity_id, version, last_event_id FROM entities")
+            .fetch_all(pool)
+            .await
+            .unwrap();
+    rows.into_iter().map(|(e, v, id)| (e, (v, id))).collect()
+}
+
+/// (a) 5% of 2,000 deliveries dropped (with duplicates and reorders besides): one backfill pass
+/// later every event is stored exactly once and the drained state matches the provider's.
+#[sqlx::test(migrations = "../migrations")]
+async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(pool: PgPool) {
+    for (source_id, strategy, seed) in [
+        ("by-sequence", sequence_strategy(), 11),
+        ("by-listing", GapStrategy::ListApi, 12),
+    ] {
+        sqlx::query(
+            "TRUNCATE event_queue, outbox, entities, gap_candidates, webhook_events CASCADE",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let provider = provider(2000, vec![]);
+        let base = Arc::clone(&provider).serve().await;
+        let app = app(
+            pool.clone(),
+            &[provider_source(source_id, strategy, &base, Duration::ZERO)],
+        )
+        .await;
+        let (deliveries, report) = provider.deliveries(plan(0.05, seed));
+        // A numbered provider shows a gap only below a number that did arrive.
+        assert!(
+            !report.dropped.contains(&"evt_2000".to_owned()),
+            "seed {seed} drops the newest event"
+        );
+        assert!(
+            (60..=140).contains(&report.dropped.len())
+                && report.duplicates > 100
+                && report.reordered > 100,
+            "{report:?}"
+        );
+
+        deliver_all(&app, source_id, deliveries).await;
+        let outcome = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+        drain_all(&drainer(&pool), &pool, Duration::from_secs(60)).await;
+
+        assert_eq!(
+            outcome.new_candidates as usize,
+            report.dropped.len(),
+            "{source_id}: {outcome:?}"
+        );
+        assert_eq!(
+            (
+                outcome.backfilled as usize,
+                outcome.tombstoned,
+                outcome.errors
+            ),
+            (report.dropped.len(), 0, 0),
+            "{source_id}"
+        );
+        assert_eq!(
+            scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+            2000,
+            "{source_id}"
+        );
+        assert_eq!(
+            scalar(
+                &pool,
+                "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+            )
+            .await,
+            2000
+        );
+        let backfilled: Vec<String> =
+            sqlx::query_scalar("SELECT external_id FROM webhook_events WHERE verified_with = 'provider_api' ORDER BY external_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let mut dropped = report.dropped.clone();
+        dropped.sort();
+        assert_eq!(
+            backfilled, dropped,
+            "{source_id}: exactly the dropped events came from the API"
+        );
+        assert_eq!(
+            projection(&pool).await,
+            provider.final_state(),
+            "{source_id}: drained state matches the provider"
+        );
+        let fetched = provider.fetched();
+        assert_eq!(
+            fetched.len(),
+            report.dropped.len(),
+            "{source_id}: nothing fetched that had arrived"
+        );
+    }
+}
+
+/// (b) An ID that never existed is tombstoned once and never flagged again.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_legitimately_missing_id_is_tombstoned_once_and_never_reflagged(pool: PgPool) {
+    let provider = provider(300, vec![150]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "seq",
+            sequence_strategy(),
+            &base,
+            Duration::ZERO,
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 3));
+    deliver_all(&app, "seq", deliveries).await;
+
+    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let second = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let third = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+
+    assert_eq!(
+        (first.new_candidates, first.fetched, first.tombstoned),
+        (1, 1, 1)
+    );
+    assert_eq!(
+        (
+            second.new_candidates,
+            second.fetched,
+            third.new_candidates,
+            third.fetched
+        ),
+        (0, 0, 0, 0)
+    );
+    assert_eq!(provider.fetched(), ["evt_150"], "fetched once, never again");
+    let (reason, by, sequence): (String, String, Option<i64>) =
+        sqlx::query_as("SELECT reason, created_by, sequence FROM tombstones")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert!(reason.contains("404"), "{reason}");
+    assert_eq!((by.as_str(), sequence), ("backfill", Some(150)));
+    assert_eq!(
+        scalar(&pool, "SELECT contiguous_through FROM gap_watermarks").await,
+        300,
+        "the watermark passed the tombstone"
+    );
+}
+
+/// (c) A late event inside the grace period is not fetched; when it arrives, its candidate
+/// closes as `arrived`.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
+    let provider = provider(100, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "seq",
+            sequence_strategy(),
+            &base,
+            Duration::from_secs(3600),
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 4));
+    let (late, on_time): (Vec<_>, Vec<_>) = deliveries.into_iter().partition(|d| d.id == "evt_40");
+    deliver_all(&app, "seq", on_time).await;
+
+    let before = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    assert_eq!(
+        (before.new_candidates, before.waiting_grace, before.fetched),
+        (1, 1, 0)
+    );
+    deliver_all(&app, "seq", late).await;
+    let after = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+
+    assert_eq!((after.arrived_late, after.fetched), (1, 0));
+    assert!(provider.fetched().is_empty());
+    let status: String = sqlx::query_scalar("SELECT status FROM gap_candidates")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(status, "arrived");
+}
+
+/// An operator tombstone stops a gap from being flagged.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
+    let provider = provider(50, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "seq",
+            sequence_strategy(),
+            &base,
+            Duration::ZERO,
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 5));
+    deliver_all(
+        &app,
+        "seq",
+        deliveries
+            .into_iter()
+            .filter(|d| d.id != "evt_20")
+            .collect(),
+    )
+    .await;
+    let request = shared::operator::parse(serde_json::json!({
+        "action": "tombstone", "tenant_id": TENANT, "source_id": "seq", "external_id": "evt_20", "sequence": 20,
+        "reason": "refunded test charge, deleted at the provider", "operator": "alice"
+    }))
+    .unwrap();
+    shared::operator::handle(&pool, &EffectRegistry::standard(), request)
+        .await
+        .unwrap();
+
+    let outcome = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+
+    assert_eq!((outcome.new_candidates, outcome.fetched), (0, 0));
+    let by: String = sqlx::query_scalar("SELECT created_by FROM tombstones")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(by, "operator:alice");
+}
+
+/// (d) Two concurrent reconcile triggers: one pass, one `skipped`.
+#[sqlx::test(migrations = "../migrations")]
+async fn two_concurrent_reconcile_triggers_run_one_pass(pool: PgPool) {
+    // Enough consistent history that a pass takes a while to scan.
+    shared::sources::apply(&pool, &[pipeline_tests::drain::entity_source()])
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'hist-' || g, 'entities', 'ping', sha256(convert_to(g::text, 'UTF8')), 'current', now(), now(), now(), 'processed', now() \
+         FROM generate_series(1, 60000) AS g",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let settings = ReconcileSettings {
+        chunk_size: 500,
+        max_chunks: 1000,
+        ..ReconcileSettings::default()
+    };
+    let (d1, d2) = (drainer(&pool), drainer(&pool));
+
+    let (a, b) = tokio::join!(
+        reconcile::run_once(&pool, &d1, &settings, "schedule"),
+        reconcile::run_once(&pool, &d2, &settings, "alarm:BacklogAge"),
+    );
+
+    let outcomes = [a.unwrap(), b.unwrap()];
+    let completed = outcomes
+        .iter()
+        .filter(|o| matches!(o, ReconcileOutcome::Completed { .. }))
+        .count();
+    let skipped = outcomes
+        .iter()
+        .filter(|o| matches!(o, ReconcileOutcome::Skipped { .. }))
+        .count();
+    assert_eq!((completed, skipped), (1, 1), "{outcomes:?}");
+    let runs: Vec<(String, String)> = sqlx::query_as(
+        "SELECT status, trigger FROM maintenance_runs WHERE job = 'reconcile' ORDER BY status",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(runs.len(), 2);
+    assert_eq!(
+        (runs[0].0.as_str(), runs[1].0.as_str()),
+        ("completed", "skipped")
+    );
+    // The lock was released: the next trigger runs.
+    let next = reconcile::run_once(&pool, &d1, &settings, "schedule")
+        .await
+        .unwrap();
+    assert!(matches!(next, ReconcileOutcome::Completed { .. }));
+}
+
+/// (e) A processed event whose effect row was deleted, and one whose outbox row was lost, are
+/// repaired by the next pass through the normal path.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    for (id, entity) in [("e-1", "cust-1"), ("e-2", "cust-2"), ("e-3", "cust-3")] {
+        let d = pipeline_tests::drain::entity_event(id, entity, 1, "customer.updated");
+        app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+            .await;
+    }
+    create_order(&pool, "ord-1", "REF-1", 700, "eur").await;
+    let d = payment("evt_pay", "ord-1", "REF-1", 700, "eur");
+    app.post("stripe", d.headers, &d.body).await;
+    let drainer = drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let fulfil_key: String =
+        sqlx::query_scalar("SELECT idempotency_key FROM outbox WHERE action = 'fulfil_order'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    sqlx::query("DELETE FROM entities WHERE entity_id = 'cust-2'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM outbox WHERE external_id IN ('e-3', 'evt_pay')")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let outcome = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
+        .await
+        .unwrap();
+
+    let ReconcileOutcome::Completed {
+        found, repaired, ..
+    } = outcome
+    else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(
+        (
+            found.missing_effects,
+            found.missing_outbox,
+            found.orphaned_pending
+        ),
+        (1, 2, 0),
+        "{found:?}"
+    );
+    assert_eq!(
+        (repaired.requeued, repaired.drained.processed),
+        (3, 3),
+        "{repaired:?}"
+    );
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM entities").await, 3);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE action = 'entity.changed'"
+        )
+        .await,
+        3
+    );
+    let key: String =
+        sqlx::query_scalar("SELECT idempotency_key FROM outbox WHERE action = 'fulfil_order'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        key, fulfil_key,
+        "the repaired row carries the same idempotency key"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM orders WHERE state = 'paid'").await,
+        1
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM payment_exceptions").await,
+        0,
+        "no second payment seen"
+    );
+
+    let clean = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
+        .await
+        .unwrap();
+    let ReconcileOutcome::Completed { found, .. } = clean else {
+        panic!()
+    };
+    assert_eq!(
+        (found.missing_effects, found.missing_outbox),
+        (0, 0),
+        "the next pass finds nothing"
+    );
+    let (run_found, run_repaired): (serde_json::Value, serde_json::Value) =
+        sqlx::query_as("SELECT found, repaired FROM maintenance_runs WHERE job = 'reconcile' ORDER BY run_id LIMIT 1").fetch_one(&pool).await.unwrap();
+    assert_eq!(
+        (
+            run_found["missing_effects"].as_i64(),
+            run_repaired["requeued"].as_i64()
+        ),
+        (Some(1), Some(3))
+    );
+}
+
+/// Orphaned pending events (queue row lost) and overdue outbox rows are found and repaired.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pass_requeues_orphans_and_hurries_overdue_outbox_rows(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let d = pipeline_tests::drain::entity_event("o-1", "x-1", 1, "thing.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    sqlx::query("DELETE FROM event_queue")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let d = pipeline_tests::drain::entity_event("o-2", "x-2", 1, "thing.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    let drainer = drainer(&pool);
+    drainer
+        .drain_until(std::time::Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '2 hours', next_attempt_at = now() + interval '1 hour'").execute(&pool).await.unwrap();
+    sqlx::query("UPDATE webhook_events SET status = 'pending' WHERE external_id = 'o-1'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let outcome = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
+        .await
+        .unwrap();
+
+    let ReconcileOutcome::Completed {
+        found, repaired, ..
+    } = outcome
+    else {
+        panic!()
+    };
+    assert_eq!(
+        (found.orphaned_pending, found.outbox_undelivered_past_window),
+        (1, 1),
+        "{found:?}"
+    );
+    assert_eq!((repaired.requeued, repaired.outbox_made_due), (1, 1));
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        2
+    );
+}
+
+/// Retention purges payloads, then identities past the horizon (keeping dead-lettered ones);
+/// a delivery arriving after its identity was purged makes no second effect and is recorded.
+#[sqlx::test(migrations = "../migrations")]
+async fn retention_purges_in_order_and_a_late_redelivery_has_no_second_effect(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    create_order(&pool, "ord-9", "REF-9", 900, "usd").await;
+    let pay = payment("evt_old_pay", "ord-9", "REF-9", 900, "usd");
+    let entity =
+        pipeline_tests::drain::entity_event("old-entity", "cust-old", 4, "customer.updated");
+    let fresh = pipeline_tests::drain::entity_event("fresh", "cust-new", 1, "customer.updated");
+    for (source, d) in [
+        ("stripe", &pay),
+        (pipeline_tests::drain::ENTITIES, &entity),
+        (pipeline_tests::drain::ENTITIES, &fresh),
+    ] {
+        app.post(source, d.headers.clone(), &d.body).await;
+    }
+    let drainer = drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    sqlx::query("UPDATE webhook_events SET first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days' WHERE external_id <> 'fresh'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let settings = shared::retention::RetentionSettings {
+        payload_after: Duration::from_secs(24 * 3600),
+        identity_after: Duration::from_secs(30 * 24 * 3600),
+        ..Default::default()
+    };
+    let first = shared::retention::run_once(&pool, &settings, "test")
+        .await
+        .unwrap();
+    assert_eq!((first.payloads_purged, first.identities_purged), (2, 0));
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NULL"
+        )
+        .await,
+        2
+    );
+
+    sqlx::query("UPDATE webhook_events SET first_received_at = now() - interval '40 days', last_seen_at = now() - interval '40 days' WHERE external_id <> 'fresh'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let held = shared::retention::run_once(&pool, &settings, "test")
+        .await
+        .unwrap();
+    assert_eq!(
+        held.identities_purged, 0,
+        "undelivered outbox rows hold their events"
+    );
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let second = shared::retention::run_once(&pool, &settings, "test")
+        .await
+        .unwrap();
+    assert_eq!(second.identities_purged, 2);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        1
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox").await,
+        1,
+        "the purged events' outbox rows went with them"
+    );
+
+    // The provider delivers both again, long after.
+    for (source, d) in [("stripe", &pay), (pipeline_tests::drain::ENTITIES, &entity)] {
+        assert_eq!(
+            app.post(source, d.headers.clone(), &d.body).await.outcome(),
+            "accepted"
+        );
+    }
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox").await,
+        1,
+        "no second fulfilment, no second announcement"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM payment_exceptions").await,
+        0
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM orders WHERE state = 'paid'").await,
+        1
+    );
+    let anomalies: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM ingest_anomalies WHERE kind = 'redelivered_after_purge' ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(anomalies, ["evt_old_pay", "old-entity"]);
+}
