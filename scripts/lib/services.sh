@@ -134,3 +134,13 @@ start_moto() {
   export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1
   unset AWS_PROFILE AWS_SESSION_TOKEN
 }
+
+# cfn-lint, from PyPI into the same venv as moto when the machine has none.
+ensure_cfn_lint() {
+  if command -v cfn-lint >/dev/null; then CFN_LINT=(cfn-lint); return 0; fi
+  if [ -x "$STATE_DIR/moto-venv/bin/cfn-lint" ]; then CFN_LINT=("$STATE_DIR/moto-venv/bin/cfn-lint"); return 0; fi
+  [ -x "$STATE_DIR/moto-venv/bin/pip" ] || install_moto
+  say "installing cfn-lint from PyPI into $STATE_DIR/moto-venv"
+  "$STATE_DIR/moto-venv/bin/pip" install -q cfn-lint >&2 || die "pip install cfn-lint failed"
+  CFN_LINT=("$STATE_DIR/moto-venv/bin/cfn-lint")
+}

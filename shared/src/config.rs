@@ -40,6 +40,8 @@ pub enum DatabaseLocation {
 
 pub struct DatabaseSettings {
     pub location: DatabaseLocation,
+    /// `DATABASE_HOST`: connect here instead (an RDS Proxy endpoint), with the same credentials.
+    pub host_override: Option<String>,
     pub pool: PoolSettings,
 }
 
@@ -112,6 +114,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         )?;
         Ok(DatabaseSettings {
             location,
+            host_override: self.get("DATABASE_HOST"),
             pool: PoolSettings {
                 max_connections,
                 acquire_timeout: Duration::from_millis(acquire_timeout_ms),
@@ -285,6 +288,17 @@ struct RdsSecret {
 impl DatabaseSettings {
     /// Connection options; for a Secrets Manager location this fetches the secret once.
     pub async fn connect_options(
+        &self,
+        aws: &AwsSecretsSettings,
+    ) -> Result<PgConnectOptions, ConfigError> {
+        let options = self.located_options(aws).await?;
+        Ok(match &self.host_override {
+            Some(host) => options.host(host),
+            None => options,
+        })
+    }
+
+    async fn located_options(
         &self,
         aws: &AwsSecretsSettings,
     ) -> Result<PgConnectOptions, ConfigError> {

@@ -144,7 +144,15 @@ impl Drainer {
                 break;
             }
         }
-        tracing::info!(?total, "drain pass finished");
+        let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
+        crate::metrics::drained(&total);
+        crate::metrics::queue(backlog, oldest);
+        tracing::info!(
+            ?total,
+            backlog,
+            oldest_pending_age_seconds = oldest,
+            "drain pass finished"
+        );
         Ok(total)
     }
 

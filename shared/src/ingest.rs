@@ -73,6 +73,21 @@ impl IngestError {
     }
 }
 
+impl IngestError {
+    /// The `Reason` dimension of the refused-deliveries metric: few values, stable.
+    pub fn metric_reason(&self) -> &'static str {
+        match self {
+            IngestError::UnknownSource => "unknown_source",
+            IngestError::PayloadTooLarge { .. } => "too_large",
+            IngestError::Signature(VerifyError::UnusableSecret { .. }) => "misconfigured",
+            IngestError::Signature(_) => "signature",
+            IngestError::Unreadable(_) => "unreadable",
+            IngestError::Secret(e) if e.is_misconfiguration() => "misconfigured",
+            IngestError::Secret(_) | IngestError::Store(_) => "unavailable",
+        }
+    }
+}
+
 /// Limits applied before any work is done on a delivery.
 #[derive(Debug, Clone, Copy)]
 pub struct IngestLimits {
@@ -145,8 +160,14 @@ impl Ingestor {
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
         let result = self.store_delivery(delivery).await;
         match &result {
-            Ok(receipt) => tracing::info!(delivery_count = receipt.delivery_count, "stored"),
-            Err(error) => tracing::warn!(reason = error.reason_code(), %error, "delivery refused"),
+            Ok(receipt) => {
+                crate::metrics::delivery_stored(receipt.outcome.as_str());
+                tracing::info!(delivery_count = receipt.delivery_count, "stored");
+            }
+            Err(error) => {
+                crate::metrics::delivery_refused(error.metric_reason());
+                tracing::warn!(reason = error.reason_code(), %error, "delivery refused");
+            }
         }
         result
     }

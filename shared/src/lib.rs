@@ -9,6 +9,7 @@ pub mod drain;
 pub mod effects;
 pub mod extract;
 pub mod ingest;
+pub mod metrics;
 pub mod operator;
 pub mod outbox;
 pub mod provider_api;

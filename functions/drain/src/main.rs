@@ -16,9 +16,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         Arc::new(EffectRegistry::standard()),
         settings,
     );
+    let metrics = shared::metrics::install_emf()?;
     let drainer = &drainer;
-    run(service_fn(move |event| {
-        drain::handler(event, drainer, margin)
+    run(service_fn(move |event| async move {
+        let summary = drain::handler(event, drainer, margin).await;
+        let _ = metrics.flush(std::io::stdout());
+        summary
     }))
     .await
 }

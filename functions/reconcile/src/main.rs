@@ -16,9 +16,12 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         Arc::new(EffectRegistry::standard()),
         vars.drain()?,
     );
+    let metrics = shared::metrics::install_emf()?;
     let (pool, drainer, settings) = (&pool, &drainer, &settings);
-    run(service_fn(move |event| {
-        reconcile::handler(event, pool, drainer, settings)
+    run(service_fn(move |event| async move {
+        let outcome = reconcile::handler(event, pool, drainer, settings).await;
+        let _ = metrics.flush(std::io::stdout());
+        outcome
     }))
     .await
 }

@@ -74,16 +74,36 @@ pub async fn sequence_gaps(
          WHERE source_id = $1 AND provider_sequence > $2 AND provider_sequence <= $3";
     const TOMBSTONED: &str = "SELECT sequence FROM tombstones \
          WHERE source_id = $1 AND sequence > $2 AND sequence <= $3 ORDER BY sequence";
-    let interior: Vec<SequenceGap> = sqlx::query_as(INTERIOR).bind(source_id).bind(after).bind(up_to).fetch_all(executor).await?;
-    let (min, max): (Option<i64>, Option<i64>) = sqlx::query_as(BOUNDS).bind(source_id).bind(after).bind(up_to).fetch_one(executor).await?;
-    let tombstoned: Vec<i64> = sqlx::query_scalar(TOMBSTONED).bind(source_id).bind(after).bind(up_to).fetch_all(executor).await?;
+    let interior: Vec<SequenceGap> = sqlx::query_as(INTERIOR)
+        .bind(source_id)
+        .bind(after)
+        .bind(up_to)
+        .fetch_all(executor)
+        .await?;
+    let (min, max): (Option<i64>, Option<i64>) = sqlx::query_as(BOUNDS)
+        .bind(source_id)
+        .bind(after)
+        .bind(up_to)
+        .fetch_one(executor)
+        .await?;
+    let tombstoned: Vec<i64> = sqlx::query_scalar(TOMBSTONED)
+        .bind(source_id)
+        .bind(after)
+        .bind(up_to)
+        .fetch_all(executor)
+        .await?;
     Ok(merge_gaps(after, min.zip(max), &interior, &tombstoned))
 }
 
 /// The missing numbers of `(after, highest]`, as ranges, where present = events (spanning
 /// `events` = (min, max) minus the `interior` gaps between consecutive events) ∪ `tombstoned`
 /// (sorted); `highest` is the largest present number.
-pub fn merge_gaps(after: i64, events: Option<(i64, i64)>, interior: &[SequenceGap], tombstoned: &[i64]) -> (Vec<SequenceGap>, Option<i64>) {
+pub fn merge_gaps(
+    after: i64,
+    events: Option<(i64, i64)>,
+    interior: &[SequenceGap],
+    tombstoned: &[i64],
+) -> (Vec<SequenceGap>, Option<i64>) {
     let highest = match (events.map(|(_, max)| max), tombstoned.last().copied()) {
         (Some(a), Some(b)) => a.max(b),
         (a, b) => match a.or(b) {
@@ -94,25 +114,43 @@ pub fn merge_gaps(after: i64, events: Option<(i64, i64)>, interior: &[SequenceGa
     // What the events leave missing in (after, highest].
     let mut missing = Vec::new();
     match events {
-        None => missing.push(SequenceGap { gap_from: after + 1, gap_to: highest }),
+        None => missing.push(SequenceGap {
+            gap_from: after + 1,
+            gap_to: highest,
+        }),
         Some((min, max)) => {
-            missing.push(SequenceGap { gap_from: after + 1, gap_to: min - 1 });
+            missing.push(SequenceGap {
+                gap_from: after + 1,
+                gap_to: min - 1,
+            });
             missing.extend_from_slice(interior);
-            missing.push(SequenceGap { gap_from: max + 1, gap_to: highest });
+            missing.push(SequenceGap {
+                gap_from: max + 1,
+                gap_to: highest,
+            });
         }
     }
     // Minus the tombstones.
     let mut gaps = Vec::new();
     for range in missing.into_iter().filter(|r| r.gap_from <= r.gap_to) {
         let mut from = range.gap_from;
-        for &t in tombstoned.iter().filter(|t| (range.gap_from..=range.gap_to).contains(*t)) {
+        for &t in tombstoned
+            .iter()
+            .filter(|t| (range.gap_from..=range.gap_to).contains(*t))
+        {
             if t > from {
-                gaps.push(SequenceGap { gap_from: from, gap_to: t - 1 });
+                gaps.push(SequenceGap {
+                    gap_from: from,
+                    gap_to: t - 1,
+                });
             }
             from = t + 1;
         }
         if from <= range.gap_to {
-            gaps.push(SequenceGap { gap_from: from, gap_to: range.gap_to });
+            gaps.push(SequenceGap {
+                gap_from: from,
+                gap_to: range.gap_to,
+            });
         }
     }
     (gaps, Some(highest))
