@@ -17,8 +17,6 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use shared::domain::{Scheme, SourceId, TenantId};
 use shared::secrets::SigningSecret;
-use sqlx::postgres::PgPoolOptions;
-use sqlx::{ConnectOptions, Executor};
 
 #[derive(Default)]
 struct Emulator {
@@ -164,21 +162,8 @@ async fn main() {
             .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../target").into()),
     )
     .join("release");
-    let url =
-        std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");
-    let admin: sqlx::postgres::PgConnectOptions = url.parse().unwrap();
-    let database = format!("bench_coldstart_{}", std::process::id());
-    let mut conn = admin.connect().await.unwrap();
-    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .await
-        .unwrap();
-    let options = admin.clone().database(&database);
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    shared::store::MIGRATOR.run(&pool).await.unwrap();
+    let db = benchmarks::BenchDatabase::create("bench_coldstart").await;
+    let pool = db.pool.clone();
     let source = shared::sources::Source {
         source_id: SourceId::parse("bench").unwrap(),
         tenant_id: TenantId::parse("bench").unwrap(),
@@ -193,12 +178,7 @@ async fn main() {
     let secrets =
         std::env::temp_dir().join(format!("coldstart-secrets-{}.toml", std::process::id()));
     std::fs::write(&secrets, "[secrets.bench]\ncurrent = \"bench-secret\"\n").unwrap();
-    let database_url = format!(
-        "postgres://{}@{}:{}/{database}",
-        options.get_username(),
-        options.get_host(),
-        options.get_port()
-    );
+    let database_url = db.url();
     let env: BTreeMap<&str, String> = [
         ("AWS_LAMBDA_FUNCTION_NAME", "bench".to_owned()),
         ("AWS_LAMBDA_FUNCTION_VERSION", "$LATEST".into()),
@@ -298,11 +278,6 @@ async fn main() {
     println!(
         "ingest cold starts stored {stored} events (each first invocation was a real accepted delivery)"
     );
-    pool.close().await;
     let _ = std::fs::remove_file(&secrets);
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {database} WITH (FORCE)"
-    )))
-    .await
-    .unwrap();
+    db.drop().await;
 }

@@ -10,7 +10,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use benchmarks::pgbench;
 use http::HeaderMap;
 use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use shared::drain::Drainer;
@@ -19,9 +18,8 @@ use shared::extract::FieldMap;
 use shared::ingest::{Delivery, IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, Source, SourceRegistry};
-use shared::store::MIGRATOR;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Executor, PgPool};
+use sqlx::{Executor, PgPool};
 
 const SECRET: &str = "whsec_YmVuY2gtZHJhaW4tc2lnbmluZy1rZXk=";
 /// Events per second the ingestion task adds while the drainers run.
@@ -202,43 +200,10 @@ async fn raw_claim_and_complete(
     exec(pool, "CREATE TABLE queue_copy (LIKE event_queue INCLUDING ALL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0)".into()).await;
     exec(pool, format!("INSERT INTO queue_copy (tenant_id, external_id, ready_at, enqueued_at) SELECT 'bench', 'raw-' || g, now() - interval '1 hour' + g * interval '1 microsecond', now() FROM generate_series(1, {rows}) AS g")).await;
     exec(pool, "VACUUM ANALYZE queue_copy".into()).await;
-    let script = std::env::temp_dir().join(format!("claim-complete-{}.sql", std::process::id()));
-    std::fs::write(
-        &script,
-        "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED) DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n",
-    )
-    .unwrap();
-    let output = std::process::Command::new(pgbench().expect("pgbench not found"))
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &clients.to_string(),
-            "-j",
-            &clients.min(2).to_string(),
-            "-T",
-            &seconds.to_string(),
-            "-f",
-        ])
-        .arg(&script)
-        .args([
-            "-h",
-            options.get_host(),
-            "-p",
-            &options.get_port().to_string(),
-            "-U",
-            options.get_username(),
-        ])
-        .arg(options.get_database().unwrap())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "pgbench failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
+    let script = "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() \
+        ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED) \
+        DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n";
+    benchmarks::pgbench_tps(options, clients, seconds, script);
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_copy")
         .fetch_one(pool)
         .await
@@ -260,21 +225,8 @@ async fn main() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(1_800_000 * minutes / 5);
     let raw_seconds: u64 = 30;
-    let url =
-        std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");
-    let admin: PgConnectOptions = url.parse().unwrap();
-    let database = format!("bench_drain_{}", std::process::id());
-    let mut conn = admin.connect().await.unwrap();
-    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .await
-        .unwrap();
-    let options = admin.clone().database(&database);
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    MIGRATOR.run(&pool).await.unwrap();
+    let db = benchmarks::BenchDatabase::create("bench_drain").await;
+    let (pool, options) = (db.pool.clone(), db.options.clone());
     sources::apply(&pool, &[source()]).await.unwrap();
 
     println!(
@@ -311,10 +263,5 @@ async fn main() {
             mean / raw
         );
     }
-    pool.close().await;
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {database} WITH (FORCE)"
-    )))
-    .await
-    .unwrap();
+    db.drop().await;
 }

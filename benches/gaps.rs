@@ -12,9 +12,8 @@ use std::time::{Duration, Instant};
 use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use shared::extract::FieldMap;
 use shared::sources::{self, Source};
-use shared::store::{MIGRATOR, gaps};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Executor, PgPool};
+use shared::store::gaps;
+use sqlx::{Executor, PgPool};
 
 const TEMPLATE: &str = "evt_{seq}";
 /// Every 1000th sequence number is missing: 0.1%.
@@ -81,20 +80,8 @@ where
 
 #[tokio::main]
 async fn main() {
-    let url =
-        std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");
-    let admin: PgConnectOptions = url.parse().unwrap();
-    let database = format!("bench_gaps_{}", std::process::id());
-    let mut conn = admin.connect().await.unwrap();
-    conn.execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .await
-        .unwrap();
-    let pool = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(admin.clone().database(&database))
-        .await
-        .unwrap();
-    MIGRATOR.run(&pool).await.unwrap();
+    let db = benchmarks::BenchDatabase::create("bench_gaps").await;
+    let pool = db.pool.clone();
     sources::apply(&pool, &[source()]).await.unwrap();
 
     println!("gap detection: newest window of W expected IDs, 0.1% missing; best of 3");
@@ -133,10 +120,5 @@ async fn main() {
             );
         }
     }
-    pool.close().await;
-    conn.execute(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE {database} WITH (FORCE)"
-    )))
-    .await
-    .unwrap();
+    db.drop().await;
 }

@@ -13,7 +13,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use benchmarks::pgbench;
 use http::HeaderMap;
 use lambda_http::{Body, RequestExt};
 use shared::domain::{Scheme, SourceId, TenantId};
@@ -21,9 +20,8 @@ use shared::extract::FieldMap;
 use shared::ingest::{IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, Source, SourceRegistry};
-use shared::store::{MIGRATOR, webhook_events};
+use shared::store::webhook_events;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::{ConnectOptions, Executor};
 
 const SECRET: &str = "whsec_bench";
 const PAYLOAD_BYTES: usize = 1024;
@@ -226,47 +224,7 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 fn run_pgbench(options: &PgConnectOptions, concurrency: usize, seconds: u64, level: usize) -> f64 {
-    let script =
-        std::env::temp_dir().join(format!("ingest-upsert-{}-{level}.sql", std::process::id()));
-    std::fs::write(&script, pgbench_script(level)).unwrap();
-    let pgbench =
-        pgbench().expect("pgbench not found: set PGBENCH or install PostgreSQL's binaries");
-    let output = std::process::Command::new(pgbench)
-        .args([
-            "-n",
-            "-M",
-            "prepared",
-            "-c",
-            &concurrency.to_string(),
-            "-j",
-            &concurrency.min(2).to_string(),
-        ])
-        .args(["-T", &seconds.to_string(), "-f"])
-        .arg(&script)
-        .args([
-            "-h",
-            options.get_host(),
-            "-p",
-            &options.get_port().to_string(),
-            "-U",
-            options.get_username(),
-        ])
-        .arg(options.get_database().unwrap())
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    assert!(
-        output.status.success(),
-        "pgbench failed: {stdout}{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    let _ = std::fs::remove_file(&script);
-    stdout
-        .lines()
-        .find(|l| l.starts_with("tps = "))
-        .and_then(|l| l["tps = ".len()..].split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-        .expect("pgbench printed no tps")
+    benchmarks::pgbench_tps(options, concurrency, seconds, &pgbench_script(level))
 }
 
 #[tokio::main]
@@ -275,23 +233,8 @@ async fn main() {
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(10);
-    let url =
-        std::env::var("DATABASE_URL").expect("DATABASE_URL is not set (./scripts/bench sets it)");
-    let admin_options: PgConnectOptions = url.parse().unwrap();
-    let database = format!("bench_ingest_{}", std::process::id());
-    let mut admin = admin_options.connect().await.unwrap();
-    admin
-        .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {database}")))
-        .await
-        .unwrap();
-    let options = admin_options.clone().database(&database);
-
-    let setup = PgPoolOptions::new()
-        .max_connections(2)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
-    MIGRATOR.run(&setup).await.unwrap();
+    let db = benchmarks::BenchDatabase::create("bench_ingest").await;
+    let (setup, options) = (db.pool.clone(), db.options.clone());
     let source = Source {
         source_id: SourceId::parse("bench").unwrap(),
         tenant_id: TenantId::parse("bench").unwrap(),
@@ -324,11 +267,5 @@ async fn main() {
         .await
         .unwrap();
     println!("rows in webhook_events at the end: {rows}");
-    setup.close().await;
-    admin
-        .execute(sqlx::AssertSqlSafe(format!(
-            "DROP DATABASE {database} WITH (FORCE)"
-        )))
-        .await
-        .unwrap();
+    db.drop().await;
 }

@@ -67,3 +67,116 @@ pub fn pgbench() -> Option<std::path::PathBuf> {
         })
     })
 }
+
+/// A database of its own for one benchmark run, migrated; dropped by [`BenchDatabase::drop`].
+pub struct BenchDatabase {
+    pub pool: sqlx::PgPool,
+    pub options: sqlx::postgres::PgConnectOptions,
+    admin: sqlx::PgConnection,
+    name: String,
+}
+
+impl BenchDatabase {
+    /// Creates `<prefix>_<pid>` on the server of `DATABASE_URL` and applies the migrations.
+    pub async fn create(prefix: &str) -> Self {
+        use sqlx::{ConnectOptions, Executor};
+        let url = std::env::var("DATABASE_URL")
+            .expect("DATABASE_URL is not set (./scripts/bench sets it)");
+        let admin_options: sqlx::postgres::PgConnectOptions = url.parse().expect("DATABASE_URL");
+        let name = format!("{prefix}_{}", std::process::id());
+        let mut admin = admin_options
+            .connect()
+            .await
+            .expect("connect to DATABASE_URL");
+        admin
+            .execute(sqlx::AssertSqlSafe(format!("CREATE DATABASE {name}")))
+            .await
+            .expect("create the bench database");
+        let options = admin_options.database(&name);
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.clone())
+            .await
+            .expect("connect");
+        shared::store::MIGRATOR.run(&pool).await.expect("migrate");
+        Self {
+            pool,
+            options,
+            admin,
+            name,
+        }
+    }
+
+    /// A URL of the bench database (trust auth, as on the bench machines).
+    pub fn url(&self) -> String {
+        format!(
+            "postgres://{}@{}:{}/{}",
+            self.options.get_username(),
+            self.options.get_host(),
+            self.options.get_port(),
+            self.name
+        )
+    }
+
+    pub async fn drop(mut self) {
+        use sqlx::Executor;
+        self.pool.close().await;
+        self.admin
+            .execute(sqlx::AssertSqlSafe(format!(
+                "DROP DATABASE {} WITH (FORCE)",
+                self.name
+            )))
+            .await
+            .expect("drop the bench database");
+    }
+}
+
+/// Runs a pgbench script (`-M prepared`, no vacuum) against the database for `seconds` with
+/// `clients` connections; returns transactions per second.
+pub fn pgbench_tps(
+    options: &sqlx::postgres::PgConnectOptions,
+    clients: usize,
+    seconds: u64,
+    script: &str,
+) -> f64 {
+    let path = std::env::temp_dir().join(format!("bench-{}-{clients}.sql", std::process::id()));
+    std::fs::write(&path, script).expect("write the pgbench script");
+    let output = std::process::Command::new(
+        pgbench().expect("pgbench not found: set PGBENCH or install PostgreSQL's binaries"),
+    )
+    .args([
+        "-n",
+        "-M",
+        "prepared",
+        "-c",
+        &clients.to_string(),
+        "-j",
+        &clients.min(2).to_string(),
+    ])
+    .args(["-T", &seconds.to_string(), "-f"])
+    .arg(&path)
+    .args([
+        "-h",
+        options.get_host(),
+        "-p",
+        &options.get_port().to_string(),
+        "-U",
+        options.get_username(),
+    ])
+    .arg(options.get_database().expect("a database name"))
+    .output()
+    .expect("run pgbench");
+    let _ = std::fs::remove_file(&path);
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l["tps = ".len()..].split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .expect("pgbench printed no tps")
+}

@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::extract;
@@ -291,23 +290,13 @@ async fn store_fetched(
             fields.external_id
         )));
     }
-    let digest: [u8; 32] = Sha256::digest(&bytes).into();
-    webhook_events::upsert(
-        pool,
-        &webhook_events::NewEvent {
-            tenant_id: source.tenant_id.as_str(),
-            external_id: fields.external_id.as_str(),
-            source_id: source.source_id.as_str(),
-            event_type: &fields.event_type,
-            entity_id: fields.entity_id.as_deref(),
-            entity_version: fields.entity_version,
-            sequence: fields.sequence,
-            payload: &bytes,
-            payload_sha256: digest,
-            headers: serde_json::json!({}),
-            verified_with: webhook_events::PROVIDER_API,
-        },
-    )
-    .await?;
+    let event = webhook_events::NewEvent::new(
+        source,
+        &fields,
+        &bytes,
+        serde_json::json!({}),
+        webhook_events::PROVIDER_API,
+    );
+    webhook_events::upsert(pool, &event).await?;
     Ok(())
 }

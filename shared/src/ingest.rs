@@ -204,11 +204,11 @@ impl Ingestor {
         )
         .map_err(IngestError::Signature)?;
 
-        let digest: [u8; 32] = Sha256::digest(delivery.body).into();
         let fields = match extract::extract(&source.fields, delivery.headers, delivery.body) {
             Ok(fields) => fields,
             Err(error) => {
                 let detail = error.to_string();
+                let digest: [u8; 32] = Sha256::digest(delivery.body).into();
                 ingest_anomalies::record_unreadable(
                     &self.pool,
                     &UnreadableDelivery {
@@ -226,23 +226,15 @@ impl Ingestor {
         };
         span.record("external_id", fields.external_id.as_str());
 
-        let stored = webhook_events::upsert(
-            &self.pool,
-            &NewEvent {
-                tenant_id: source.tenant_id.as_str(),
-                external_id: fields.external_id.as_str(),
-                source_id: source.source_id.as_str(),
-                event_type: &fields.event_type,
-                entity_id: fields.entity_id.as_deref(),
-                entity_version: fields.entity_version,
-                sequence: fields.sequence,
-                payload: delivery.body,
-                payload_sha256: digest,
-                headers: kept_headers(&source, delivery.headers),
-                verified_with: verified.secret.as_str(),
-            },
-        )
-        .await?;
+        let headers = kept_headers(&source, delivery.headers);
+        let event = NewEvent::new(
+            &source,
+            &fields,
+            delivery.body,
+            headers,
+            verified.secret.as_str(),
+        );
+        let stored = webhook_events::upsert(&self.pool, &event).await?;
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
         if stored.outcome == DeliveryOutcome::Conflict {

@@ -15,7 +15,7 @@ use sqlx::PgPool;
 use crate::drain::{self, ReplayOutcome};
 use crate::effects::EffectRegistry;
 use crate::store::StoreError;
-use crate::store::dead_letters::{self, ReplayFilter};
+use crate::store::dead_letters::{self, DeadLetter, ReplayFilter};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
@@ -56,20 +56,9 @@ pub enum OperatorError {
 #[serde(untagged)]
 pub enum OperatorResponse {
     Replay(ReplayOutcome),
-    DeadLetters { dead_letters: Vec<DeadLetterView> },
+    DeadLetters { dead_letters: Vec<DeadLetter> },
     StatusChanged { dead_letter_id: i64, status: String },
     Tombstoned { external_id: String, created: bool },
-}
-
-#[derive(Debug, Serialize)]
-pub struct DeadLetterView {
-    pub dead_letter_id: i64,
-    pub tenant_id: String,
-    pub external_id: String,
-    pub event_type: String,
-    pub status: String,
-    pub error: String,
-    pub attempts: i32,
 }
 
 /// Parses a request from JSON, saying what is wrong with it when it does not parse.
@@ -88,21 +77,8 @@ pub async fn handle(
             drain::replay(pool, registry, &filter).await?,
         )),
         OperatorRequest::ListDeadLetters { filter } => {
-            let letters = dead_letters::select_open(pool, &filter).await?;
-            Ok(OperatorResponse::DeadLetters {
-                dead_letters: letters
-                    .into_iter()
-                    .map(|l| DeadLetterView {
-                        dead_letter_id: l.dead_letter_id,
-                        tenant_id: l.tenant_id,
-                        external_id: l.external_id,
-                        event_type: l.event_type,
-                        status: l.status,
-                        error: l.error,
-                        attempts: l.attempts,
-                    })
-                    .collect(),
-            })
+            let dead_letters = dead_letters::select_open(pool, &filter).await?;
+            Ok(OperatorResponse::DeadLetters { dead_letters })
         }
         OperatorRequest::SetDeadLetterStatus {
             dead_letter_id,

@@ -58,7 +58,7 @@ pub struct ReplayFilter {
     pub limit: Option<i64>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
 pub struct DeadLetter {
     pub dead_letter_id: i64,
     pub tenant_id: String,
