@@ -165,6 +165,8 @@ fn the_code_emits_exactly_the_documented_metrics_as_embedded_metric_format() {
         ..Default::default()
     });
     shared::metrics::queue(12, 4.5);
+    shared::metrics::anomaly_value("backlog_events", 12.0);
+    shared::metrics::anomaly_breaches(0);
     let mut out = Vec::new();
     collector.flush(&mut out).unwrap();
     let mut names = BTreeSet::new();
@@ -239,6 +241,7 @@ fn scheduled_functions_have_schedules_and_failure_destinations_and_reconcile_hea
         "ReconcileFunction",
         "BackfillFunction",
         "RetentionFunction",
+        "AnomalyFunction",
     ] {
         let p = &t["Resources"][function]["Properties"];
         let events = p["Events"].as_mapping().unwrap();

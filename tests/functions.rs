@@ -282,3 +282,26 @@ async fn the_migrate_function_applies_the_schema_and_answers_cloudformation(pool
     .unwrap();
     assert_eq!(by_hand, serde_json::json!({"schema_version": newest}));
 }
+
+#[sqlx::test(migrations = "../migrations")]
+async fn the_anomaly_function_runs_the_checks_and_reports_them(pool: PgPool) {
+    app(pool.clone()).await;
+    let report = ::anomaly::handler(
+        scheduled(Duration::from_secs(60)),
+        &pool,
+        &Default::default(),
+    )
+    .await
+    .unwrap();
+    assert!(report.checks >= 30, "{report:?}");
+    let (job, trigger, status): (String, String, String) =
+        sqlx::query_as("SELECT job, trigger, status FROM maintenance_runs WHERE run_id = $1")
+            .bind(report.run_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (job.as_str(), trigger.as_str(), status.as_str()),
+        ("anomaly", "schedule", "completed")
+    );
+}

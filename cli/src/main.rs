@@ -57,6 +57,8 @@ enum Command {
     Backfill,
     /// Run one retention pass, as the retention Lambda does.
     Retention,
+    /// Run the anomaly checks once, as the anomaly Lambda does.
+    Anomaly,
 }
 
 #[derive(Args)]
@@ -151,6 +153,7 @@ async fn main() -> ExitCode {
         Command::Reconcile => run_maintenance("reconcile").await,
         Command::Backfill => run_maintenance("backfill").await,
         Command::Retention => run_maintenance("retention").await,
+        Command::Anomaly => run_maintenance("anomaly").await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -473,6 +476,14 @@ async fn run_maintenance(job: &str) -> CmdResult {
                 vars.backfill().map_err(|e| err(&e))?,
             );
             serde_json::to_value(backfiller.run_once("operator").await.map_err(|e| err(&e))?)
+        }
+        "anomaly" => {
+            let settings = vars.anomaly().map_err(|e| err(&e))?;
+            serde_json::to_value(
+                shared::anomaly::run_once(&pool, &settings, "operator")
+                    .await
+                    .map_err(|e| err(&e))?,
+            )
         }
         _ => {
             let settings = vars.retention().map_err(|e| err(&e))?;

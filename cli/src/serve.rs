@@ -63,8 +63,8 @@ pub fn spawn_pipeline(
     })
 }
 
-/// Runs a backfill pass, a reconcile pass and a retention pass every `every`, as their
-/// EventBridge schedules would, until the task is dropped.
+/// Runs a backfill pass, a reconcile pass, a retention pass and the anomaly checks every
+/// `every`, as their EventBridge schedules would, until the task is dropped.
 pub fn spawn_maintenance(
     pool: shared::store::PgPool,
     drainer: Arc<Drainer>,
@@ -76,6 +76,7 @@ pub fn spawn_maintenance(
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let reconcile = shared::reconcile::ReconcileSettings::default();
         let retention = shared::retention::RetentionSettings::default();
+        let anomaly = shared::anomaly::AnomalySettings::default();
         loop {
             tick.tick().await;
             if let Err(error) = backfiller.run_once("local-schedule").await {
@@ -90,6 +91,9 @@ pub fn spawn_maintenance(
                 shared::retention::run_once(&pool, &retention, "local-schedule").await
             {
                 tracing::warn!(%error, "retention pass failed");
+            }
+            if let Err(error) = shared::anomaly::run_once(&pool, &anomaly, "local-schedule").await {
+                tracing::warn!(%error, "anomaly checks failed");
             }
         }
     })

@@ -212,6 +212,16 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         })
     }
 
+    pub fn anomaly(&self) -> Result<crate::anomaly::AnomalySettings, ConfigError> {
+        let d = crate::anomaly::AnomalySettings::default();
+        Ok(crate::anomaly::AnomalySettings {
+            silence_min_baseline: self
+                .parsed("ANOMALY_SILENCE_MIN_BASELINE", d.silence_min_baseline)?,
+            min_weeks: self.parsed("ANOMALY_MIN_WEEKS", d.min_weeks)?,
+            ..d
+        })
+    }
+
     pub fn backfill(&self) -> Result<crate::backfill::BackfillSettings, ConfigError> {
         let d = crate::backfill::BackfillSettings::default();
         Ok(crate::backfill::BackfillSettings {

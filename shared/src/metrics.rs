@@ -21,8 +21,15 @@ pub const BACKLOG: &str = "Backlog";
 /// Age of the oldest waiting event after a drain pass, in seconds.
 pub const OLDEST_PENDING_AGE: &str = "OldestPendingAgeSeconds";
 
+/// Anomaly checks that breached in the last run.
+pub const ANOMALY_BREACHES: &str = "AnomalyBreaches";
+/// Each global anomaly check's measurement, by `Check`.
+pub const ANOMALY_VALUE: &str = "AnomalyValue";
+
 /// Every metric name the code emits.
 pub const EMITTED: &[&str] = &[
+    ANOMALY_BREACHES,
+    ANOMALY_VALUE,
     DELIVERIES_STORED,
     DELIVERIES_REFUSED,
     EVENTS_PROCESSED,
@@ -60,4 +67,12 @@ pub fn drained(outcome: &DrainOutcome) {
 pub fn queue(backlog: i64, oldest_pending_age_seconds: f64) {
     metrics::gauge!(BACKLOG).set(backlog as f64);
     metrics::gauge!(OLDEST_PENDING_AGE).set(oldest_pending_age_seconds);
+}
+
+pub fn anomaly_value(check: &str, value: f64) {
+    metrics::gauge!(ANOMALY_VALUE, "Check" => check.to_owned()).set(value);
+}
+
+pub fn anomaly_breaches(breaches: usize) {
+    metrics::gauge!(ANOMALY_BREACHES).set(breaches as f64);
 }

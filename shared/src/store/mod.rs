@@ -2,6 +2,7 @@
 //! executor so callers own the transaction. Database errors become [`StoreError`] in one place.
 
 pub mod advisory_locks;
+pub mod anomaly;
 pub mod dead_letters;
 pub mod entities;
 pub mod event_queue;

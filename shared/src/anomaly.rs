@@ -1,0 +1,262 @@
+//! The anomaly checks: more than thirty measurements of the pipeline, each with an expected
+//! range, in five families (latency, referential, integrity, flow, machinery). A run refreshes
+//! the materialized views `CONCURRENTLY`, measures every check, stores every result in
+//! `anomaly_results` and publishes them as metrics; the alarm on `AnomalyBreaches` notifies
+//! on-call and invokes reconciliation.
+//!
+//! Fixed thresholds suit most checks; flow per source would either nag or miss with one, so each
+//! source's last complete hour is judged against the same hour of the week in its own history
+//! (up to four weeks): silence is far fewer events than usual, a spike far more.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
+use crate::store::{StoreError, maintenance_runs};
+
+#[derive(Debug, Clone)]
+pub struct AnomalySettings {
+    /// Replaces a check's expected range: check name → (low, high).
+    pub ranges: HashMap<&'static str, (Option<f64>, Option<f64>)>,
+    /// A source whose usual hour has fewer events than this is not judged for silence.
+    pub silence_min_baseline: f64,
+    /// A source needs this many weeks of history before its flow is judged.
+    pub min_weeks: i64,
+}
+
+impl Default for AnomalySettings {
+    fn default() -> Self {
+        Self {
+            ranges: HashMap::new(),
+            silence_min_baseline: 5.0,
+            min_weeks: 2,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct AnomalyReport {
+    pub run_id: i64,
+    pub checks: usize,
+    pub breaches: Vec<String>,
+}
+
+/// How many global checks there are (the per-source flow checks come on top).
+pub fn global_check_count() -> usize {
+    anomaly::GLOBAL_CHECKS.len() + 1
+}
+
+#[tracing::instrument(skip(pool, settings), err)]
+pub async fn run_once(
+    pool: &PgPool,
+    settings: &AnomalySettings,
+    trigger: &str,
+) -> Result<AnomalyReport, StoreError> {
+    let run_id = maintenance_runs::start(pool, "anomaly", trigger).await?;
+    let result = measure_all(pool, settings).await;
+    let (found, error) = match &result {
+        Ok(results) => {
+            let breaches: Vec<&CheckResult> = results.iter().filter(|r| r.breached).collect();
+            (
+                serde_json::json!({ "checks": results.len(), "breaches": breaches }),
+                None,
+            )
+        }
+        Err(e) => (serde_json::json!({}), Some(e.to_string())),
+    };
+    if let Ok(results) = &result {
+        anomaly::record(pool, run_id, results).await?;
+    }
+    maintenance_runs::finish(
+        pool,
+        run_id,
+        &found,
+        &serde_json::json!({}),
+        error.as_deref(),
+    )
+    .await?;
+    let results = result?;
+    let breaches: Vec<String> = results
+        .iter()
+        .filter(|r| r.breached)
+        .map(|r| {
+            if r.subject.is_empty() {
+                r.check_name.clone()
+            } else {
+                format!("{}:{}", r.check_name, r.subject)
+            }
+        })
+        .collect();
+    for r in results.iter().filter(|r| r.subject.is_empty()) {
+        if let Some(v) = r.value {
+            crate::metrics::anomaly_value(&r.check_name, v);
+        }
+    }
+    crate::metrics::anomaly_breaches(breaches.len());
+    if breaches.is_empty() {
+        tracing::info!(run_id, checks = results.len(), "anomaly checks passed");
+    } else {
+        tracing::warn!(
+            run_id,
+            checks = results.len(),
+            ?breaches,
+            "anomaly checks breached"
+        );
+    }
+    Ok(AnomalyReport {
+        run_id,
+        checks: results.len(),
+        breaches,
+    })
+}
+
+async fn measure_all(
+    pool: &PgPool,
+    settings: &AnomalySettings,
+) -> Result<Vec<CheckResult>, StoreError> {
+    let mut results = vec![judge(
+        &anomaly::VIEW_REFRESH_AGE,
+        anomaly::measure(pool, &anomaly::VIEW_REFRESH_AGE).await?,
+        settings,
+    )];
+    anomaly::refresh_views(pool).await?;
+    for check in anomaly::GLOBAL_CHECKS {
+        results.push(judge(check, anomaly::measure(pool, check).await?, settings));
+    }
+    for flow in anomaly::source_flow(pool).await? {
+        results.extend(judge_flow(&flow, settings));
+    }
+    Ok(results)
+}
+
+fn judge(check: &GlobalCheck, value: Option<f64>, settings: &AnomalySettings) -> CheckResult {
+    let (low, high) = settings
+        .ranges
+        .get(check.name)
+        .copied()
+        .unwrap_or((check.low, check.high));
+    let breached = value.is_some_and(|v| low.is_some_and(|l| v < l) || high.is_some_and(|h| v > h));
+    CheckResult {
+        check_name: check.name.to_owned(),
+        family: check.family,
+        subject: String::new(),
+        value,
+        expected_low: low,
+        expected_high: high,
+        breached,
+        detail: if value.is_none() {
+            "nothing to measure yet".into()
+        } else {
+            String::new()
+        },
+    }
+}
+
+/// Silence and spike of one source's last complete hour against its own hour-of-week history.
+fn judge_flow(flow: &SourceFlow, settings: &AnomalySettings) -> [CheckResult; 2] {
+    let result =
+        |name: &str, low: Option<f64>, high: Option<f64>, breached: bool, detail: String| {
+            CheckResult {
+                check_name: name.to_owned(),
+                family: "flow",
+                subject: flow.source_id.clone(),
+                value: Some(flow.last_hour),
+                expected_low: low,
+                expected_high: high,
+                breached,
+                detail,
+            }
+        };
+    let (Some(mean), true) = (flow.mean, flow.weeks >= settings.min_weeks) else {
+        let why = format!(
+            "{} week(s) of history; judged from {}",
+            flow.weeks, settings.min_weeks
+        );
+        return [
+            result("source_silence", None, None, false, why.clone()),
+            result("source_spike", None, None, false, why),
+        ];
+    };
+    let sd = flow.stddev.unwrap_or(0.0);
+    let detail = format!(
+        "last hour {} vs {:.1} ± {:.1} over {} weeks",
+        flow.last_hour, mean, sd, flow.weeks
+    );
+    let silence_low = (mean >= settings.silence_min_baseline).then(|| (mean - 3.0 * sd).max(1.0));
+    let spike_high = mean + 4.0 * sd + 10.0;
+    [
+        result(
+            "source_silence",
+            silence_low,
+            None,
+            silence_low.is_some_and(|l| flow.last_hour < l),
+            detail.clone(),
+        ),
+        result(
+            "source_spike",
+            None,
+            Some(spike_high),
+            flow.last_hour > spike_high,
+            detail,
+        ),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn flow(last_hour: f64, mean: f64, sd: f64, weeks: i64) -> SourceFlow {
+        SourceFlow {
+            source_id: "s".into(),
+            last_hour,
+            mean: Some(mean),
+            stddev: Some(sd),
+            weeks,
+        }
+    }
+
+    #[test]
+    fn there_are_at_least_thirty_checks_in_every_family() {
+        assert!(global_check_count() >= 30, "{}", global_check_count());
+        for family in ["latency", "referential", "integrity", "flow", "machinery"] {
+            assert!(
+                anomaly::GLOBAL_CHECKS.iter().any(|c| c.family == family),
+                "{family}"
+            );
+        }
+        let mut names: Vec<_> = anomaly::GLOBAL_CHECKS.iter().map(|c| c.name).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(
+            names.len(),
+            anomaly::GLOBAL_CHECKS.len(),
+            "check names are unique"
+        );
+    }
+
+    #[test]
+    fn flow_is_judged_against_the_source_own_history() {
+        let s = AnomalySettings::default();
+        let [silence, spike] = judge_flow(&flow(0.0, 20.0, 2.0, 4), &s);
+        assert!(silence.breached && !spike.breached);
+        let [silence, spike] = judge_flow(&flow(200.0, 20.0, 2.0, 4), &s);
+        assert!(!silence.breached && spike.breached);
+        let [silence, spike] = judge_flow(&flow(18.0, 20.0, 2.0, 4), &s);
+        assert!(!silence.breached && !spike.breached);
+        // A quiet source is never silent; a new one is not judged.
+        assert!(!judge_flow(&flow(0.0, 2.0, 1.0, 4), &s)[0].breached);
+        assert!(!judge_flow(&flow(0.0, 20.0, 2.0, 1), &s)[0].breached);
+    }
+
+    #[test]
+    fn a_missing_measurement_never_breaches_and_overrides_apply() {
+        let check = anomaly::GLOBAL_CHECKS[0];
+        assert!(!judge(&check, None, &AnomalySettings::default()).breached);
+        let mut s = AnomalySettings::default();
+        s.ranges.insert(check.name, (Some(0.0), Some(1.0)));
+        assert!(judge(&check, Some(2.0), &s).breached);
+    }
+}

@@ -1,0 +1,424 @@
+//! The anomaly checks' reads: one statement per check, each returning one number (NULL when
+//! there is nothing to measure), bounded by an index or by a small table; the materialized
+//! views they read; and the results table.
+
+use sqlx::PgPool;
+
+use super::StoreError;
+
+/// A check over the whole system, with its expected range (`None`: unbounded on that side).
+#[derive(Debug, Clone, Copy)]
+pub struct GlobalCheck {
+    pub name: &'static str,
+    pub family: &'static str,
+    pub sql: &'static str,
+    pub low: Option<f64>,
+    pub high: Option<f64>,
+}
+
+const fn check(
+    name: &'static str,
+    family: &'static str,
+    sql: &'static str,
+    low: Option<f64>,
+    high: Option<f64>,
+) -> GlobalCheck {
+    GlobalCheck {
+        name,
+        family,
+        sql,
+        low,
+        high,
+    }
+}
+
+const ZERO: (Option<f64>, Option<f64>) = (Some(0.0), Some(0.0));
+
+/// Measured before the views are refreshed.
+pub const VIEW_REFRESH_AGE: GlobalCheck = check(
+    "views_refresh_age_seconds",
+    "machinery",
+    "SELECT EXTRACT(EPOCH FROM now() - min(refreshed_at))::float8 FROM view_refreshes",
+    Some(0.0),
+    Some(1800.0),
+);
+
+/// Every other global check, measured after the refresh. Ranges are the defaults; flow per
+/// source is judged against the source's own history instead (see [`source_flow`]).
+pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
+    // Latency.
+    check(
+        "processing_p50_seconds",
+        "latency",
+        "SELECT p50_seconds::float8 FROM processing_latency",
+        Some(0.0),
+        Some(60.0),
+    ),
+    check(
+        "processing_p95_seconds",
+        "latency",
+        "SELECT p95_seconds::float8 FROM processing_latency",
+        Some(0.0),
+        Some(300.0),
+    ),
+    check(
+        "processing_p99_seconds",
+        "latency",
+        "SELECT p99_seconds::float8 FROM processing_latency",
+        Some(0.0),
+        Some(900.0),
+    ),
+    check(
+        "oldest_pending_age_seconds",
+        "latency",
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(enqueued_at)), 0)::float8 FROM event_queue WHERE ready_at <= now()",
+        Some(0.0),
+        Some(900.0),
+    ),
+    check(
+        "backlog_events",
+        "latency",
+        "SELECT count(*)::float8 FROM event_queue",
+        Some(0.0),
+        Some(50_000.0),
+    ),
+    check(
+        "backlog_growth_events",
+        "latency",
+        "SELECT ((SELECT count(*) FROM event_queue) - r.value)::float8 FROM anomaly_results AS r \
+         WHERE r.check_name = 'backlog_events' ORDER BY r.run_id DESC LIMIT 1",
+        None,
+        Some(10_000.0),
+    ),
+    // Referential.
+    check(
+        "pending_outbox_without_event",
+        "referential",
+        "SELECT count(*)::float8 FROM outbox AS o WHERE o.status = 'pending' AND NOT EXISTS \
+         (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = o.tenant_id AND e.external_id = o.external_id)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "open_dead_letters_for_live_events",
+        "referential",
+        "SELECT count(*)::float8 FROM dead_letters AS d JOIN webhook_events AS e USING (tenant_id, external_id) \
+         WHERE d.status IN ('new', 'investigating') AND e.status <> 'dead_lettered'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "tombstoned_but_stored",
+        "referential",
+        "SELECT count(*)::float8 FROM tombstones AS t WHERE EXISTS \
+         (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = t.tenant_id AND e.external_id = t.external_id)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "queued_but_not_pending",
+        "referential",
+        "SELECT count(*)::float8 FROM event_queue AS q JOIN webhook_events AS e USING (tenant_id, external_id) \
+         WHERE e.status <> 'pending'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "pending_without_queue_row",
+        "referential",
+        "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
+         AND e.status = 'pending' AND NOT EXISTS \
+         (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "processed_without_projection",
+        "referential",
+        "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
+         AND e.status = 'processed' AND e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL AND NOT EXISTS \
+         (SELECT 1 FROM entities AS x WHERE x.tenant_id = e.tenant_id AND x.entity_id = e.entity_id \
+            AND x.entity_type = regexp_replace(e.event_type, '[./][^./]*$', '') AND x.version >= e.entity_version)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "paid_orders_without_fulfilment",
+        "referential",
+        "SELECT count(*)::float8 FROM orders AS p WHERE p.state = 'paid' AND p.paid_at < now() - interval '10 minutes' \
+         AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = p.tenant_id AND e.external_id = p.paid_by_event) \
+         AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = p.tenant_id AND o.external_id = p.paid_by_event \
+                         AND o.action = 'fulfil_order')",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "stale_gap_candidates",
+        "referential",
+        "SELECT count(*)::float8 FROM gap_candidates WHERE status = 'open' AND first_seen_at < now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    // Integrity and security.
+    check(
+        "digest_conflicts_last_hour",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'digest_conflict' AND detected_at > now() - interval '1 hour'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "unreadable_deliveries_last_hour",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind IN ('unparseable_payload', 'missing_field', 'invalid_field') \
+         AND detected_at > now() - interval '1 hour'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "redelivered_after_purge_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'redelivered_after_purge' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "amount_mismatches_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('amount_mismatch', 'currency_mismatch') \
+         AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "reference_mismatches_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('reference_mismatch', 'gateway_mismatch', 'unmappable_event') \
+         AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "unknown_orders_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM payment_exceptions WHERE kind = 'unknown_order' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "duplicate_payments_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('already_paid', 'invalid_state') \
+         AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "semantic_duplicates_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM (SELECT 1 FROM webhook_events WHERE first_received_at > now() - interval '1 day' \
+           AND entity_id IS NOT NULL AND entity_version IS NOT NULL \
+           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version HAVING count(*) > 1) AS same_change",
+        ZERO.0,
+        ZERO.1,
+    ),
+    // Flow, over all sources.
+    check(
+        "duplicate_rate_last_day",
+        "flow",
+        "SELECT (sum(redeliveries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.5),
+    ),
+    check(
+        "retry_rate_last_day",
+        "flow",
+        "SELECT (sum(retried)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.05),
+    ),
+    check(
+        "backfill_rate_last_day",
+        "flow",
+        "SELECT (sum(backfilled)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.02),
+    ),
+    check(
+        "conflict_rate_last_day",
+        "flow",
+        "SELECT (sum(conflicts)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.001),
+    ),
+    check(
+        "dead_letters_last_hour",
+        "flow",
+        "SELECT count(*)::float8 FROM dead_letters WHERE created_at > now() - interval '1 hour'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    // Machinery.
+    check(
+        "last_reconcile_age_seconds",
+        "machinery",
+        "SELECT EXTRACT(EPOCH FROM now() - max(finished_at))::float8 FROM maintenance_runs WHERE job = 'reconcile' AND status = 'completed'",
+        Some(0.0),
+        Some(2700.0),
+    ),
+    check(
+        "last_backfill_age_seconds",
+        "machinery",
+        "SELECT EXTRACT(EPOCH FROM now() - max(finished_at))::float8 FROM maintenance_runs WHERE job = 'backfill' AND status = 'completed' \
+         AND EXISTS (SELECT 1 FROM sources WHERE gap_strategy IS NOT NULL AND enabled)",
+        Some(0.0),
+        Some(1800.0),
+    ),
+    check(
+        "last_retention_age_seconds",
+        "machinery",
+        "SELECT EXTRACT(EPOCH FROM now() - max(finished_at))::float8 FROM maintenance_runs WHERE job = 'retention' AND status = 'completed'",
+        Some(0.0),
+        Some(3.0 * 3600.0),
+    ),
+    check(
+        "maintenance_lock_held_seconds",
+        "machinery",
+        "SELECT COALESCE(max(EXTRACT(EPOCH FROM now() - a.query_start)), 0)::float8 \
+         FROM pg_locks AS l JOIN pg_stat_activity AS a USING (pid) \
+         WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 1 \
+           AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND ((l.classid::bigint << 32) | l.objid::bigint) IN (8243104023216089452, 7089056601388706924)",
+        Some(0.0),
+        Some(1800.0),
+    ),
+    check(
+        "queue_dead_tuples",
+        "machinery",
+        "SELECT n_dead_tup::float8 FROM pg_stat_user_tables WHERE relname = 'event_queue' AND schemaname = current_schema()",
+        Some(0.0),
+        Some(500_000.0),
+    ),
+    check(
+        "events_dead_tuple_ratio",
+        "machinery",
+        "SELECT (n_dead_tup::float8 / GREATEST(n_live_tup, 1)) FROM pg_stat_user_tables \
+         WHERE relname = 'webhook_events' AND schemaname = current_schema()",
+        Some(0.0),
+        Some(0.2),
+    ),
+    check(
+        "longest_open_transaction_seconds",
+        "machinery",
+        "SELECT COALESCE(max(EXTRACT(EPOCH FROM now() - xact_start)), 0)::float8 FROM pg_stat_activity \
+         WHERE datname = current_database() AND xact_start IS NOT NULL AND state <> 'idle' AND pid <> pg_backend_pid()",
+        Some(0.0),
+        Some(300.0),
+    ),
+    check(
+        "outbox_failed_rows",
+        "machinery",
+        "SELECT count(*)::float8 FROM outbox WHERE status = 'failed'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "outbox_overdue_rows",
+        "machinery",
+        "SELECT count(*)::float8 FROM outbox WHERE status = 'pending' AND created_at < now() - interval '1 hour'",
+        ZERO.0,
+        ZERO.1,
+    ),
+];
+
+pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, StoreError> {
+    Ok(sqlx::query_scalar::<_, Option<f64>>(check.sql)
+        .fetch_optional(pool)
+        .await?
+        .flatten())
+}
+
+/// Refreshes the checks' views without blocking their readers, and records when.
+pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
+    for (view, sql) in [
+        (
+            "delivery_hourly",
+            "REFRESH MATERIALIZED VIEW CONCURRENTLY delivery_hourly",
+        ),
+        (
+            "processing_latency",
+            "REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency",
+        ),
+    ] {
+        sqlx::query(sql).execute(pool).await?;
+        sqlx::query(
+            "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ($1, now()) \
+             ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
+        )
+        .bind(view)
+        .execute(pool)
+        .await?;
+    }
+    Ok(())
+}
+
+/// A source's events in the last complete hour beside the same hour of the week in the (up to)
+/// four weeks before, counting only weeks after the source was created.
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct SourceFlow {
+    pub source_id: String,
+    pub last_hour: f64,
+    pub mean: Option<f64>,
+    pub stddev: Option<f64>,
+    pub weeks: i64,
+}
+
+pub async fn source_flow(pool: &PgPool) -> Result<Vec<SourceFlow>, StoreError> {
+    const SQL: &str = "WITH last AS (SELECT date_trunc('hour', now()) - interval '1 hour' AS hour), \
+         history AS ( \
+             SELECT s.source_id, COALESCE(d.events, 0) AS events \
+             FROM sources AS s CROSS JOIN last CROSS JOIN generate_series(1, 4) AS w \
+             LEFT JOIN delivery_hourly AS d ON d.source_id = s.source_id AND d.hour = last.hour - make_interval(weeks => w) \
+             WHERE s.enabled AND s.created_at <= last.hour - make_interval(weeks => w)) \
+         SELECT s.source_id, COALESCE(c.events, 0)::float8 AS last_hour, \
+                avg(h.events)::float8 AS mean, stddev_samp(h.events)::float8 AS stddev, count(h.events) AS weeks \
+         FROM sources AS s CROSS JOIN last \
+         LEFT JOIN delivery_hourly AS c ON c.source_id = s.source_id AND c.hour = last.hour \
+         LEFT JOIN history AS h ON h.source_id = s.source_id \
+         WHERE s.enabled \
+         GROUP BY s.source_id, c.events ORDER BY s.source_id";
+    Ok(sqlx::query_as(SQL).fetch_all(pool).await?)
+}
+
+/// One check's outcome, as stored in `anomaly_results`.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct CheckResult {
+    pub check_name: String,
+    pub family: &'static str,
+    pub subject: String,
+    pub value: Option<f64>,
+    pub expected_low: Option<f64>,
+    pub expected_high: Option<f64>,
+    pub breached: bool,
+    pub detail: String,
+}
+
+pub async fn record(pool: &PgPool, run_id: i64, results: &[CheckResult]) -> Result<(), StoreError> {
+    const SQL: &str = "INSERT INTO anomaly_results (run_id, check_name, family, subject, value, expected_low, expected_high, breached, detail) \
+         SELECT $1, * FROM unnest($2::text[], $3::text[], $4::text[], $5::float8[], $6::float8[], $7::float8[], $8::bool[], $9::text[])";
+    let col = |f: fn(&CheckResult) -> String| results.iter().map(f).collect::<Vec<_>>();
+    let num = |f: fn(&CheckResult) -> Option<f64>| results.iter().map(f).collect::<Vec<_>>();
+    sqlx::query(SQL)
+        .bind(run_id)
+        .bind(col(|r| r.check_name.clone()))
+        .bind(col(|r| r.family.to_owned()))
+        .bind(col(|r| r.subject.clone()))
+        .bind(num(|r| r.value))
+        .bind(num(|r| r.expected_low))
+        .bind(num(|r| r.expected_high))
+        .bind(results.iter().map(|r| r.breached).collect::<Vec<_>>())
+        .bind(col(|r| r.detail.clone()))
+        .execute(pool)
+        .await?;
+    Ok(())
+}

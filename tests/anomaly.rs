@@ -1,0 +1,221 @@
+//! The anomaly checks against a real PostgreSQL: a healthy pipeline breaches nothing; planted
+//! faults breach the checks that watch for them; per-source flow is judged by its own history.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use pipeline_tests::drain::*;
+use pipeline_tests::*;
+use shared::anomaly::{self, AnomalySettings};
+use shared::drain::Drainer;
+use shared::effects::EffectRegistry;
+use sqlx::PgPool;
+
+async fn healthy(pool: &PgPool) -> TestApp {
+    let app = app(pool.clone()).await;
+    for i in 0..5 {
+        let d = entity_event(
+            &format!("ok-{i}"),
+            &format!("thing-{i}"),
+            1,
+            "thing.updated",
+        );
+        app.post(ENTITIES, d.headers, &d.body).await;
+    }
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    drain_all(&drainer, pool, Duration::from_secs(10)).await;
+    shared::reconcile::run_once(pool, &drainer, &Default::default(), "test")
+        .await
+        .unwrap();
+    shared::retention::run_once(pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    app
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_healthy_pipeline_runs_every_check_and_breaches_none(pool: PgPool) {
+    healthy(&pool).await;
+    let sources = scalar(&pool, "SELECT count(*) FROM sources").await as usize;
+
+    let first = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    let second = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+
+    assert!(anomaly::global_check_count() >= 30);
+    assert_eq!(first.checks, anomaly::global_check_count() + 2 * sources);
+    assert_eq!(
+        (first.breaches.clone(), second.breaches.clone()),
+        (vec![], vec![]),
+        "{first:?} {second:?}"
+    );
+    let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM anomaly_results WHERE run_id = $1")
+        .bind(second.run_id)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(stored as usize, second.checks);
+    let measured: Vec<(String, Option<f64>)> = sqlx::query_as(
+        "SELECT check_name, value FROM anomaly_results WHERE run_id = $1 AND check_name IN \
+         ('backlog_events', 'processing_p50_seconds', 'views_refresh_age_seconds', 'last_reconcile_age_seconds') ORDER BY 1",
+    )
+    .bind(second.run_id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(
+        measured.iter().all(|(_, v)| v.is_some()),
+        "these are measurable now: {measured:?}"
+    );
+    let families: i64 = sqlx::query_scalar("SELECT count(DISTINCT family) FROM anomaly_results")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(families, 5);
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
+    let app = healthy(&pool).await;
+    // A semantic duplicate: the same entity version under two event ids.
+    for id in ["dup-a", "dup-b"] {
+        let d = entity_event(id, "cust-x", 3, "customer.updated");
+        app.post(ENTITIES, d.headers, &d.body).await;
+    }
+    // A digest conflict.
+    let d = entity_event("ok-0", "thing-0", 9, "thing.updated");
+    app.post(ENTITIES, d.headers, &d.body).await;
+    // An amount mismatch.
+    create_order(&pool, "ord-1", "REF-1", 500, "eur").await;
+    let d = payment("evt_short", "ord-1", "REF-1", 499, "eur");
+    app.post("stripe", d.headers, &d.body).await;
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        fast_settings(),
+    );
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    // A stuck event, and an outbox row whose event is gone.
+    let d = entity_event("stuck", "thing-s", 1, "thing.updated");
+    app.post(ENTITIES, d.headers, &d.body).await;
+    sqlx::query("UPDATE event_queue SET enqueued_at = now() - interval '2 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) VALUES ($1, 'ghost', 'entity.changed', '{}', 'k-ghost')")
+        .bind(TENANT)
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A transaction left open elsewhere (a long-held snapshot slows every queue).
+    let mut idle = pool.begin().await.unwrap();
+    sqlx::query("SELECT 1").execute(&mut *idle).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(1200)).await;
+    let mut settings = AnomalySettings::default();
+    settings
+        .ranges
+        .insert("longest_open_transaction_seconds", (Some(0.0), Some(1.0)));
+
+    let report = anomaly::run_once(&pool, &settings, "test").await.unwrap();
+    idle.rollback().await.unwrap();
+
+    for expected in [
+        "semantic_duplicates_last_day",
+        "digest_conflicts_last_hour",
+        "amount_mismatches_last_day",
+        "oldest_pending_age_seconds",
+        "pending_outbox_without_event",
+        "longest_open_transaction_seconds",
+    ] {
+        assert!(
+            report.breaches.iter().any(|b| b == expected),
+            "{expected} not breached: {:?}",
+            report.breaches
+        );
+    }
+    let (value, high): (f64, f64) = sqlx::query_as(
+        "SELECT value, expected_high FROM anomaly_results WHERE run_id = $1 AND check_name = 'oldest_pending_age_seconds'",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(value > 7000.0 && high == 900.0, "{value} {high}");
+}
+
+/// Silence and spikes per source, each against the same hour of the week in its own history.
+#[sqlx::test(migrations = "../migrations")]
+async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgPool) {
+    let _app = app(pool.clone()).await;
+    sqlx::query("UPDATE sources SET created_at = now() - interval '22 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Created 22 days ago: three weeks of history count. At this hour of the week: 20 events
+    // for github and for shopify each week.
+    // Last hour: github silent, shopify 200 events.
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, src || '-w' || w || '-' || n, src, 'ping', sha256(convert_to(src || w || n, 'UTF8')), 'current', t, t, t, 'processed', t \
+         FROM unnest(ARRAY['github', 'shopify']) AS src, generate_series(1, 3) AS w, generate_series(1, 20) AS n, \
+              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'shopify-now-' || n, 'shopify', 'ping', sha256(convert_to('now' || n, 'UTF8')), 'current', t, t, t, 'processed', t \
+         FROM generate_series(1, 200) AS n, LATERAL (SELECT date_trunc('hour', now()) - interval '50 minutes' AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let report = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+
+    assert!(
+        report
+            .breaches
+            .contains(&"source_silence:github".to_owned()),
+        "{:?}",
+        report.breaches
+    );
+    assert!(
+        report.breaches.contains(&"source_spike:shopify".to_owned()),
+        "{:?}",
+        report.breaches
+    );
+    for quiet in [
+        "source_silence:stripe",
+        "source_spike:github",
+        "source_silence:shopify",
+    ] {
+        assert!(
+            !report.breaches.contains(&quiet.to_owned()),
+            "{quiet}: {:?}",
+            report.breaches
+        );
+    }
+    let detail: String = sqlx::query_scalar(
+        "SELECT detail FROM anomaly_results WHERE run_id = $1 AND check_name = 'source_silence' AND subject = 'github'",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(detail, "last hour 0 vs 20.0 ± 0.0 over 3 weeks");
+}
