@@ -13,7 +13,7 @@ use shared::drain::Drainer;
 use shared::effects::EffectRegistry;
 use shared::ingest::Ingestor;
 use shared::outbox::{OutboxSender, OutboxSettings};
-use shared::secrets::{AwsSecrets, SecretSet, SecretStore, SigningSecret};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, DEFAULT_TOLERANCE};
 use shared::store::{self, MIGRATOR, PoolSettings};
 
@@ -270,12 +270,7 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
     let drainer = Arc::new(drainer);
     let _pipeline = serve::spawn_pipeline(drainer.clone(), Some(Arc::new(sender)), every);
-    let secrets = match &settings.secrets {
-        SecretsBackend::File(path) => SecretStore::File(path.clone()),
-        SecretsBackend::Aws(aws) => {
-            SecretStore::Aws(AwsSecrets::connect(aws).await.map_err(|e| e.to_string())?)
-        }
-    };
+    let secrets = settings.secrets.open().await.map_err(|e| e.to_string())?;
     let backfiller = shared::backfill::Backfiller::new(
         ingestor.pool().clone(),
         Arc::new(secrets),
@@ -358,15 +353,10 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
             .ok_or_else(|| format!("no source {id}"))?;
         let store = match args.secrets_file {
             Some(path) => SecretStore::File(path),
-            None => match Vars::process()
-                .secrets_backend()
-                .map_err(|e| e.to_string())?
-            {
-                SecretsBackend::File(path) => SecretStore::File(path),
-                SecretsBackend::Aws(aws) => {
-                    SecretStore::Aws(AwsSecrets::connect(&aws).await.map_err(|e| e.to_string())?)
-                }
-            },
+            None => Vars::process()
+                .secret_store()
+                .await
+                .map_err(|e| e.to_string())?,
         };
         let secrets = store
             .secrets(&source.secret_ref)

@@ -50,6 +50,23 @@ pub enum SecretsBackend {
     File(PathBuf),
 }
 
+impl SecretsBackend {
+    /// The store these settings describe.
+    pub async fn open(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
+        Ok(match self {
+            SecretsBackend::File(path) => crate::secrets::SecretStore::File(path.clone()),
+            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
+                crate::secrets::AwsSecrets::connect(aws)
+                    .await
+                    .map_err(|e| ConfigError::Invalid {
+                        var: "SECRETS_MANAGER_ENDPOINT",
+                        reason: e.to_string(),
+                    })?,
+            ),
+        })
+    }
+}
+
 /// Everything the ingest function needs.
 pub struct IngestSettings {
     pub database: DatabaseSettings,
@@ -249,19 +266,9 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok(s)
     }
 
-    /// The secret store the ingest settings describe (Secrets Manager, or a file locally).
+    /// The secret store the settings describe (Secrets Manager, or a file locally).
     pub async fn secret_store(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
-        Ok(match self.secrets_backend()? {
-            SecretsBackend::File(path) => crate::secrets::SecretStore::File(path),
-            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
-                crate::secrets::AwsSecrets::connect(&aws)
-                    .await
-                    .map_err(|e| ConfigError::Invalid {
-                        var: "SECRETS_MANAGER_ENDPOINT",
-                        reason: e.to_string(),
-                    })?,
-            ),
-        })
+        self.secrets_backend()?.open().await
     }
 
     pub fn outbox(&self) -> Result<crate::outbox::OutboxSettings, ConfigError> {

@@ -16,7 +16,7 @@ use sqlx::PgPool;
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
 use crate::domain::{ExternalId, SourceId};
 use crate::extract::{self, ExtractError};
-use crate::secrets::{AwsSecrets, SecretError, SecretStore};
+use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
@@ -125,17 +125,7 @@ impl Ingestor {
         };
         let options = settings.database.connect_options(&aws).await?;
         let pool = store::lazy_pool(options, &settings.database.pool);
-        let secrets = match &settings.secrets {
-            SecretsBackend::Aws(aws) => {
-                SecretStore::Aws(AwsSecrets::connect(aws).await.map_err(|e| {
-                    ConfigError::Invalid {
-                        var: "SECRETS_MANAGER_ENDPOINT",
-                        reason: e.to_string(),
-                    }
-                })?)
-            }
-            SecretsBackend::File(path) => SecretStore::File(path.clone()),
-        };
+        let secrets = settings.secrets.open().await?;
         let sources = SourceRegistry::new(pool.clone(), settings.source_cache_ttl);
         Ok(Self::new(
             pool,
