@@ -237,6 +237,7 @@ async fn main() {
         ("reconcile", Box::new(scheduled)),
         ("backfill", Box::new(scheduled)),
         ("retention", Box::new(scheduled)),
+        ("anomaly", Box::new(scheduled)),
         (
             "operator",
             Box::new(|| serde_json::json!({"action": "list_dead_letters"})),
