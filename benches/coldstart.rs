@@ -15,7 +15,7 @@ use axum::extract::{Path, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
-use shared::domain::{Scheme, SourceId, TenantId};
+use shared::domain::Scheme;
 use shared::secrets::SigningSecret;
 
 #[derive(Default)]
@@ -150,11 +150,6 @@ async fn cold_start(
 /// Makes the first event of each cold start.
 type EventMaker = Box<dyn FnMut() -> serde_json::Value>;
 
-fn median(mut v: Vec<Duration>) -> Duration {
-    v.sort();
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
     let target = PathBuf::from(
@@ -164,16 +159,7 @@ async fn main() {
     .join("release");
     let db = benchmarks::BenchDatabase::create("bench_coldstart").await;
     let pool = db.pool.clone();
-    let source = shared::sources::Source {
-        source_id: SourceId::parse("bench").unwrap(),
-        tenant_id: TenantId::parse("bench").unwrap(),
-        scheme: Scheme::Github,
-        secret_ref: "bench".into(),
-        tolerance: Duration::from_secs(300),
-        fields: shared::extract::FieldMap::defaults_for(Scheme::Github),
-        enabled: true,
-        gaps: None,
-    };
+    let source = benchmarks::source(Scheme::Github, Duration::from_secs(300));
     shared::sources::apply(&pool, &[source]).await.unwrap();
     let secrets =
         std::env::temp_dir().join(format!("coldstart-secrets-{}.toml", std::process::id()));
@@ -256,8 +242,8 @@ async fn main() {
         for _ in 0..5 {
             match cold_start(&binary, event(), &env).await {
                 Ok((init, invoke)) => {
-                    inits.push(init);
-                    invokes.push(invoke);
+                    inits.push(init.as_secs_f64() * 1e3);
+                    invokes.push(invoke.as_secs_f64() * 1e3);
                 }
                 Err(e) => outcome = format!("FAILED: {e}"),
             }
@@ -268,8 +254,8 @@ async fn main() {
         }
         println!(
             "{name:<14} {size:>10.1} {:>10.1} {:>16.1}   {outcome}",
-            median(inits).as_secs_f64() * 1e3,
-            median(invokes).as_secs_f64() * 1e3
+            benchmarks::median(&mut inits),
+            benchmarks::median(&mut invokes)
         );
     }
     let stored: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_events")

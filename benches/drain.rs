@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use http::HeaderMap;
-use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
+use shared::domain::{FieldLocator, Scheme};
 use shared::drain::Drainer;
 use shared::effects::EffectRegistry;
 use shared::extract::FieldMap;
@@ -30,14 +30,8 @@ fn source() -> Source {
     fields.entity_id = Some(FieldLocator::json("/data/id"));
     fields.entity_version = Some(FieldLocator::json("/data/version"));
     Source {
-        source_id: SourceId::parse("bench").unwrap(),
-        tenant_id: TenantId::parse("bench").unwrap(),
-        scheme: Scheme::StandardWebhooks,
-        secret_ref: "bench".into(),
-        tolerance: Duration::from_secs(3600),
         fields,
-        enabled: true,
-        gaps: None,
+        ..benchmarks::source(Scheme::StandardWebhooks, Duration::from_secs(3600))
     }
 }
 
@@ -73,10 +67,7 @@ async fn prefill(pool: &PgPool, n: u64, tag: &str) {
 async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: String) -> u64 {
     let mut sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / 20));
-    let at = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let at = shared::ingest::unix_now();
     while !stop.load(Ordering::Relaxed) {
         tick.tick().await;
         for _ in 0..INGEST_PER_SECOND / 20 {

@@ -9,7 +9,7 @@
 
 use std::time::{Duration, Instant};
 
-use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
+use shared::domain::{FieldLocator, Scheme};
 use shared::extract::FieldMap;
 use shared::sources::{self, Source};
 use shared::store::gaps;
@@ -23,14 +23,8 @@ fn source() -> Source {
     let mut fields = FieldMap::defaults_for(Scheme::Stripe);
     fields.sequence = Some(FieldLocator::json("/sequence"));
     Source {
-        source_id: SourceId::parse("bench").unwrap(),
-        tenant_id: TenantId::parse("bench").unwrap(),
-        scheme: Scheme::Stripe,
-        secret_ref: "bench".into(),
-        tolerance: Duration::from_secs(300),
         fields,
-        enabled: true,
-        gaps: None,
+        ..benchmarks::source(Scheme::Stripe, Duration::from_secs(300))
     }
 }
 

@@ -15,11 +15,10 @@ use std::time::{Duration, Instant};
 
 use http::HeaderMap;
 use lambda_http::{Body, RequestExt};
-use shared::domain::{Scheme, SourceId, TenantId};
-use shared::extract::FieldMap;
+use shared::domain::Scheme;
 use shared::ingest::{IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
-use shared::sources::{self, Source, SourceRegistry};
+use shared::sources::{self, SourceRegistry};
 use shared::store::webhook_events;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -84,7 +83,7 @@ async fn run_handler(
             max_body_bytes: 1 << 20,
         },
     ));
-    let at = shared_now();
+    let at = shared::ingest::unix_now();
     let prebuilt: Vec<_> = (0..PREBUILT_PER_SECOND * seconds)
         .map(|n| std::sync::Mutex::new(Some(request(event_body(&format!("evt_l{level}_{n}")), at))))
         .collect();
@@ -172,19 +171,12 @@ async fn run_store_only(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-fn shared_now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
-}
-
 /// The ingest statement with its parameters replaced by pgbench expressions.
 fn pgbench_script(level: usize) -> String {
     let body = event_body("evt_pgbench");
     let digest = {
         use sha2::Digest;
-        hex(&sha2::Sha256::digest(&body))
+        hex::encode(sha2::Sha256::digest(&body))
     };
     let headers = serde_json::json!({"content-type": "application/json", "stripe-signature": format!("t=1700000000,v1={}", "0".repeat(64))});
     let params = [
@@ -195,7 +187,7 @@ fn pgbench_script(level: usize) -> String {
         "'pi_bench'".to_owned(),
         "NULL::bigint".to_owned(),
         "NULL::bigint".to_owned(),
-        format!("'\\x{}'::bytea", hex(&body)),
+        format!("'\\x{}'::bytea", hex::encode(&body)),
         format!("'\\x{digest}'::bytea"),
         format!("'{headers}'::jsonb"),
         "'current'".to_owned(),
@@ -219,10 +211,6 @@ fn pgbench_script(level: usize) -> String {
     format!("\\set n random(1, 1000000000000)\n{flat};\n")
 }
 
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 fn run_pgbench(options: &PgConnectOptions, concurrency: usize, seconds: u64, level: usize) -> f64 {
     benchmarks::pgbench_tps(options, concurrency, seconds, &pgbench_script(level))
 }
@@ -235,16 +223,7 @@ async fn main() {
         .unwrap_or(10);
     let db = benchmarks::BenchDatabase::create("bench_ingest").await;
     let (setup, options) = (db.pool.clone(), db.options.clone());
-    let source = Source {
-        source_id: SourceId::parse("bench").unwrap(),
-        tenant_id: TenantId::parse("bench").unwrap(),
-        scheme: Scheme::Stripe,
-        secret_ref: "bench".into(),
-        tolerance: Duration::from_secs(3600),
-        fields: FieldMap::defaults_for(Scheme::Stripe),
-        enabled: true,
-        gaps: None,
-    };
+    let source = benchmarks::source(Scheme::Stripe, Duration::from_secs(3600));
     sources::apply(&setup, &[source]).await.unwrap();
 
     println!(

@@ -3,15 +3,12 @@
 //! shrinking, each case delivered through ingest and drained after every delivery against a
 //! real PostgreSQL (one database for the run, created and dropped here).
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline_tests::drain::*;
 use pipeline_tests::*;
 use proptest::prelude::*;
 use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use shared::drain::Drainer;
-use shared::effects::EffectRegistry;
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Executor};
 
@@ -44,7 +41,7 @@ fn any_order_with_duplicates_converges_to_the_highest_version() {
             .unwrap();
         shared::store::MIGRATOR.run(&pool).await.unwrap();
         let app = app(pool.clone()).await;
-        let drainer = Drainer::new(pool, Arc::new(EffectRegistry::standard()), fast_settings());
+        let drainer = standard_drainer(&pool);
         (app, drainer)
     });
 

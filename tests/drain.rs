@@ -53,11 +53,7 @@ async fn an_accepted_event_is_queued_processed_and_announced_once(pool: PgPool) 
         "accepted means queued, in the same statement"
     );
 
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     let outcome = drain_all(&drainer, &pool, Duration::from_secs(10)).await;
 
     assert_eq!(
@@ -92,11 +88,7 @@ async fn an_accepted_event_is_queued_processed_and_announced_once(pool: PgPool) 
 #[sqlx::test(migrations = "../migrations")]
 async fn deletes_are_not_resurrected_by_late_updates(pool: PgPool) {
     let app = app(pool.clone()).await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     for (id, version, kind) in [
         ("c1", 1, "customer.created"),
         ("c3", 3, "customer.deleted"),
@@ -140,16 +132,7 @@ async fn four_concurrent_drainers_process_ten_thousand_events_exactly_once(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let admin = pool_options
-        .max_connections(2)
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    shared::sources::apply(&admin, &[entity_source()])
-        .await
-        .unwrap();
-    create_application_log(&admin).await;
-    bulk_events(&admin, 10_000).await;
+    let admin = admin_with_bulk_events(pool_options, &connect, 10_000).await;
     let registry = registry_with(Arc::new(Instrumented::new(Arc::new(EntityProjection))));
 
     let tasks: Vec<_> = (0..4)
@@ -223,16 +206,7 @@ async fn a_drainer_killed_mid_batch_loses_and_doubles_nothing(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
-    let admin = pool_options
-        .max_connections(2)
-        .connect_with(connect.clone())
-        .await
-        .unwrap();
-    shared::sources::apply(&admin, &[entity_source()])
-        .await
-        .unwrap();
-    create_application_log(&admin).await;
-    bulk_events(&admin, 300).await;
+    let admin = admin_with_bulk_events(pool_options, &connect, 300).await;
 
     // The victim's handler stops after its 10th application until the test releases it.
     let (entered_tx, entered_rx) = tokio::sync::oneshot::channel();
@@ -480,11 +454,7 @@ async fn replay_after_a_fix_processes_once_and_a_second_replay_is_a_no_op(pool: 
 #[sqlx::test(migrations = "../migrations")]
 async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
     let app = app(pool.clone()).await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     create_order(&pool, "ord-1", "REF-1", 5000, "eur").await;
     create_order(&pool, "ord-2", "REF-2", 1200, "eur").await;
 
@@ -555,11 +525,7 @@ async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
 #[sqlx::test(migrations = "../migrations")]
 async fn a_redelivery_after_commit_is_a_duplicate_with_no_second_effect(pool: PgPool) {
     let app = app(pool.clone()).await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     create_order(&pool, "ord-7", "REF-7", 990, "usd").await;
     let first = payment("evt_lost_ack", "ord-7", "REF-7", 990, "usd");
     let again = Delivery {
@@ -602,11 +568,7 @@ async fn a_conflicting_delivery_during_processing_never_rewrites_the_processed_p
         },
     )
     .await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;
     let changed = entity_event("race-1", "thing-r", 2, "thing.updated");
     assert_eq!(deliver(&app, changed).await.outcome(), "conflict");

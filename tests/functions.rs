@@ -7,7 +7,6 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use aws_lambda_events::eventbridge::EventBridgeEvent;
 use lambda_runtime::{Context, LambdaEvent};
 use pipeline_tests::drain::*;
-use shared::drain::Drainer;
 use shared::effects::EffectRegistry;
 use sqlx::PgPool;
 
@@ -33,11 +32,7 @@ async fn the_drain_function_drains_and_reports_counts(pool: PgPool) {
         let d = entity_event(&format!("f-{i}"), &format!("x-{i}"), 1, "thing.updated");
         app.post(ENTITIES, d.headers, &d.body).await;
     }
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
 
     let summary = ::drain::handler(
         scheduled(Duration::from_secs(60)),
@@ -59,11 +54,7 @@ async fn the_drain_function_stops_at_its_deadline(pool: PgPool) {
     let app = app(pool.clone()).await;
     let d = entity_event("late-1", "x", 1, "thing.updated");
     app.post(ENTITIES, d.headers, &d.body).await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     // Two seconds left, a three-second margin: no batch may start.
     let summary = ::drain::handler(
         scheduled(Duration::from_secs(2)),
@@ -170,11 +161,7 @@ fn the_reconcile_function_tells_its_triggers_apart() {
 
 #[sqlx::test(migrations = "../migrations")]
 async fn the_reconcile_function_runs_a_pass_and_records_its_trigger(pool: PgPool) {
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     let payload = serde_json::json!({
         "version": "0", "id": "1", "detail-type": "Scheduled Event", "source": "aws.events", "account": "123456789012",
         "time": "2026-11-30T12:00:00Z", "region": "us-east-1", "resources": [], "detail": {}

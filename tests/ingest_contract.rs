@@ -502,15 +502,6 @@ async fn an_unreachable_database_is_503_never_2xx(pool: PgPool) {
         HeaderMap::new(),
         b"{}".to_vec(),
     );
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(60)));
-    let dead_store = Ingestor::new(
-        unreachable_pool(),
-        registry,
-        Arc::new(secrets_for_every_scheme()),
-        IngestLimits {
-            max_body_bytes: MAX_BODY,
-        },
-    );
     assert_eq!(
         post_to(&dead_store, "stripe", unreadable.headers, &unreadable.body)
             .await

@@ -116,12 +116,7 @@ async fn the_local_pipeline_takes_a_payment_from_post_to_delivered_fulfilment(po
     let app = pipeline_tests::drain::app(pool.clone()).await;
     pipeline_tests::drain::create_order(&pool, "ord-1", "REF-1", 2500, "eur").await;
     let base = spawn_runner(&app, MAX_BODY).await;
-    let registry = Arc::new(shared::effects::EffectRegistry::standard());
-    let drainer = shared::drain::Drainer::new(
-        pool.clone(),
-        registry,
-        pipeline_tests::drain::fast_settings(),
-    );
+    let drainer = pipeline_tests::drain::standard_drainer(&pool);
     let sender = shared::outbox::OutboxSender::new(
         pool.clone(),
         shared::outbox::OutboxSettings::new(format!("{base}/outbox-sink")),

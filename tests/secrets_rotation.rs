@@ -2,16 +2,14 @@
 //! current and previous versions accepted, a rotation picked up after the cache TTL without a
 //! restart, a retired secret refused.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use pipeline_tests::*;
 use serde_json::json;
 use shared::domain::Scheme;
-use shared::ingest::{IngestLimits, Ingestor};
+use shared::ingest::Ingestor;
 use shared::secrets::{AwsSecrets, AwsSecretsSettings, SecretStore};
-use shared::sources::SourceRegistry;
 use sqlx::PgPool;
 
 fn moto_endpoint() -> String {
@@ -58,22 +56,21 @@ async fn a_rotated_secret_is_picked_up_without_a_restart(pool: PgPool) {
     })
     .await
     .unwrap();
-    shared::sources::apply(&pool, &[source("stripe", TENANT, Scheme::Stripe, &name)])
-        .await
-        .unwrap();
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(60)));
-    let app = Ingestor::new(
+    let app = TestApp::with_limits(
         pool.clone(),
-        registry,
-        Arc::new(SecretStore::Aws(secrets)),
-        IngestLimits {
-            max_body_bytes: MAX_BODY,
-        },
-    );
+        &[source("stripe", TENANT, Scheme::Stripe, &name)],
+        SecretStore::Aws(secrets),
+        Duration::from_secs(60),
+        MAX_BODY,
+    )
+    .await;
 
-    assert_eq!(post(&app, "whsec_first", "evt_1").await, StatusCode::OK);
     assert_eq!(
-        post(&app, "whsec_second", "evt_2").await,
+        post(&app.ingestor, "whsec_first", "evt_1").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&app.ingestor, "whsec_second", "evt_2").await,
         StatusCode::UNAUTHORIZED
     );
 
@@ -88,12 +85,12 @@ async fn a_rotated_secret_is_picked_up_without_a_restart(pool: PgPool) {
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
 
     assert_eq!(
-        post(&app, "whsec_second", "evt_3").await,
+        post(&app.ingestor, "whsec_second", "evt_3").await,
         StatusCode::OK,
         "new secret after the TTL"
     );
     assert_eq!(
-        post(&app, "whsec_first", "evt_4").await,
+        post(&app.ingestor, "whsec_first", "evt_4").await,
         StatusCode::OK,
         "old secret still accepted as previous"
     );
@@ -116,11 +113,17 @@ async fn a_rotated_secret_is_picked_up_without_a_restart(pool: PgPool) {
         .unwrap();
     tokio::time::sleep(ttl + Duration::from_millis(300)).await;
     assert_eq!(
-        post(&app, "whsec_first", "evt_5").await,
+        post(&app.ingestor, "whsec_first", "evt_5").await,
         StatusCode::UNAUTHORIZED
     );
-    assert_eq!(post(&app, "whsec_second", "evt_6").await, StatusCode::OK);
-    assert_eq!(post(&app, "whsec_third", "evt_7").await, StatusCode::OK);
+    assert_eq!(
+        post(&app.ingestor, "whsec_second", "evt_6").await,
+        StatusCode::OK
+    );
+    assert_eq!(
+        post(&app.ingestor, "whsec_third", "evt_7").await,
+        StatusCode::OK
+    );
 
     let stored: Vec<String> = events(&pool)
         .await
@@ -140,28 +143,21 @@ async fn a_missing_secret_is_a_500_and_stores_nothing(pool: PgPool) {
     })
     .await
     .unwrap();
-    shared::sources::apply(
-        &pool,
+    let app = TestApp::with_limits(
+        pool.clone(),
         &[source(
             "stripe",
             TENANT,
             Scheme::Stripe,
             "webhooks/does-not-exist",
         )],
+        SecretStore::Aws(secrets),
+        Duration::from_secs(60),
+        MAX_BODY,
     )
-    .await
-    .unwrap();
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(60)));
-    let app = Ingestor::new(
-        pool.clone(),
-        registry,
-        Arc::new(SecretStore::Aws(secrets)),
-        IngestLimits {
-            max_body_bytes: MAX_BODY,
-        },
-    );
+    .await;
     assert_eq!(
-        post(&app, "whsec_any", "evt_1").await,
+        post(&app.ingestor, "whsec_any", "evt_1").await,
         StatusCode::INTERNAL_SERVER_ERROR
     );
     assert!(events(&pool).await.is_empty());
@@ -176,23 +172,16 @@ async fn an_unreachable_secrets_manager_is_a_503(pool: PgPool) {
     })
     .await
     .unwrap();
-    shared::sources::apply(
-        &pool,
-        &[source("stripe", TENANT, Scheme::Stripe, "webhooks/x")],
-    )
-    .await
-    .unwrap();
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(60)));
-    let app = Ingestor::new(
+    let app = TestApp::with_limits(
         pool.clone(),
-        registry,
-        Arc::new(SecretStore::Aws(secrets)),
-        IngestLimits {
-            max_body_bytes: MAX_BODY,
-        },
-    );
+        &[source("stripe", TENANT, Scheme::Stripe, "webhooks/x")],
+        SecretStore::Aws(secrets),
+        Duration::from_secs(60),
+        MAX_BODY,
+    )
+    .await;
     assert_eq!(
-        post(&app, "whsec_any", "evt_1").await,
+        post(&app.ingestor, "whsec_any", "evt_1").await,
         StatusCode::SERVICE_UNAVAILABLE
     );
     assert!(events(&pool).await.is_empty());

@@ -2,6 +2,24 @@
 
 use std::time::{Duration, Instant};
 
+use shared::domain::{Scheme, SourceId, TenantId};
+use shared::extract::FieldMap;
+use shared::sources::Source;
+
+/// The enabled source `bench` (tenant and secret `bench`) with the scheme's default field map.
+pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
+    Source {
+        source_id: SourceId::parse("bench").unwrap(),
+        tenant_id: TenantId::parse("bench").unwrap(),
+        scheme,
+        secret_ref: "bench".into(),
+        tolerance,
+        fields: FieldMap::defaults_for(scheme),
+        enabled: true,
+        gaps: None,
+    }
+}
+
 /// Median nanoseconds per call of `f`, over `batches` batches sized to last about `batch_time`.
 /// Two closures are measured in alternating batches so machine noise hits both alike.
 pub fn paired_ns_per_op(

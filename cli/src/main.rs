@@ -3,7 +3,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use hookctl::{captured, serve, verify};
@@ -11,11 +11,11 @@ use shared::config::{SecretsBackend, Vars};
 use shared::domain::{Scheme, SourceId};
 use shared::drain::Drainer;
 use shared::effects::EffectRegistry;
-use shared::ingest::Ingestor;
+use shared::ingest::{Ingestor, unix_now};
 use shared::outbox::{OutboxSender, OutboxSettings};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, DEFAULT_TOLERANCE};
-use shared::store::{self, MIGRATOR, PoolSettings};
+use shared::store::{self, MIGRATOR};
 
 /// Webhook receiver: local runner and operator commands.
 ///
@@ -150,10 +150,10 @@ async fn main() -> ExitCode {
         Command::Sign(args) => run_sign(args),
         Command::Operator { request } => run_operator(&request).await,
         Command::Drain => run_drain().await,
-        Command::Reconcile => run_maintenance("reconcile").await,
-        Command::Backfill => run_maintenance("backfill").await,
-        Command::Retention => run_maintenance("retention").await,
-        Command::Anomaly => run_maintenance("anomaly").await,
+        Command::Reconcile => run_maintenance(Job::Reconcile).await,
+        Command::Backfill => run_maintenance(Job::Backfill).await,
+        Command::Retention => run_maintenance(Job::Retention).await,
+        Command::Anomaly => run_maintenance(Job::Anomaly).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -166,28 +166,17 @@ async fn main() -> ExitCode {
 
 type CmdResult = Result<(), String>;
 
-fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
+/// The pool from DATABASE_URL and the DB_* settings, with at least 4 connections.
 async fn pool() -> Result<sqlx::PgPool, String> {
     let vars = Vars::process();
-    let database = vars.database().map_err(|e| e.to_string())?;
+    let mut database = vars.database().map_err(|e| e.to_string())?;
+    database.pool.max_connections = database.pool.max_connections.max(4);
     let aws = vars.aws_secrets().map_err(|e| e.to_string())?;
     let options = database
         .connect_options(&aws)
         .await
         .map_err(|e| e.to_string())?;
-    Ok(store::lazy_pool(
-        options,
-        &PoolSettings {
-            max_connections: 4,
-            ..PoolSettings::default()
-        },
-    ))
+    Ok(store::lazy_pool(options, &database.pool))
 }
 
 async fn migrate() -> CmdResult {
@@ -281,6 +270,9 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         ingestor.pool().clone(),
         drainer,
         Arc::new(backfiller),
+        vars.reconcile().map_err(|e| e.to_string())?,
+        vars.retention().map_err(|e| e.to_string())?,
+        vars.anomaly().map_err(|e| e.to_string())?,
         maintenance_every,
     );
     eprintln!(
@@ -401,7 +393,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         headers: &headers,
         body: &body,
         tolerance: args.tolerance.map(Duration::from_secs).unwrap_or(tolerance),
-        now: args.at.unwrap_or_else(now),
+        now: args.at.unwrap_or_else(unix_now),
         fields: fields.as_ref(),
     });
     if let Some(line) = source_line {
@@ -440,12 +432,19 @@ async fn run_drain() -> CmdResult {
     Ok(())
 }
 
-async fn run_maintenance(job: &str) -> CmdResult {
+enum Job {
+    Reconcile,
+    Backfill,
+    Retention,
+    Anomaly,
+}
+
+async fn run_maintenance(job: Job) -> CmdResult {
     let vars = Vars::process();
     let pool = pool().await?;
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let report = match job {
-        "reconcile" => {
+        Job::Reconcile => {
             let drainer = Drainer::new(
                 pool.clone(),
                 Arc::new(EffectRegistry::standard()),
@@ -458,7 +457,7 @@ async fn run_maintenance(job: &str) -> CmdResult {
                     .map_err(|e| err(&e))?,
             )
         }
-        "backfill" => {
+        Job::Backfill => {
             let secrets = vars.secret_store().await.map_err(|e| err(&e))?;
             let backfiller = shared::backfill::Backfiller::new(
                 pool,
@@ -467,7 +466,7 @@ async fn run_maintenance(job: &str) -> CmdResult {
             );
             serde_json::to_value(backfiller.run_once("operator").await.map_err(|e| err(&e))?)
         }
-        "anomaly" => {
+        Job::Anomaly => {
             let settings = vars.anomaly().map_err(|e| err(&e))?;
             serde_json::to_value(
                 shared::anomaly::run_once(&pool, &settings, "operator")
@@ -475,7 +474,7 @@ async fn run_maintenance(job: &str) -> CmdResult {
                     .map_err(|e| err(&e))?,
             )
         }
-        _ => {
+        Job::Retention => {
             let settings = vars.retention().map_err(|e| err(&e))?;
             serde_json::to_value(
                 shared::retention::run_once(&pool, &settings, "operator")
@@ -490,7 +489,7 @@ async fn run_maintenance(job: &str) -> CmdResult {
 
 fn run_sign(args: SignArgs) -> CmdResult {
     let body = read_body(&args.body)?;
-    let at = args.at.unwrap_or_else(now);
+    let at = args.at.unwrap_or_else(unix_now);
     let id = args.id.unwrap_or_else(|| format!("msg_{at}"));
     let headers = shared::signature::sign(
         args.scheme,

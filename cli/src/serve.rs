@@ -69,14 +69,14 @@ pub fn spawn_maintenance(
     pool: shared::store::PgPool,
     drainer: Arc<Drainer>,
     backfiller: Arc<shared::backfill::Backfiller>,
+    reconcile: shared::reconcile::ReconcileSettings,
+    retention: shared::retention::RetentionSettings,
+    anomaly: shared::anomaly::AnomalySettings,
     every: std::time::Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        let reconcile = shared::reconcile::ReconcileSettings::default();
-        let retention = shared::retention::RetentionSettings::default();
-        let anomaly = shared::anomaly::AnomalySettings::default();
         loop {
             tick.tick().await;
             if let Err(error) = backfiller.run_once("local-schedule").await {

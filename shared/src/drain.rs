@@ -96,7 +96,8 @@ pub struct DrainOutcome {
 }
 
 impl DrainOutcome {
-    fn add(&mut self, other: &DrainOutcome) {
+    /// Adds another pass's counts to these.
+    pub fn add(&mut self, other: &DrainOutcome) {
         self.batches += other.batches;
         self.claimed += other.claimed;
         self.processed += other.processed;

@@ -71,9 +71,7 @@ impl IngestError {
             IngestError::Store(_) => "database_error",
         }
     }
-}
 
-impl IngestError {
     /// The `Reason` dimension of the refused-deliveries metric: few values, stable.
     pub fn metric_reason(&self) -> &'static str {
         match self {
@@ -263,7 +261,8 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(kept)
 }
 
-fn unix_now() -> i64 {
+/// Seconds since the Unix epoch, as signature schemes count time.
+pub fn unix_now() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO)

@@ -52,10 +52,7 @@ struct Args {
 #[tokio::main]
 async fn main() {
     let args = Args::parse();
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64;
+    let now = shared::ingest::unix_now();
     let provider = Provider::new(ProviderConfig {
         events: args.events,
         never_existed: args.never_existed.clone(),

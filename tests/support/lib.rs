@@ -4,7 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use http::{HeaderMap, HeaderName, HeaderValue, StatusCode};
 use lambda_http::{Body, RequestExt};
@@ -19,10 +19,7 @@ pub const TENANT: &str = "acme";
 pub const MAX_BODY: usize = 64 * 1024;
 
 pub fn now() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_secs() as i64
+    shared::ingest::unix_now()
 }
 
 /// A source with the scheme's default field map, verified with secret `secret_ref`.
@@ -312,6 +309,7 @@ pub mod drain {
     use shared::secrets::SecretSet;
     use shared::store::event_queue::ClaimedEvent;
     use sqlx::PgPool;
+    use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
     use super::*;
 
@@ -378,6 +376,11 @@ pub mod drain {
         Drainer::new(pool.clone(), registry, fast_settings())
     }
 
+    /// A drainer over the standard effect registry, with [`fast_settings`].
+    pub fn standard_drainer(pool: &PgPool) -> Drainer {
+        drainer(pool, Arc::new(EffectRegistry::standard()))
+    }
+
     pub async fn queue_len(pool: &PgPool) -> i64 {
         sqlx::query_scalar("SELECT count(*) FROM event_queue")
             .fetch_one(pool)
@@ -395,11 +398,7 @@ pub mod drain {
                 .drain_until(Instant::now() + Duration::from_secs(5))
                 .await
                 .expect("drain pass");
-            total.batches += pass.batches;
-            total.claimed += pass.claimed;
-            total.processed += pass.processed;
-            total.retried += pass.retried;
-            total.dead_lettered += pass.dead_lettered;
+            total.add(&pass);
             if pass.claimed == 0 {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -495,6 +494,26 @@ pub mod drain {
             Arc::new(shared::effects::payments::Payments::stripe()),
         );
         Arc::new(registry)
+    }
+
+    /// An admin pool (two connections) over a database holding the entity source, the
+    /// application log and `n` pending [`bulk_events`].
+    pub async fn admin_with_bulk_events(
+        pool_options: PgPoolOptions,
+        connect: &PgConnectOptions,
+        n: i64,
+    ) -> PgPool {
+        let admin = pool_options
+            .max_connections(2)
+            .connect_with(connect.clone())
+            .await
+            .unwrap();
+        shared::sources::apply(&admin, &[entity_source()])
+            .await
+            .unwrap();
+        create_application_log(&admin).await;
+        bulk_events(&admin, n).await;
+        admin
     }
 
     /// Inserts `n` pending entity events straight into the queue (a fixture for volume tests;
