@@ -1,14 +1,11 @@
 //! The anomaly checks against a real PostgreSQL: a healthy pipeline breaches nothing; planted
 //! faults breach the checks that watch for them; per-source flow is judged by its own history.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use pipeline_tests::drain::*;
 use pipeline_tests::*;
 use shared::anomaly::{self, AnomalySettings};
-use shared::drain::Drainer;
-use shared::effects::EffectRegistry;
 use sqlx::PgPool;
 
 async fn healthy(pool: &PgPool) -> TestApp {
@@ -22,11 +19,7 @@ async fn healthy(pool: &PgPool) -> TestApp {
         );
         app.post(ENTITIES, d.headers, &d.body).await;
     }
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(pool);
     drain_all(&drainer, pool, Duration::from_secs(10)).await;
     shared::reconcile::run_once(pool, &drainer, &Default::default(), "test")
         .await
@@ -96,11 +89,7 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
     create_order(&pool, "ord-1", "REF-1", 500, "eur").await;
     let d = payment("evt_short", "ord-1", "REF-1", 499, "eur");
     app.post("stripe", d.headers, &d.body).await;
-    let drainer = Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(&pool);
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;
     // A stuck event, and an outbox row whose event is gone.
     let d = entity_event("stuck", "thing-s", 1, "thing.updated");
@@ -218,4 +207,32 @@ async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgP
     .await
     .unwrap();
     assert_eq!(detail, "last hour 0 vs 20.0 ± 0.0 over 3 weeks");
+}
+
+/// A run whose results cannot be stored ends `failed` on its run row, never stuck `running`.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_run_that_cannot_store_its_results_is_recorded_as_failed(pool: PgPool) {
+    healthy(&pool).await;
+    sqlx::query("ALTER TABLE anomaly_results ADD CONSTRAINT refuse_rows CHECK (false) NOT VALID")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let run = anomaly::run_once(&pool, &AnomalySettings::default(), "test").await;
+
+    assert!(run.is_err(), "{run:?}");
+    let rows: Vec<(String, Option<String>)> =
+        sqlx::query_as("SELECT status, error FROM maintenance_runs WHERE job = 'anomaly'")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].0, "failed", "{rows:?}");
+    assert!(
+        rows[0]
+            .1
+            .as_deref()
+            .is_some_and(|e| e.contains("refuse_rows")),
+        "{rows:?}"
+    );
 }

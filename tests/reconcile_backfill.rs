@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pipeline_tests::drain::{create_order, drain_all, fast_settings, payment, scalar};
+use pipeline_tests::drain::{create_order, drain_all, payment, scalar, standard_drainer};
 use pipeline_tests::gaps::*;
 use pipeline_tests::*;
 use shared::backfill::BackfillRun;
@@ -16,14 +16,6 @@ use shared::reconcile::{self, ReconcileOutcome, ReconcileSettings};
 use shared::sources::GapStrategy;
 use simulator::DeliveryPlan;
 use sqlx::PgPool;
-
-fn drainer(pool: &PgPool) -> Drainer {
-    Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    )
-}
 
 fn plan(drop_rate: f64, seed: u64) -> DeliveryPlan {
     DeliveryPlan {
@@ -39,6 +31,19 @@ async fn completed(run: BackfillRun) -> shared::backfill::BackfillOutcome {
     match run {
         BackfillRun::Completed { outcome, .. } => outcome,
         other => panic!("expected a completed pass, got {other:?}"),
+    }
+}
+
+/// Runs one scheduled reconcile pass with default settings; it must complete.
+async fn reconciled(pool: &PgPool, drainer: &Drainer) -> (reconcile::Found, reconcile::Repaired) {
+    match reconcile::run_once(pool, drainer, &ReconcileSettings::default(), "schedule")
+        .await
+        .unwrap()
+    {
+        ReconcileOutcome::Completed {
+            found, repaired, ..
+        } => (found, repaired),
+        other => panic!("expected a completed reconcile pass, got {other:?}"),
     }
 }
 
@@ -88,7 +93,7 @@ async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(po
 
         deliver_all(&app, source_id, deliveries).await;
         let outcome = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
-        drain_all(&drainer(&pool), &pool, Duration::from_secs(60)).await;
+        drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(60)).await;
 
         assert_eq!(
             outcome.new_candidates as usize,
@@ -295,7 +300,7 @@ async fn two_concurrent_reconcile_triggers_run_one_pass(pool: PgPool) {
         max_chunks: 1000,
         ..ReconcileSettings::default()
     };
-    let (d1, d2) = (drainer(&pool), drainer(&pool));
+    let (d1, d2) = (standard_drainer(&pool), standard_drainer(&pool));
 
     let (a, b) = tokio::join!(
         reconcile::run_once(&pool, &d1, &settings, "schedule"),
@@ -343,7 +348,7 @@ async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
     create_order(&pool, "ord-1", "REF-1", 700, "eur").await;
     let d = payment("evt_pay", "ord-1", "REF-1", 700, "eur");
     app.post("stripe", d.headers, &d.body).await;
-    let drainer = drainer(&pool);
+    let drainer = standard_drainer(&pool);
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;
     let fulfil_key: String =
         sqlx::query_scalar("SELECT idempotency_key FROM outbox WHERE action = 'fulfil_order'")
@@ -359,16 +364,7 @@ async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
         .await
         .unwrap();
 
-    let outcome = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
-        .await
-        .unwrap();
-
-    let ReconcileOutcome::Completed {
-        found, repaired, ..
-    } = outcome
-    else {
-        panic!("{outcome:?}")
-    };
+    let (found, repaired) = reconciled(&pool, &drainer).await;
     assert_eq!(
         (
             found.missing_effects,
@@ -411,12 +407,7 @@ async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
         "no second payment seen"
     );
 
-    let clean = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
-        .await
-        .unwrap();
-    let ReconcileOutcome::Completed { found, .. } = clean else {
-        panic!()
-    };
+    let (found, _) = reconciled(&pool, &drainer).await;
     assert_eq!(
         (found.missing_effects, found.missing_outbox),
         (0, 0),
@@ -447,7 +438,7 @@ async fn a_pass_requeues_orphans_and_hurries_overdue_outbox_rows(pool: PgPool) {
     let d = pipeline_tests::drain::entity_event("o-2", "x-2", 1, "thing.updated");
     app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
         .await;
-    let drainer = drainer(&pool);
+    let drainer = standard_drainer(&pool);
     drainer
         .drain_until(std::time::Instant::now() + Duration::from_secs(5))
         .await
@@ -458,16 +449,7 @@ async fn a_pass_requeues_orphans_and_hurries_overdue_outbox_rows(pool: PgPool) {
         .await
         .unwrap();
 
-    let outcome = reconcile::run_once(&pool, &drainer, &ReconcileSettings::default(), "schedule")
-        .await
-        .unwrap();
-
-    let ReconcileOutcome::Completed {
-        found, repaired, ..
-    } = outcome
-    else {
-        panic!()
-    };
+    let (found, repaired) = reconciled(&pool, &drainer).await;
     assert_eq!(
         (found.orphaned_pending, found.outbox_undelivered_past_window),
         (1, 1),
@@ -501,7 +483,7 @@ async fn retention_purges_in_order_and_a_late_redelivery_has_no_second_effect(po
     ] {
         app.post(source, d.headers.clone(), &d.body).await;
     }
-    let drainer = drainer(&pool);
+    let drainer = standard_drainer(&pool);
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;
     sqlx::query("UPDATE webhook_events SET first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days' WHERE external_id <> 'fresh'")
         .execute(&pool)
@@ -583,4 +565,35 @@ async fn retention_purges_in_order_and_a_late_redelivery_has_no_second_effect(po
             .await
             .unwrap();
     assert_eq!(anomalies, ["evt_old_pay", "old-entity"]);
+}
+
+/// A pass that fails after taking its lock (here: its run row cannot be finished) still
+/// releases the lock: the next pass, from another environment's pool, runs.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_failed_backfill_pass_releases_its_lock(
+    pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let first = pool_options
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let second = pool_options.connect_with(connect).await.unwrap();
+    sqlx::query(
+        "ALTER TABLE maintenance_runs ADD CONSTRAINT refuse_backfill \
+         CHECK (job <> 'backfill' OR status <> 'completed') NOT VALID",
+    )
+    .execute(&first)
+    .await
+    .unwrap();
+    let failed = backfiller(&first).run_once("test").await;
+    assert!(failed.is_err(), "{failed:?}");
+
+    sqlx::query("ALTER TABLE maintenance_runs DROP CONSTRAINT refuse_backfill")
+        .execute(&second)
+        .await
+        .unwrap();
+    let next = backfiller(&second).run_once("test").await.unwrap();
+    assert!(matches!(next, BackfillRun::Completed { .. }), "{next:?}");
 }

@@ -13,8 +13,9 @@ use std::collections::HashMap;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::maintenance::{self, RunCounts};
+use crate::store::StoreError;
 use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
-use crate::store::{StoreError, maintenance_runs};
 
 #[derive(Debug, Clone)]
 pub struct AnomalySettings {
@@ -54,30 +55,16 @@ pub async fn run_once(
     settings: &AnomalySettings,
     trigger: &str,
 ) -> Result<AnomalyReport, StoreError> {
-    let run_id = maintenance_runs::start(pool, "anomaly", trigger).await?;
-    let result = measure_all(pool, settings).await;
-    let (found, error) = match &result {
-        Ok(results) => {
-            let breaches: Vec<&CheckResult> = results.iter().filter(|r| r.breached).collect();
-            (
-                serde_json::json!({ "checks": results.len(), "breaches": breaches }),
-                None,
-            )
-        }
-        Err(e) => (serde_json::json!({}), Some(e.to_string())),
-    };
-    if let Ok(results) = &result {
-        anomaly::record(pool, run_id, results).await?;
-    }
-    maintenance_runs::finish(
-        pool,
-        run_id,
-        &found,
-        &serde_json::json!({}),
-        error.as_deref(),
-    )
-    .await?;
-    let results = result?;
+    let (run_id, Results(results)) =
+        maintenance::recorded(pool, "anomaly", trigger, |run_id| async move {
+            let results = match measure_all(pool, settings).await {
+                Ok(results) => results,
+                Err(e) => return (Results(Vec::new()), Err(e)),
+            };
+            let stored = anomaly::record(pool, run_id, &results).await;
+            (Results(results), stored)
+        })
+        .await?;
     let breaches: Vec<String> = results
         .iter()
         .filter(|r| r.breached)
@@ -110,6 +97,19 @@ pub async fn run_once(
         checks: results.len(),
         breaches,
     })
+}
+
+/// A run's results; its run row keeps the count and the breaches.
+struct Results(Vec<CheckResult>);
+
+impl RunCounts for Results {
+    fn found(&self) -> serde_json::Value {
+        let breaches: Vec<&CheckResult> = self.0.iter().filter(|r| r.breached).collect();
+        serde_json::json!({ "checks": self.0.len(), "breaches": breaches })
+    }
+    fn repaired(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
 }
 
 async fn measure_all(

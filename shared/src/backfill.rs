@@ -15,10 +15,11 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::extract;
+use crate::maintenance::{self, Run, RunCounts};
 use crate::provider_api::{Fetched, ProviderApi};
 use crate::secrets::SecretStore;
 use crate::sources::{GapConfig, GapStrategy, Source};
-use crate::store::{self, StoreError, advisory_locks, gaps, maintenance_runs, webhook_events};
+use crate::store::{self, StoreError, gaps, webhook_events};
 
 /// Advisory lock key of the backfill pass ("backfill" in ASCII).
 pub const BACKFILL_LOCK: i64 = 0x6261_636b_6669_6c6c;
@@ -56,6 +57,15 @@ pub struct BackfillOutcome {
     pub failed_sources: Vec<String>,
 }
 
+impl RunCounts for BackfillOutcome {
+    fn found(&self) -> serde_json::Value {
+        maintenance::json(self)
+    }
+    fn repaired(&self) -> serde_json::Value {
+        serde_json::json!({ "backfilled": self.backfilled, "tombstoned": self.tombstoned })
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum BackfillRun {
@@ -86,31 +96,19 @@ impl Backfiller {
     /// One pass over every enabled source with gap settings; `skipped` if a pass is running.
     #[tracing::instrument(skip(self), err)]
     pub async fn run_once(&self, trigger: &str) -> Result<BackfillRun, StoreError> {
-        let mut lock_conn = self.pool.acquire().await?;
-        if !advisory_locks::try_lock(&mut lock_conn, BACKFILL_LOCK).await? {
-            let run_id = maintenance_runs::skipped(&self.pool, "backfill", trigger).await?;
-            return Ok(BackfillRun::Skipped { run_id });
-        }
-        let run_id = maintenance_runs::start(&self.pool, "backfill", trigger).await;
-        let result = match run_id {
-            Ok(run_id) => {
-                let mut outcome = BackfillOutcome::default();
-                let result = self.all_sources(&mut outcome).await;
-                let error = result.as_ref().err().map(ToString::to_string);
-                let counts = crate::reconcile::json(&outcome);
-                maintenance_runs::finish(&self.pool, run_id, &counts, &counts, error.as_deref())
-                    .await?;
-                result.map(|()| BackfillRun::Completed { run_id, outcome })
-            }
-            Err(e) => Err(e),
-        };
-        if advisory_locks::unlock(&mut lock_conn, BACKFILL_LOCK)
-            .await
-            .is_err()
-        {
-            drop(lock_conn.detach());
-        }
-        result
+        let run = maintenance::locked(&self.pool, "backfill", trigger, BACKFILL_LOCK, |_| async {
+            let mut outcome = BackfillOutcome::default();
+            let result = self.all_sources(&mut outcome).await;
+            (outcome, result)
+        })
+        .await?;
+        Ok(match run {
+            Run::Skipped { run_id } => BackfillRun::Skipped { run_id },
+            Run::Completed { run_id, counts } => BackfillRun::Completed {
+                run_id,
+                outcome: counts,
+            },
+        })
     }
 
     async fn all_sources(&self, outcome: &mut BackfillOutcome) -> Result<(), StoreError> {
@@ -173,28 +171,22 @@ impl Backfiller {
         outcome.waiting_grace += gaps::waiting_candidates(&self.pool, source_id, grace).await?;
 
         // 2. Fetch what is missing and old enough.
+        let mut filled = 0;
         for candidate in
             gaps::due_candidates(&self.pool, source_id, grace, self.settings.fetch_limit).await?
         {
             outcome.fetched += 1;
-            match api.fetch(&candidate.external_id).await {
+            let failure = match api.fetch(&candidate.external_id).await {
                 Fetched::Found(body) => {
                     match store_fetched(&self.pool, source, &candidate.external_id, &body).await {
                         Ok(()) => {
                             gaps::mark_backfilled(&self.pool, tenant, &candidate.external_id)
                                 .await?;
                             outcome.backfilled += 1;
+                            filled += 1;
+                            continue;
                         }
-                        Err(SourceFailure::Provider(why)) => {
-                            gaps::record_fetch_error(
-                                &self.pool,
-                                tenant,
-                                &candidate.external_id,
-                                &why,
-                            )
-                            .await?;
-                            outcome.errors += 1;
-                        }
+                        Err(SourceFailure::Provider(why)) => why,
                         Err(e) => return Err(e),
                     }
                 }
@@ -211,17 +203,18 @@ impl Backfiller {
                     )
                     .await?;
                     outcome.tombstoned += 1;
+                    filled += 1;
+                    continue;
                 }
-                Fetched::Failed(why) => {
-                    gaps::record_fetch_error(&self.pool, tenant, &candidate.external_id, &why)
-                        .await?;
-                    outcome.errors += 1;
-                }
-            }
+                Fetched::Failed(why) => why,
+            };
+            gaps::record_fetch_error(&self.pool, tenant, &candidate.external_id, &failure).await?;
+            outcome.errors += 1;
         }
         // Backfilled and tombstoned numbers now fill their gaps: let the watermark rise.
-        if let GapStrategy::Sequence { id_template } = &config.strategy {
-            detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
+        if let (GapStrategy::Sequence { id_template }, 1..) = (&config.strategy, filled) {
+            outcome.new_candidates +=
+                detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
         }
         Ok(())
     }
@@ -249,10 +242,10 @@ pub async fn detect_sequence_gaps(
     let source_id = source.source_id.as_str();
     let after = match gaps::watermark(pool, source_id).await? {
         Some(w) => w,
-        None => match gaps::sequence_bounds(pool, source_id).await? {
-            // Start just below the first number ever stored.
-            (Some(min), _) => min - 1,
-            _ => return Ok(0),
+        // Start just below the first number ever stored.
+        None => match gaps::first_sequence(pool, source_id).await? {
+            Some(first) => first - 1,
+            None => return Ok(0),
         },
     };
     let (found, highest) =
@@ -279,10 +272,9 @@ async fn store_fetched(
     pool: &PgPool,
     source: &Source,
     expected_id: &str,
-    body: &serde_json::Value,
+    body: &[u8],
 ) -> Result<(), SourceFailure> {
-    let bytes = serde_json::to_vec(body).map_err(|e| SourceFailure::Provider(e.to_string()))?;
-    let fields = extract::extract(&source.fields, &http::HeaderMap::new(), &bytes)
+    let fields = extract::extract(&source.fields, &http::HeaderMap::new(), body)
         .map_err(|e| SourceFailure::Provider(format!("fetched event cannot be filed: {e}")))?;
     if fields.external_id.as_str() != expected_id {
         return Err(SourceFailure::Provider(format!(
@@ -293,7 +285,7 @@ async fn store_fetched(
     let event = webhook_events::NewEvent::new(
         source,
         &fields,
-        &bytes,
+        body,
         serde_json::json!({}),
         webhook_events::PROVIDER_API,
     );

@@ -10,6 +10,7 @@ pub mod drain;
 pub mod effects;
 pub mod extract;
 pub mod ingest;
+pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod outbox;

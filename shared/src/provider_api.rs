@@ -10,7 +10,8 @@ use serde_json::Value;
 /// What fetching one event by ID found.
 #[derive(Debug)]
 pub enum Fetched {
-    Found(Value),
+    /// The event exactly as the provider sent it (checked for JSON when its fields are read).
+    Found(Vec<u8>),
     /// The provider says the ID does not exist (HTTP 404).
     NotFound,
     /// Anything else: try again on a later pass.
@@ -45,9 +46,9 @@ impl ProviderApi {
             .send()
             .await
         {
-            Ok(r) if r.status().is_success() => match r.json::<Value>().await {
-                Ok(v) => Fetched::Found(v),
-                Err(e) => Fetched::Failed(format!("event body is not JSON: {e}")),
+            Ok(r) if r.status().is_success() => match r.bytes().await {
+                Ok(body) => Fetched::Found(body.to_vec()),
+                Err(e) => Fetched::Failed(format!("reading the event failed: {e}")),
             },
             Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Fetched::NotFound,
             Ok(r) => Fetched::Failed(format!("provider answered {}", r.status())),

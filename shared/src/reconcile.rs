@@ -13,7 +13,8 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::drain::{DrainOutcome, Drainer};
-use crate::store::{StoreError, advisory_locks, maintenance_runs, reconcile as checks};
+use crate::maintenance::{self, Run, RunCounts};
+use crate::store::{StoreError, reconcile as checks};
 
 /// Advisory lock key of the reconcile pass ("reconcil" in ASCII).
 pub const RECONCILE_LOCK: i64 = 0x7265_636f_6e63_696c;
@@ -87,53 +88,48 @@ pub async fn run_once(
     settings: &ReconcileSettings,
     trigger: &str,
 ) -> Result<ReconcileOutcome, StoreError> {
-    let mut lock_conn = pool.acquire().await?;
-    if !advisory_locks::try_lock(&mut lock_conn, RECONCILE_LOCK).await? {
-        let run_id = maintenance_runs::skipped(pool, "reconcile", trigger).await?;
-        tracing::info!(run_id, "another reconcile pass holds the lock: skipped");
-        return Ok(ReconcileOutcome::Skipped { run_id });
-    }
-    let result = locked_pass(pool, drainer, settings, trigger).await;
-    match advisory_locks::unlock(&mut lock_conn, RECONCILE_LOCK).await {
-        Ok(_) => {}
-        // Never return a connection that may still hold the lock to the pool.
-        Err(_) => drop(lock_conn.detach()),
-    }
-    result
+    let run = maintenance::locked(pool, "reconcile", trigger, RECONCILE_LOCK, |_| async move {
+        let mut counts = Counts::default();
+        let result = checks_and_repairs(pool, drainer, settings, &mut counts).await;
+        (counts, result)
+    })
+    .await?;
+    Ok(match run {
+        Run::Skipped { run_id } => ReconcileOutcome::Skipped { run_id },
+        Run::Completed { run_id, counts } => {
+            tracing::info!(run_id, found = ?counts.found, repaired = ?counts.repaired, "reconcile pass finished");
+            ReconcileOutcome::Completed {
+                run_id,
+                found: counts.found,
+                repaired: counts.repaired,
+            }
+        }
+    })
 }
 
-async fn locked_pass(
-    pool: &PgPool,
-    drainer: &Drainer,
-    settings: &ReconcileSettings,
-    trigger: &str,
-) -> Result<ReconcileOutcome, StoreError> {
-    let run_id = maintenance_runs::start(pool, "reconcile", trigger).await?;
-    let mut found = Found::default();
-    let mut repaired = Repaired::default();
-    let result = checks_and_repairs(pool, drainer, settings, &mut found, &mut repaired).await;
-    let error = result.as_ref().err().map(ToString::to_string);
-    let (found_json, repaired_json) = (json(&found), json(&repaired));
-    maintenance_runs::finish(pool, run_id, &found_json, &repaired_json, error.as_deref()).await?;
-    result?;
-    tracing::info!(run_id, ?found, ?repaired, "reconcile pass finished");
-    Ok(ReconcileOutcome::Completed {
-        run_id,
-        found,
-        repaired,
-    })
+#[derive(Default)]
+struct Counts {
+    found: Found,
+    repaired: Repaired,
+}
+
+impl RunCounts for Counts {
+    fn found(&self) -> serde_json::Value {
+        maintenance::json(&self.found)
+    }
+    fn repaired(&self) -> serde_json::Value {
+        maintenance::json(&self.repaired)
+    }
 }
 
 async fn checks_and_repairs(
     pool: &PgPool,
     drainer: &Drainer,
     settings: &ReconcileSettings,
-    found: &mut Found,
-    repaired: &mut Repaired,
+    Counts { found, repaired }: &mut Counts,
 ) -> Result<(), StoreError> {
-    let (past_sla, _ready) =
+    found.pending_past_sla =
         checks::pending_past_sla(pool, settings.pending_sla.as_secs_f64()).await?;
-    found.pending_past_sla = past_sla;
 
     // The chunked scan: orphaned queue entries, missing or stale effects, missing outbox rows.
     let (mut tenant, mut id) = checks::cursor(pool).await?;
@@ -179,9 +175,4 @@ async fn checks_and_repairs(
             .await?;
     }
     Ok(())
-}
-
-/// A run's counts as stored in `maintenance_runs`.
-pub(crate) fn json(counts: &impl Serialize) -> serde_json::Value {
-    serde_json::to_value(counts).unwrap_or_default()
 }

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::store::{StoreError, maintenance_runs, retention};
+use crate::maintenance::{self, RunCounts};
+use crate::store::{StoreError, retention};
 
 /// Stripe retries for up to three days, Shopify two, Standard Webhooks senders about a day:
 /// identity must outlive the longest of them with a margin.
@@ -65,26 +66,27 @@ pub struct RetentionOutcome {
     pub history_purged: u64,
 }
 
+impl RunCounts for RetentionOutcome {
+    fn found(&self) -> serde_json::Value {
+        serde_json::json!({})
+    }
+    fn repaired(&self) -> serde_json::Value {
+        maintenance::json(self)
+    }
+}
+
 #[tracing::instrument(skip(pool, settings), err)]
 pub async fn run_once(
     pool: &PgPool,
     settings: &RetentionSettings,
     trigger: &str,
 ) -> Result<RetentionOutcome, StoreError> {
-    let run_id = maintenance_runs::start(pool, "retention", trigger).await?;
-    let mut outcome = RetentionOutcome::default();
-    let result = purge(pool, settings, &mut outcome).await;
-    let error = result.as_ref().err().map(ToString::to_string);
-    let counts = crate::reconcile::json(&outcome);
-    maintenance_runs::finish(
-        pool,
-        run_id,
-        &serde_json::json!({}),
-        &counts,
-        error.as_deref(),
-    )
+    let (_, outcome) = maintenance::recorded(pool, "retention", trigger, |_| async {
+        let mut outcome = RetentionOutcome::default();
+        let result = purge(pool, settings, &mut outcome).await;
+        (outcome, result)
+    })
     .await?;
-    result?;
     tracing::info!(?outcome, "retention pass finished");
     Ok(outcome)
 }

@@ -34,15 +34,14 @@ pub async fn raise_watermark(
     Ok(())
 }
 
-/// The lowest and highest sequence numbers stored for the source (index endpoints only).
-pub async fn sequence_bounds(
+/// The lowest sequence number stored for the source (an index endpoint).
+pub async fn first_sequence(
     executor: impl PgExecutor<'_>,
     source_id: &str,
-) -> Result<(Option<i64>, Option<i64>), StoreError> {
-    const SQL: &str = "SELECT \
-             (SELECT min(provider_sequence) FROM webhook_events WHERE source_id = $1 AND provider_sequence IS NOT NULL), \
-             (SELECT max(provider_sequence) FROM webhook_events WHERE source_id = $1 AND provider_sequence IS NOT NULL)";
-    Ok(sqlx::query_as(SQL)
+) -> Result<Option<i64>, StoreError> {
+    const SQL: &str = "SELECT min(provider_sequence) FROM webhook_events \
+         WHERE source_id = $1 AND provider_sequence IS NOT NULL";
+    Ok(sqlx::query_scalar(SQL)
         .bind(source_id)
         .fetch_one(executor)
         .await?)
@@ -60,38 +59,35 @@ pub struct SequenceGap {
 /// index with `lead()` (no sort, no hash: cost follows the window, never the table); the few
 /// tombstones of the window are merged in afterwards. Also returns the highest sequence
 /// present in the window. Nothing above that is a gap yet: it may simply not have been sent.
+///
+/// One statement, so the gaps, the window's ends and the tombstones come from one snapshot:
+/// an event committed halfway can neither hide a gap nor let the watermark pass one.
 pub async fn sequence_gaps(
-    executor: &sqlx::PgPool,
+    executor: impl PgExecutor<'_>,
     source_id: &str,
     after: i64,
     up_to: i64,
 ) -> Result<(Vec<SequenceGap>, Option<i64>), StoreError> {
-    const INTERIOR: &str = "SELECT seq + 1 AS gap_from, next - 1 AS gap_to FROM ( \
+    const SQL: &str = "SELECT min(seq), max(seq), \
+             coalesce(array_agg(seq + 1 ORDER BY seq) FILTER (WHERE next > seq + 1), '{}'), \
+             coalesce(array_agg(next - 1 ORDER BY seq) FILTER (WHERE next > seq + 1), '{}'), \
+             (SELECT coalesce(array_agg(sequence ORDER BY sequence), '{}') FROM tombstones \
+                WHERE source_id = $1 AND sequence > $2 AND sequence <= $3) \
+         FROM ( \
              SELECT provider_sequence AS seq, lead(provider_sequence) OVER (ORDER BY provider_sequence) AS next \
-             FROM webhook_events WHERE source_id = $1 AND provider_sequence > $2 AND provider_sequence <= $3) AS w \
-         WHERE next > seq + 1";
-    const BOUNDS: &str = "SELECT min(provider_sequence), max(provider_sequence) FROM webhook_events \
-         WHERE source_id = $1 AND provider_sequence > $2 AND provider_sequence <= $3";
-    const TOMBSTONED: &str = "SELECT sequence FROM tombstones \
-         WHERE source_id = $1 AND sequence > $2 AND sequence <= $3 ORDER BY sequence";
-    let interior: Vec<SequenceGap> = sqlx::query_as(INTERIOR)
-        .bind(source_id)
-        .bind(after)
-        .bind(up_to)
-        .fetch_all(executor)
-        .await?;
-    let (min, max): (Option<i64>, Option<i64>) = sqlx::query_as(BOUNDS)
+             FROM webhook_events WHERE source_id = $1 AND provider_sequence > $2 AND provider_sequence <= $3) AS w";
+    type Row = (Option<i64>, Option<i64>, Vec<i64>, Vec<i64>, Vec<i64>);
+    let (min, max, from, to, tombstoned): Row = sqlx::query_as(SQL)
         .bind(source_id)
         .bind(after)
         .bind(up_to)
         .fetch_one(executor)
         .await?;
-    let tombstoned: Vec<i64> = sqlx::query_scalar(TOMBSTONED)
-        .bind(source_id)
-        .bind(after)
-        .bind(up_to)
-        .fetch_all(executor)
-        .await?;
+    let interior: Vec<SequenceGap> = from
+        .into_iter()
+        .zip(to)
+        .map(|(gap_from, gap_to)| SequenceGap { gap_from, gap_to })
+        .collect();
     Ok(merge_gaps(after, min.zip(max), &interior, &tombstoned))
 }
 

@@ -103,14 +103,14 @@ pub async fn requeue(
         .rows_affected())
 }
 
-/// Events waiting longer than the SLA (seconds), and how many of those are ready now.
+/// Events waiting longer than the SLA (seconds).
 pub async fn pending_past_sla(
     executor: impl PgExecutor<'_>,
     sla_seconds: f64,
-) -> Result<(i64, i64), StoreError> {
-    const SQL: &str = "SELECT count(*), count(*) FILTER (WHERE ready_at <= now()) FROM event_queue \
-         WHERE enqueued_at < now() - make_interval(secs => $1)";
-    Ok(sqlx::query_as(SQL)
+) -> Result<i64, StoreError> {
+    const SQL: &str =
+        "SELECT count(*) FROM event_queue WHERE enqueued_at < now() - make_interval(secs => $1)";
+    Ok(sqlx::query_scalar(SQL)
         .bind(sla_seconds)
         .fetch_one(executor)
         .await?)
