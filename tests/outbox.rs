@@ -10,7 +10,6 @@ use axum::http::{HeaderMap, StatusCode};
 use axum::routing::post;
 use pipeline_tests::drain::*;
 use pipeline_tests::*;
-use shared::effects::EffectRegistry;
 use shared::outbox::{OutboxSender, OutboxSettings};
 use sqlx::PgPool;
 
@@ -58,7 +57,6 @@ fn settings(url: &str) -> OutboxSettings {
         max_attempts: 3,
         backoff_base: Duration::from_millis(5),
         backoff_cap: Duration::from_millis(20),
-        lease: Duration::from_secs(30),
         ..OutboxSettings::new(url)
     }
 }
@@ -70,11 +68,7 @@ async fn outbox_rows(pool: &PgPool, n: usize) {
         let d = entity_event(&format!("o-{i}"), &format!("thing-{i}"), 1, "thing.updated");
         assert_eq!(app.post(ENTITIES, d.headers, &d.body).await.status, 200);
     }
-    let drainer = shared::drain::Drainer::new(
-        pool.clone(),
-        Arc::new(EffectRegistry::standard()),
-        fast_settings(),
-    );
+    let drainer = standard_drainer(pool);
     drain_all(&drainer, pool, Duration::from_secs(10)).await;
 }
 

@@ -283,12 +283,17 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             });
         }
         let d = crate::outbox::OutboxSettings::new(target);
-        Ok(crate::outbox::OutboxSettings {
+        let settings = crate::outbox::OutboxSettings {
             batch_size: self.parsed("OUTBOX_BATCH_SIZE", d.batch_size)?,
             max_attempts: self.parsed("OUTBOX_MAX_ATTEMPTS", d.max_attempts)?,
             request_timeout: self.millis("OUTBOX_TIMEOUT_MS", d.request_timeout)?,
             ..d
-        })
+        };
+        settings.validate().map_err(|reason| ConfigError::Invalid {
+            var: "OUTBOX_*",
+            reason,
+        })?;
+        Ok(settings)
     }
 }
 
@@ -407,6 +412,18 @@ mod tests {
         assert_eq!(v.outbox().unwrap().target_url, "https://x.example/hook");
         assert!(vars(&[("DRAIN_BATCH_SIZE", "0")]).drain().is_err());
         assert!(vars(&[("OUTBOX_TARGET_URL", "ftp://x")]).outbox().is_err());
+        let url = ("OUTBOX_TARGET_URL", "https://x.example/hook");
+        assert!(vars(&[url, ("OUTBOX_BATCH_SIZE", "0")]).outbox().is_err());
+        assert!(vars(&[url, ("OUTBOX_MAX_ATTEMPTS", "0")]).outbox().is_err());
+        let outbox = vars(&[
+            url,
+            ("OUTBOX_BATCH_SIZE", "10"),
+            ("OUTBOX_TIMEOUT_MS", "2000"),
+        ])
+        .outbox()
+        .unwrap();
+        // The lease outlasts a batch whose every delivery times out.
+        assert_eq!(outbox.lease(), Duration::from_secs(22));
         assert!(
             vars(&[])
                 .outbox()

@@ -17,8 +17,6 @@ pub struct OutboxSettings {
     /// Where messages are POSTed.
     pub target_url: String,
     pub batch_size: i64,
-    /// How long a leased message is hidden from other senders.
-    pub lease: Duration,
     pub max_attempts: i32,
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
@@ -30,12 +28,37 @@ impl OutboxSettings {
         Self {
             target_url: target_url.into(),
             batch_size: 50,
-            lease: Duration::from_secs(60),
             max_attempts: 10,
             backoff_base: Duration::from_secs(2),
             backoff_cap: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(10),
         }
+    }
+
+    /// How long a leased message is hidden from other senders: long enough for the whole
+    /// batch, delivered one by one, to time out, so a slow batch is never leased twice.
+    pub fn lease(&self) -> Duration {
+        self.request_timeout
+            .saturating_mul(u32::try_from(self.batch_size + 1).unwrap_or(u32::MAX))
+    }
+
+    pub fn validate(&self) -> Result<(), String> {
+        if !(1..=1000).contains(&self.batch_size) {
+            return Err(format!(
+                "batch size {} is outside 1..=1000",
+                self.batch_size
+            ));
+        }
+        if self.max_attempts < 1 {
+            return Err("max attempts must be at least 1".into());
+        }
+        if self.request_timeout.is_zero() {
+            return Err("the request timeout must be positive".into());
+        }
+        if self.backoff_base.is_zero() || self.backoff_cap < self.backoff_base {
+            return Err("backoff base must be positive and not above the cap".into());
+        }
+        Ok(())
     }
 }
 
@@ -96,7 +119,7 @@ impl OutboxSender {
         let messages = outbox::lease(
             &self.pool,
             self.settings.batch_size,
-            self.settings.lease.as_secs_f64(),
+            self.settings.lease().as_secs_f64(),
         )
         .await?;
         let mut outcome = OutboxOutcome {

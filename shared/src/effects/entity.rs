@@ -4,7 +4,7 @@
 
 use sqlx::PgConnection;
 
-use super::{Effect, EffectFuture, EffectHandler, outbox_key, payload_json};
+use super::{Effect, EffectFuture, EffectHandler, outbox_key, payload_text};
 use crate::store::entities::{self, EntityChange};
 use crate::store::event_queue::ClaimedEvent;
 
@@ -29,7 +29,8 @@ impl EffectHandler for EntityProjection {
             else {
                 return Ok(Effect::Skipped);
             };
-            let state = payload_json(event)?;
+            // Bound as text and cast by PostgreSQL: parsed once, there, not here too.
+            let state = payload_text(event)?;
             let (entity_type, deleted) = classify(&event.event_type);
             let key = outbox_key(&event.tenant_id, &event.external_id, ENTITY_CHANGED);
             let change = EntityChange {
@@ -37,7 +38,7 @@ impl EffectHandler for EntityProjection {
                 entity_type,
                 entity_id,
                 version,
-                state: &state,
+                state,
                 deleted,
                 external_id: &event.external_id,
                 outbox_action: ENTITY_CHANGED,

@@ -151,13 +151,20 @@ pub(crate) async fn redelivered_after_purge(
     Ok(())
 }
 
-/// The event's payload as JSON, or a fatal error saying why not.
-pub fn payload_json(event: &ClaimedEvent) -> Result<serde_json::Value, EffectError> {
+/// The event's payload as text, for a handler that hands it to PostgreSQL as JSON unparsed,
+/// or a fatal error saying why not.
+pub fn payload_text(event: &ClaimedEvent) -> Result<&str, EffectError> {
     let bytes = event
         .payload
         .as_deref()
         .ok_or_else(|| EffectError::Fatal("payload was purged by retention".into()))?;
-    serde_json::from_slice(bytes)
+    std::str::from_utf8(bytes)
+        .map_err(|e| EffectError::Fatal(format!("payload is not UTF-8 text: {e}")))
+}
+
+/// The event's payload as JSON, or a fatal error saying why not.
+pub fn payload_json(event: &ClaimedEvent) -> Result<serde_json::Value, EffectError> {
+    serde_json::from_str(payload_text(event)?)
         .map_err(|e| EffectError::Fatal(format!("payload is not JSON: {e}")))
 }
 

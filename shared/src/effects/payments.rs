@@ -105,10 +105,7 @@ impl EffectHandler for Payments {
                         super::redelivered_after_purge(conn, event).await?;
                     } else {
                         // This event paid it: make sure its fulfilment row exists.
-                        let message = fulfilment(&payment);
-                        let key = outbox_key(tenant, event_id, FULFIL_ORDER);
-                        outbox::enqueue(&mut *conn, tenant, event_id, FULFIL_ORDER, &message, &key)
-                            .await?;
+                        enqueue_fulfilment(conn, event, &payment).await?;
                     }
                     Ok(Effect::Stale)
                 } else if order.state == "cancelled" {
@@ -172,21 +169,29 @@ impl EffectHandler for Payments {
                     "order changed under its lock".into(),
                 ));
             }
-            let message = fulfilment(&payment);
-            let key = outbox_key(tenant, event_id, FULFIL_ORDER);
-            outbox::enqueue(&mut *conn, tenant, event_id, FULFIL_ORDER, &message, &key).await?;
+            enqueue_fulfilment(conn, event, &payment).await?;
             Ok(Effect::Applied)
         })
     }
 }
 
-fn fulfilment(payment: &Payment) -> serde_json::Value {
-    serde_json::json!({
+/// The order's fulfilment message, in the outbox once per paying event (its key is stable, so
+/// writing it again is a no-op).
+async fn enqueue_fulfilment(
+    conn: &mut PgConnection,
+    event: &ClaimedEvent,
+    payment: &Payment,
+) -> Result<(), EffectError> {
+    let message = serde_json::json!({
         "order_id": payment.order_id,
         "amount_minor": payment.amount,
         "currency": payment.currency,
         "gateway_order_id": payment.gateway_order_id,
-    })
+    });
+    let (tenant, event_id) = (event.tenant_id.as_str(), event.external_id.as_str());
+    let key = outbox_key(tenant, event_id, FULFIL_ORDER);
+    outbox::enqueue(conn, tenant, event_id, FULFIL_ORDER, &message, &key).await?;
+    Ok(())
 }
 
 async fn exception(

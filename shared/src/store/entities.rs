@@ -10,7 +10,8 @@ pub struct EntityChange<'a> {
     pub entity_type: &'a str,
     pub entity_id: &'a str,
     pub version: i64,
-    pub state: &'a serde_json::Value,
+    /// The entity's state: JSON text (PostgreSQL parses it; invalid JSON fails the statement).
+    pub state: &'a str,
     pub deleted: bool,
     pub external_id: &'a str,
     pub outbox_action: &'a str,
@@ -39,7 +40,7 @@ pub async fn apply_versioned(
     const SQL: &str = "WITH applied AS ( \
              INSERT INTO entities AS cur (tenant_id, entity_type, entity_id, version, state, deleted, \
                  deleted_at, last_event_id) \
-             VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6 THEN now() END, $7) \
+             VALUES ($1, $2, $3, $4, $5::jsonb, $6, CASE WHEN $6 THEN now() END, $7) \
              ON CONFLICT (tenant_id, entity_type, entity_id) DO UPDATE SET \
                  version = EXCLUDED.version, \
                  state = CASE WHEN EXCLUDED.deleted THEN cur.state ELSE EXCLUDED.state END, \
