@@ -153,8 +153,36 @@ fn every_alarm_watches_a_metric_that_exists() {
     }
 }
 
-#[test]
-fn the_code_emits_exactly_the_documented_metrics_as_embedded_metric_format() {
+/// The metric names in one flush of the EMF exporter, each checked to carry a value.
+fn flushed(collector: &shared::metrics::Collector) -> BTreeSet<String> {
+    let mut out = Vec::new();
+    collector.flush(&mut out).unwrap();
+    let mut names = BTreeSet::new();
+    for line in String::from_utf8(out).unwrap().lines() {
+        let doc: serde_json::Value = serde_json::from_str(line).unwrap();
+        let directive = &doc["_aws"]["CloudWatchMetrics"][0];
+        assert_eq!(directive["Namespace"], shared::metrics::NAMESPACE);
+        for m in directive["Metrics"].as_array().unwrap() {
+            let name = m["Name"].as_str().unwrap().to_owned();
+            let value = &doc[&name];
+            assert!(
+                value.is_number()
+                    || value
+                        .as_array()
+                        .is_some_and(|v| v.iter().all(|x| x.is_number())),
+                "{name} has a value in the document: {value}"
+            );
+            names.insert(name);
+        }
+    }
+    names
+}
+
+/// Every documented metric is emitted; and a measurement is sent only by the invocation that
+/// measured it: a later flush, or a drain pass that failed, sends no stale Backlog,
+/// OldestPendingAgeSeconds or AnomalyBreaches for the alarms to mistake for health.
+#[tokio::test]
+async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measurement() {
     let collector = shared::metrics::install_emf().unwrap();
     shared::metrics::delivery_stored("accepted");
     shared::metrics::delivery_refused("signature");
@@ -167,24 +195,40 @@ fn the_code_emits_exactly_the_documented_metrics_as_embedded_metric_format() {
     shared::metrics::queue(12, 4.5);
     shared::metrics::anomaly_value("backlog_events", 12.0);
     shared::metrics::anomaly_breaches(0);
-    let mut out = Vec::new();
-    collector.flush(&mut out).unwrap();
-    let mut names = BTreeSet::new();
-    for line in String::from_utf8(out).unwrap().lines() {
-        let doc: serde_json::Value = serde_json::from_str(line).unwrap();
-        let directive = &doc["_aws"]["CloudWatchMetrics"][0];
-        assert_eq!(directive["Namespace"], shared::metrics::NAMESPACE);
-        for m in directive["Metrics"].as_array().unwrap() {
-            let name = m["Name"].as_str().unwrap().to_owned();
-            assert!(doc[&name].is_number(), "{name} has a value in the document");
-            names.insert(name);
-        }
-    }
     let documented: BTreeSet<String> = shared::metrics::EMITTED
         .iter()
         .map(|s| s.to_string())
         .collect();
-    assert_eq!(names, documented);
+    assert_eq!(flushed(collector), documented);
+
+    // The next invocation measured nothing: nothing is sent.
+    assert_eq!(flushed(collector), BTreeSet::new());
+
+    // A drain pass whose database is gone fails, and reports no queue.
+    let unreachable = sqlx::postgres::PgPoolOptions::new()
+        .acquire_timeout(std::time::Duration::from_millis(300))
+        .connect_lazy("postgres://postgres@127.0.0.1:1/gone")
+        .unwrap();
+    let drainer = shared::drain::Drainer::new(
+        unreachable,
+        std::sync::Arc::new(shared::effects::EffectRegistry::standard()),
+        shared::drain::DrainSettings::default(),
+    );
+    let failed = drainer
+        .drain_until(std::time::Instant::now() + std::time::Duration::from_secs(5))
+        .await;
+    assert!(failed.is_err());
+    let after_failure = flushed(collector);
+    for stale in [
+        shared::metrics::BACKLOG,
+        shared::metrics::OLDEST_PENDING_AGE,
+        shared::metrics::ANOMALY_BREACHES,
+    ] {
+        assert!(
+            !after_failure.contains(stale),
+            "{stale} re-sent: {after_failure:?}"
+        );
+    }
 }
 
 #[test]

@@ -139,14 +139,22 @@ impl Drainer {
     pub async fn drain_until(&self, deadline: Instant) -> Result<DrainOutcome, StoreError> {
         let mut total = DrainOutcome::default();
         while Instant::now() < deadline {
-            let batch = self.run_once().await?;
+            let batch = match self.run_once().await {
+                Ok(batch) => batch,
+                Err(e) => {
+                    // What earlier batches committed is counted; the queue is not reported, so
+                    // a failing drain goes silent rather than repeating a healthy backlog.
+                    crate::metrics::drained(&total);
+                    return Err(e);
+                }
+            };
             total.add(&batch);
             if batch.claimed < self.settings.batch_size as u64 {
                 break;
             }
         }
-        let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
         crate::metrics::drained(&total);
+        let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
         crate::metrics::queue(backlog, oldest);
         tracing::info!(
             ?total,

@@ -3,6 +3,14 @@
 //! and a test checks every alarm's metric is one listed in [`EMITTED`].
 //!
 //! Without an installed exporter (tests, the local runner) the calls are no-ops.
+//!
+//! Counters are deltas: a flush sends what was counted since the last one. Measurements (the
+//! queue's backlog and oldest age, the anomaly results) are recorded as one-value
+//! distributions, not gauges, because the exporter re-sends a gauge's last value on every
+//! flush: after a failed drain pass, the previous pass's healthy backlog would be reported
+//! again and hide the failure. A measurement is sent only by the invocation that measured it,
+//! so a pass that fails sends nothing, and the alarms that treat missing data as breaching
+//! notice.
 
 use crate::drain::DrainOutcome;
 
@@ -64,15 +72,16 @@ pub fn drained(outcome: &DrainOutcome) {
     metrics::counter!(EVENTS_DEAD_LETTERED).increment(outcome.dead_lettered);
 }
 
+/// The queue as a drain pass that completed measured it.
 pub fn queue(backlog: i64, oldest_pending_age_seconds: f64) {
-    metrics::gauge!(BACKLOG).set(backlog as f64);
-    metrics::gauge!(OLDEST_PENDING_AGE).set(oldest_pending_age_seconds);
+    metrics::histogram!(BACKLOG).record(backlog as f64);
+    metrics::histogram!(OLDEST_PENDING_AGE).record(oldest_pending_age_seconds);
 }
 
 pub fn anomaly_value(check: &str, value: f64) {
-    metrics::gauge!(ANOMALY_VALUE, "Check" => check.to_owned()).set(value);
+    metrics::histogram!(ANOMALY_VALUE, "Check" => check.to_owned()).record(value);
 }
 
 pub fn anomaly_breaches(breaches: usize) {
-    metrics::gauge!(ANOMALY_BREACHES).set(breaches as f64);
+    metrics::histogram!(ANOMALY_BREACHES).record(breaches as f64);
 }
