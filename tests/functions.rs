@@ -1,7 +1,6 @@
 //! The scheduled and operator Lambdas, called as the runtime calls them: a constructed
 //! `LambdaEvent` with a deadline in its context.
 
-use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use aws_lambda_events::eventbridge::EventBridgeEvent;
@@ -186,88 +185,6 @@ async fn the_reconcile_function_runs_a_pass_and_records_its_trigger(pool: PgPool
         .await
         .unwrap();
     assert_eq!(trigger, "schedule");
-}
-
-/// The migrate function as the stack calls it: a custom resource Create, answered on the
-/// pre-signed URL; then by hand. Both idempotent.
-#[sqlx::test(migrations = false)]
-async fn the_migrate_function_applies_the_schema_and_answers_cloudformation(pool: PgPool) {
-    let answers = Arc::new(std::sync::Mutex::new(
-        Vec::<(String, serde_json::Value)>::new(),
-    ));
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let url = format!(
-        "http://{}/cfn-response?X-Amz-Signature=abc",
-        listener.local_addr().unwrap()
-    );
-    let app = axum::Router::new().route(
-        "/cfn-response",
-        axum::routing::put({
-            let answers = answers.clone();
-            move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
-                let content_type = headers
-                    .get("content-type")
-                    .map(|v| v.to_str().unwrap().to_owned())
-                    .unwrap_or_default();
-                answers
-                    .lock()
-                    .unwrap()
-                    .push((content_type, serde_json::from_slice(&body).unwrap()));
-                axum::http::StatusCode::OK
-            }
-        }),
-    );
-    tokio::spawn(async move { axum::serve(listener, app).await });
-    let create = serde_json::json!({
-        "RequestType": "Create", "RequestId": "req-1", "ResponseURL": url,
-        "ResourceType": "Custom::SchemaMigrations", "LogicalResourceId": "SchemaMigrations",
-        "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/webhooks/1",
-        "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:webhooks-migrate",
-        "ResourceProperties": {"ServiceToken": "x", "SchemaVersion": "20261130000003"}
-    });
-    let http = reqwest::Client::new();
-
-    migrate::handler(LambdaEvent::new(create, Context::default()), &pool, &http)
-        .await
-        .unwrap();
-
-    let answers = answers.lock().unwrap().clone();
-    assert_eq!(answers.len(), 1);
-    let (content_type, answer) = &answers[0];
-    assert_eq!(
-        content_type, "",
-        "the pre-signed URL signs an empty content type"
-    );
-    assert_eq!(answer["Status"], "SUCCESS", "{answer}");
-    assert_eq!(
-        (
-            answer["PhysicalResourceId"].as_str(),
-            answer["RequestId"].as_str()
-        ),
-        (Some("schema-migrations"), Some("req-1"))
-    );
-    let newest = shared::store::MIGRATOR
-        .iter()
-        .map(|m| m.version)
-        .max()
-        .unwrap()
-        .to_string();
-    assert_eq!(answer["Data"]["SchemaVersion"], newest.as_str());
-    let tables: i64 = sqlx::query_scalar("SELECT count(*) FROM information_schema.tables WHERE table_name IN ('webhook_events', 'event_queue', 'tombstones')")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(tables, 3);
-
-    // By hand, again: nothing to do, same version.
-    let by_hand = migrate::handler(
-        LambdaEvent::new(serde_json::json!({}), Context::default()),
-        &pool,
-        &http,
-    )
-    .await
-    .unwrap();
-    assert_eq!(by_hand, serde_json::json!({"schema_version": newest}));
 }
 
 #[sqlx::test(migrations = "../migrations")]

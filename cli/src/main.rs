@@ -259,7 +259,7 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
     let drainer = Arc::new(drainer);
     let _pipeline = serve::spawn_pipeline(drainer.clone(), Some(Arc::new(sender)), every);
-    let secrets = settings.secrets.open().await.map_err(|e| e.to_string())?;
+    let secrets = settings.secrets.open().await;
     let backfiller = shared::backfill::Backfiller::new(
         ingestor.pool().clone(),
         Arc::new(secrets),

@@ -72,6 +72,50 @@ start_throwaway_postgres() {
   export PG_BINDIR="$bindir"
 }
 
+# Starts a second throwaway cluster that speaks TLS only, as RDS does with rds.force_ssl=1: its
+# own private CA signs the server certificate (for 127.0.0.1 and localhost; it also listens on
+# 127.0.0.2, a name the certificate does not hold), pg_hba.conf admits hostssl and nothing else,
+# so a plaintext connection is refused. Exports TLS_DATABASE_URL
+# (verify-full against that CA) and TLS_TEST_DIR, which also holds untrusted-ca.pem, a CA that
+# signed nothing the server presents.
+start_tls_postgres() {
+  command -v openssl >/dev/null || apt_install openssl || die "openssl is needed for the TLS test server"
+  local bindir
+  bindir=$(pg_bindir) || { apt_install postgresql || die "PostgreSQL's initdb/pg_ctl are missing and could not be installed"; bindir=$(pg_bindir) || die "initdb not found after installing postgresql"; }
+  local dir port run=()
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg-tls.XXXXXX")
+  chmod 755 "$dir"
+  port=$(free_port 56432)
+  (
+    cd "$dir"
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=webhooks test CA" \
+      -keyout ca.key -out ca.pem
+    openssl req -x509 -newkey rsa:2048 -nodes -days 2 -subj "/CN=untrusted test CA" \
+      -keyout untrusted-ca.key -out untrusted-ca.pem
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=localhost" -keyout server.key -out server.csr
+    printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\nkeyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n' >server.ext
+    openssl x509 -req -in server.csr -CA ca.pem -CAkey ca.key -CAcreateserial -days 2 \
+      -extfile server.ext -out server.pem
+    chmod 600 server.key
+  ) >"$STATE_DIR/tls-certs.log" 2>&1 || { cat "$STATE_DIR/tls-certs.log" >&2; die "could not make the TLS test certificates"; }
+  if [ "$(id -u)" = 0 ]; then
+    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$dir" --shell /usr/sbin/nologin postgres
+    chown -R postgres "$dir"
+    run=(runuser -u postgres --)
+  fi
+  say "starting a TLS-only PostgreSQL ($bindir) on 127.0.0.1:$port in $dir"
+  "${run[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$STATE_DIR/initdb-tls.log" 2>&1 \
+    || { cat "$STATE_DIR/initdb-tls.log" >&2; die "initdb (TLS) failed"; }
+  printf 'local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostssl all all ::1/128 trust\n' \
+    | "${run[@]}" tee "$dir/data/pg_hba.conf" >/dev/null
+  "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
+    -o "-p $port -k $dir -c listen_addresses=127.0.0.1,127.0.0.2 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100 -c ssl=on -c ssl_cert_file=$dir/server.pem -c ssl_key_file=$dir/server.key" \
+    start >/dev/null || { cat "$dir/postgres.log" >&2; die "the TLS-only PostgreSQL did not start"; }
+  CLEANUPS+=("${run[*]} '$bindir/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1; rm -rf '$dir'")
+  export TLS_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$dir/ca.pem"
+  export TLS_TEST_DIR="$dir"
+}
+
 # DATABASE_URL if set, else the server on 127.0.0.1:5432 if it answers, else a throwaway cluster.
 ensure_test_postgres() {
   if [ -n "${DATABASE_URL:-}" ]; then

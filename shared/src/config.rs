@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
-use sqlx::postgres::PgConnectOptions;
+use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::secrets::AwsSecretsSettings;
 use crate::store::PoolSettings;
@@ -42,7 +42,21 @@ pub struct DatabaseSettings {
     pub location: DatabaseLocation,
     /// `DATABASE_HOST`: connect here instead (an RDS Proxy endpoint), with the same credentials.
     pub host_override: Option<String>,
+    pub tls: DatabaseTls,
     pub pool: PoolSettings,
+}
+
+/// How the connection is secured, in libpq's terms. A `sslmode` or `sslrootcert` on
+/// `DATABASE_URL` wins over these settings.
+#[derive(Debug, Clone, Default)]
+pub struct DatabaseTls {
+    /// `DATABASE_SSLMODE`. Unset: `verify-full`, except `prefer` (libpq's default) for a
+    /// loopback host or a Unix socket, where there is no network to protect.
+    pub mode: Option<PgSslMode>,
+    /// `DATABASE_SSLROOTCERT`: a PEM bundle trusted besides the public roots; the RDS CA bundle
+    /// for a direct RDS connection (RDS Proxy needs none: its certificates chain to public
+    /// roots).
+    pub root_cert: Option<PathBuf>,
 }
 
 pub enum SecretsBackend {
@@ -52,18 +66,13 @@ pub enum SecretsBackend {
 
 impl SecretsBackend {
     /// The store these settings describe.
-    pub async fn open(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
-        Ok(match self {
+    pub async fn open(&self) -> crate::secrets::SecretStore {
+        match self {
             SecretsBackend::File(path) => crate::secrets::SecretStore::File(path.clone()),
-            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
-                crate::secrets::AwsSecrets::connect(aws)
-                    .await
-                    .map_err(|e| ConfigError::Invalid {
-                        var: "SECRETS_MANAGER_ENDPOINT",
-                        reason: e.to_string(),
-                    })?,
-            ),
-        })
+            SecretsBackend::Aws(aws) => {
+                crate::secrets::SecretStore::Aws(crate::secrets::AwsSecrets::connect(aws).await)
+            }
+        }
     }
 }
 
@@ -129,9 +138,24 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             "DB_ACQUIRE_TIMEOUT_MS",
             defaults.acquire_timeout.as_millis() as u64,
         )?;
+        let mode = match self.get("DATABASE_SSLMODE") {
+            None => None,
+            Some(raw) => Some(parse_ssl_mode(&raw).map_err(|reason| ConfigError::Invalid {
+                var: "DATABASE_SSLMODE",
+                reason,
+            })?),
+        };
+        let root_cert = match self.get("DATABASE_SSLROOTCERT") {
+            None => None,
+            Some(path) => Some(existing_file(&path).map_err(|reason| ConfigError::Invalid {
+                var: "DATABASE_SSLROOTCERT",
+                reason,
+            })?),
+        };
         Ok(DatabaseSettings {
             location,
             host_override: self.get("DATABASE_HOST"),
+            tls: DatabaseTls { mode, root_cert },
             pool: PoolSettings {
                 max_connections,
                 acquire_timeout: Duration::from_millis(acquire_timeout_ms),
@@ -189,9 +213,22 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// The database pool for a function, lazily connected.
     pub async fn pool(&self) -> Result<sqlx::PgPool, ConfigError> {
-        let database = self.database()?;
-        let options = database.connect_options(&self.aws_secrets()?).await?;
-        Ok(crate::store::lazy_pool(options, &database.pool))
+        self.database()?.pool(&self.aws_secrets()?).await
+    }
+
+    /// `MIGRATE_LOCK_TIMEOUT_MS`: how long a migration waits for any one lock.
+    pub fn migrate_lock_timeout(&self) -> Result<Duration, ConfigError> {
+        let timeout = self.millis(
+            "MIGRATE_LOCK_TIMEOUT_MS",
+            crate::schema::DEFAULT_LOCK_TIMEOUT,
+        )?;
+        if timeout.is_zero() {
+            return Err(ConfigError::Invalid {
+                var: "MIGRATE_LOCK_TIMEOUT_MS",
+                reason: "must be at least 1 (0 would wait forever)".into(),
+            });
+        }
+        Ok(timeout)
     }
 
     /// How close to the Lambda deadline a scheduled function stops starting new batches.
@@ -268,7 +305,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// The secret store the settings describe (Secrets Manager, or a file locally).
     pub async fn secret_store(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
-        self.secrets_backend()?.open().await
+        Ok(self.secrets_backend()?.open().await)
     }
 
     pub fn outbox(&self) -> Result<crate::outbox::OutboxSettings, ConfigError> {
@@ -313,34 +350,69 @@ impl DatabaseSettings {
         &self,
         aws: &AwsSecretsSettings,
     ) -> Result<PgConnectOptions, ConfigError> {
-        let options = self.located_options(aws).await?;
-        Ok(match &self.host_override {
+        let (options, explicit) = self.located_options(aws).await?;
+        let options = match &self.host_override {
             Some(host) => options.host(host),
             None => options,
-        })
+        };
+        Ok(self.secured(options, explicit))
+    }
+
+    /// The pool for these settings, lazily connected.
+    pub async fn pool(&self, aws: &AwsSecretsSettings) -> Result<sqlx::PgPool, ConfigError> {
+        let options = self.connect_options(aws).await?;
+        Ok(crate::store::lazy_pool(options, &self.pool))
+    }
+
+    /// Applies the TLS settings where the URL said nothing, and says so when the server will
+    /// not be verified: never a silent fallback. Only a `DATABASE_URL` to a loopback host or a
+    /// socket defaults to `prefer`; a database located by a secret is always verified unless
+    /// `DATABASE_SSLMODE` says otherwise.
+    fn secured(&self, mut options: PgConnectOptions, explicit: UrlTls) -> PgConnectOptions {
+        let local = options.get_socket().is_some() || is_loopback(options.get_host());
+        let url = matches!(self.location, DatabaseLocation::Url(_));
+        let mode = explicit.mode.or(self.tls.mode).unwrap_or(if local && url {
+            PgSslMode::Prefer
+        } else {
+            PgSslMode::VerifyFull
+        });
+        if !explicit.root_cert
+            && let Some(path) = &self.tls.root_cert
+        {
+            options = options.ssl_root_cert(path);
+        }
+        if !local && !matches!(mode, PgSslMode::VerifyFull) {
+            tracing::warn!(
+                sslmode = ssl_mode_name(&mode),
+                host = options.get_host(),
+                "the database connection does not verify the server's certificate and host name"
+            );
+        }
+        options.ssl_mode(mode)
     }
 
     async fn located_options(
         &self,
         aws: &AwsSecretsSettings,
-    ) -> Result<PgConnectOptions, ConfigError> {
+    ) -> Result<(PgConnectOptions, UrlTls), ConfigError> {
         match &self.location {
             DatabaseLocation::Url(url) => {
-                PgConnectOptions::from_str(url.expose_secret()).map_err(|e| ConfigError::Invalid {
+                let invalid = |reason: String| ConfigError::Invalid {
                     var: "DATABASE_URL",
-                    reason: e.to_string(),
-                })
+                    reason,
+                };
+                let (url, explicit) = url_tls(url.expose_secret()).map_err(invalid)?;
+                let options =
+                    PgConnectOptions::from_str(&url).map_err(|e| invalid(e.to_string()))?;
+                Ok((options, explicit))
             }
             DatabaseLocation::Secret { secret_id } => {
                 let failed = |reason: String| ConfigError::DatabaseSecret {
                     secret_id: secret_id.clone(),
                     reason,
                 };
-                let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-                if let Some(endpoint) = &aws.endpoint_url {
-                    loader = loader.endpoint_url(endpoint);
-                }
-                let client = aws_sdk_secretsmanager::Client::new(&loader.load().await);
+                let sdk_config = crate::aws::sdk_config(&aws.endpoint()).await;
+                let client = aws_sdk_secretsmanager::Client::new(&sdk_config);
                 let output = client
                     .get_secret_value()
                     .secret_id(secret_id)
@@ -357,7 +429,7 @@ impl DatabaseSettings {
                         "not the JSON RDS writes (host, port, username, password, dbname)".into(),
                     )
                 })?;
-                let mut options = PgConnectOptions::new()
+                let mut options = PgConnectOptions::new_without_pgpass()
                     .host(&secret.host)
                     .port(secret.port.unwrap_or(5432))
                     .username(&secret.username)
@@ -365,10 +437,90 @@ impl DatabaseSettings {
                 if let Some(dbname) = &secret.dbname {
                     options = options.database(dbname);
                 }
-                Ok(options)
+                Ok((options, UrlTls::default()))
             }
         }
     }
+}
+
+/// What `DATABASE_URL` itself says about TLS.
+#[derive(Debug, Default)]
+struct UrlTls {
+    mode: Option<PgSslMode>,
+    root_cert: bool,
+}
+
+/// Reads `sslmode` and `sslrootcert` off a URL, as libpq does: `sslrootcert=system` means the
+/// public roots (every connection trusts them; the parameter is dropped) and, without a
+/// `sslmode`, `verify-full`. A root certificate file must exist.
+fn url_tls(raw: &str) -> Result<(String, UrlTls), String> {
+    let mut url = url::Url::parse(raw).map_err(|e| e.to_string())?;
+    let mut explicit = UrlTls::default();
+    let mut system_roots = false;
+    let mut kept = Vec::new();
+    for (key, value) in url.query_pairs() {
+        match &*key {
+            "sslmode" | "ssl-mode" => explicit.mode = Some(parse_ssl_mode(&value)?),
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" if value == "system" => {
+                system_roots = true;
+                continue;
+            }
+            "sslrootcert" | "ssl-root-cert" | "ssl-ca" => {
+                existing_file(&value).map_err(|reason| format!("sslrootcert: {reason}"))?;
+                explicit.root_cert = true;
+            }
+            _ => {}
+        }
+        kept.push((key.into_owned(), value.into_owned()));
+    }
+    if !system_roots {
+        // Untouched, exactly as given.
+        return Ok((raw.to_owned(), explicit));
+    }
+    explicit.root_cert = true;
+    explicit.mode.get_or_insert(PgSslMode::VerifyFull);
+    if kept.is_empty() {
+        url.set_query(None);
+    } else {
+        url.query_pairs_mut().clear().extend_pairs(kept);
+    }
+    Ok((url.into(), explicit))
+}
+
+fn parse_ssl_mode(raw: &str) -> Result<PgSslMode, String> {
+    raw.parse::<PgSslMode>().map_err(|_| {
+        format!(
+            "{raw:?} is not an sslmode (disable, allow, prefer, require, verify-ca, verify-full)"
+        )
+    })
+}
+
+fn ssl_mode_name(mode: &PgSslMode) -> &'static str {
+    match mode {
+        PgSslMode::Disable => "disable",
+        PgSslMode::Allow => "allow",
+        PgSslMode::Prefer => "prefer",
+        PgSslMode::Require => "require",
+        PgSslMode::VerifyCa => "verify-ca",
+        PgSslMode::VerifyFull => "verify-full",
+    }
+}
+
+fn existing_file(path: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(path);
+    if path.is_file() {
+        Ok(path)
+    } else {
+        Err(format!("{} is not a readable file", path.display()))
+    }
+}
+
+fn is_loopback(host: &str) -> bool {
+    host.eq_ignore_ascii_case("localhost")
+        || host
+            .trim_matches(['[', ']'])
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
 }
 
 #[cfg(test)]
@@ -431,6 +583,101 @@ mod tests {
                 .unwrap()
                 .to_string()
                 .starts_with("OUTBOX_TARGET_URL is not set")
+        );
+    }
+
+    /// The options a function would connect with (no secret lookups: URL locations only).
+    fn options(pairs: &[(&str, &str)]) -> Result<PgConnectOptions, ConfigError> {
+        let v = vars(pairs);
+        let database = v.database()?;
+        let aws = v.aws_secrets()?;
+        tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(database.connect_options(&aws))
+    }
+
+    fn mode(pairs: &[(&str, &str)]) -> &'static str {
+        ssl_mode_name(&options(pairs).unwrap().get_ssl_mode())
+    }
+
+    #[test]
+    fn database_tls_defaults_to_verify_full_except_on_loopback() {
+        let url = |u: &'static str| [("DATABASE_URL", u)];
+        assert_eq!(mode(&url("postgres://u@db.example.com/w")), "verify-full");
+        assert_eq!(mode(&url("postgres://u@10.0.3.7:5432/w")), "verify-full");
+        assert_eq!(mode(&url("postgres://u@127.0.0.1:5432/w")), "prefer");
+        assert_eq!(mode(&url("postgres://u@localhost/w")), "prefer");
+        assert_eq!(mode(&url("postgres://u@[::1]/w")), "prefer");
+        // An RDS Proxy host replaces a loopback one: verified.
+        assert_eq!(
+            mode(&[
+                ("DATABASE_URL", "postgres://u@127.0.0.1/w"),
+                (
+                    "DATABASE_HOST",
+                    "proxy.proxy-abc.us-east-1.rds.amazonaws.com"
+                ),
+            ]),
+            "verify-full"
+        );
+    }
+
+    #[test]
+    fn database_tls_honours_the_url_then_the_settings() {
+        assert_eq!(
+            mode(&[(
+                "DATABASE_URL",
+                "postgres://u@db.example.com/w?sslmode=require"
+            )]),
+            "require"
+        );
+        assert_eq!(
+            mode(&[
+                (
+                    "DATABASE_URL",
+                    "postgres://u@db.example.com/w?sslmode=verify-ca"
+                ),
+                ("DATABASE_SSLMODE", "disable"),
+            ]),
+            "verify-ca"
+        );
+        assert_eq!(
+            mode(&[
+                ("DATABASE_URL", "postgres://u@127.0.0.1/w"),
+                ("DATABASE_SSLMODE", "verify-full"),
+            ]),
+            "verify-full"
+        );
+        // libpq's sslrootcert=system: the public roots, and verify-full unless said otherwise.
+        let system = options(&[(
+            "DATABASE_URL",
+            "postgres://u@127.0.0.1/w?sslrootcert=system&application_name=x",
+        )])
+        .unwrap();
+        assert_eq!(ssl_mode_name(&system.get_ssl_mode()), "verify-full");
+        assert_eq!(system.get_application_name(), Some("x"));
+    }
+
+    #[test]
+    fn database_tls_settings_that_cannot_work_fail_naming_the_variable() {
+        let err = options(&[
+            ("DATABASE_URL", "postgres://u@db.example.com/w"),
+            ("DATABASE_SSLMODE", "verify"),
+        ])
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.starts_with("DATABASE_SSLMODE: \"verify\""), "{err}");
+        let err = options(&[(
+            "DATABASE_URL",
+            "postgres://u@db.example.com/w?sslrootcert=/nowhere/ca.pem",
+        )])
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(
+            err.starts_with("DATABASE_URL: sslrootcert: /nowhere/ca.pem"),
+            "{err}"
         );
     }
 

@@ -19,9 +19,9 @@ use crate::extract::{self, ExtractError};
 use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
+use crate::store::StoreError;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
 use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent};
-use crate::store::{self, StoreError};
 
 /// One HTTP delivery, as received.
 #[derive(Debug, Clone, Copy)]
@@ -121,9 +121,8 @@ impl Ingestor {
             SecretsBackend::Aws(aws) => aws.clone(),
             SecretsBackend::File(_) => crate::config::Vars::process().aws_secrets()?,
         };
-        let options = settings.database.connect_options(&aws).await?;
-        let pool = store::lazy_pool(options, &settings.database.pool);
-        let secrets = settings.secrets.open().await?;
+        let pool = settings.database.pool(&aws).await?;
+        let secrets = settings.secrets.open().await;
         let sources = SourceRegistry::new(pool.clone(), settings.source_cache_ttl);
         Ok(Self::new(
             pool,

@@ -3,6 +3,7 @@
 //! under `functions/` adapt Lambda events to the calls made here.
 
 pub mod anomaly;
+pub mod aws;
 pub mod backfill;
 pub mod config;
 pub mod domain;
@@ -17,6 +18,7 @@ pub mod outbox;
 pub mod provider_api;
 pub mod reconcile;
 pub mod retention;
+pub mod schema;
 pub mod secrets;
 pub mod signature;
 pub mod sources;

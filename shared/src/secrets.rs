@@ -3,19 +3,18 @@
 //!
 //! A source's `secret_ref` names a secret. In AWS it is a Secrets Manager secret whose
 //! `AWSCURRENT` value is the signing secret; during a rotation its `AWSPREVIOUS` value is
-//! accepted too, so rotating is one `put-secret-value` and no redeploy. Values are cached in the
-//! warm process for a TTL, so a rotation is picked up within that TTL without a restart.
+//! accepted too, so rotating is one `put-secret-value` and no redeploy. Both values are cached
+//! together in the warm process for a TTL, so a rotation is picked up whole within that TTL
+//! without a restart.
 
 use std::collections::HashMap;
 use std::fmt;
-use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use aws_sdk_secretsmanager::error::SdkError;
+use aws_sdk_secretsmanager::error::DisplayErrorContext;
 use aws_sdk_secretsmanager::operation::get_secret_value::GetSecretValueError;
-use aws_secretsmanager_caching::SecretsManagerCachingClient;
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
@@ -85,7 +84,8 @@ impl SecretError {
 
 /// Where signing secrets are read from. Built once per process.
 pub enum SecretStore {
-    /// AWS Secrets Manager through AWS's caching client.
+    /// AWS Secrets Manager, each secret cached as one snapshot of its current and previous
+    /// values.
     Aws(AwsSecrets),
     /// A TOML file re-read on every lookup (local development only), so editing it rotates.
     File(PathBuf),
@@ -103,7 +103,7 @@ impl SecretStore {
         match self {
             // Boxed: the AWS SDK future is deep enough to overflow the compiler's layout
             // query depth in every crate that awaits ingest otherwise.
-            SecretStore::Aws(aws) => Box::pin(aws.secrets(secret_ref)).await.map(Arc::new),
+            SecretStore::Aws(aws) => Box::pin(aws.secrets(secret_ref)).await,
             SecretStore::File(path) => read_secrets_file(path, secret_ref).await.map(Arc::new),
             SecretStore::Memory(map) => {
                 map.get(secret_ref)
@@ -165,83 +165,112 @@ pub struct AwsSecretsSettings {
     pub ttl: Duration,
 }
 
-/// Secrets Manager behind `aws_secretsmanager_caching`, AWS's own caching client.
+impl AwsSecretsSettings {
+    pub fn endpoint(&self) -> crate::aws::AwsEndpoint {
+        crate::aws::AwsEndpoint {
+            endpoint_url: self.endpoint_url.clone(),
+            region: self.region.clone(),
+        }
+    }
+}
+
+/// What the secret cache reads the time from: [`system_clock`] in production, a clock the
+/// test moves in tests (so a TTL is crossed without sleeping).
+pub type Clock = Arc<dyn Fn() -> Instant + Send + Sync>;
+
+pub fn system_clock() -> Clock {
+    Arc::new(Instant::now)
+}
+
+/// Secrets Manager, cached in the warm process.
+///
+/// A secret's `AWSCURRENT` and `AWSPREVIOUS` values are fetched together and cached as one
+/// snapshot with one expiry, so a rotation is seen whole: there is no moment at which the new
+/// current value is served beside a stale "no previous version", which would refuse the
+/// retired secret while providers may still sign with it.
 pub struct AwsSecrets {
-    client: SecretsManagerCachingClient,
+    client: aws_sdk_secretsmanager::Client,
     ttl: Duration,
-    /// Secrets known to have no `AWSPREVIOUS` version, until when. Without this, every
-    /// delivery to a never-rotated secret would cost a Secrets Manager call.
-    no_previous_until: Mutex<HashMap<String, Instant>>,
+    clock: Clock,
+    snapshots: Mutex<HashMap<String, Snapshot>>,
+}
+
+struct Snapshot {
+    set: Arc<SecretSet>,
+    fetched_at: Instant,
 }
 
 const CURRENT_STAGE: &str = "AWSCURRENT";
 const PREVIOUS_STAGE: &str = "AWSPREVIOUS";
 
 impl AwsSecrets {
-    pub async fn connect(settings: &AwsSecretsSettings) -> Result<Self, SecretError> {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest());
-        if let Some(endpoint) = &settings.endpoint_url {
-            loader = loader.endpoint_url(endpoint);
-        }
-        if let Some(region) = &settings.region {
-            loader = loader.region(aws_config::Region::new(region.clone()));
-        }
-        let sdk_config = loader.load().await;
-        let builder = aws_sdk_secretsmanager::config::Builder::from(&sdk_config);
-        let client = SecretsManagerCachingClient::from_builder(
-            builder,
-            NonZeroUsize::new(1000).expect("non-zero"),
-            settings.ttl,
-            // Serve the cached value when a refresh fails transiently: a Secrets Manager
-            // hiccup must not turn into 503s for deliveries we could verify.
-            true,
-        )
-        .await
-        .map_err(|e| SecretError::Unavailable {
-            secret_ref: String::new(),
-            reason: e.to_string(),
-        })?;
-        Ok(Self {
-            client,
-            ttl: settings.ttl,
-            no_previous_until: Mutex::new(HashMap::new()),
-        })
+    pub async fn connect(settings: &AwsSecretsSettings) -> Self {
+        Self::with_clock(settings, system_clock()).await
     }
 
-    async fn secrets(&self, secret_ref: &str) -> Result<SecretSet, SecretError> {
+    /// As [`AwsSecrets::connect`], reading the time from `clock`.
+    pub async fn with_clock(settings: &AwsSecretsSettings, clock: Clock) -> Self {
+        let sdk_config = crate::aws::sdk_config(&settings.endpoint()).await;
+        Self {
+            client: aws_sdk_secretsmanager::Client::new(&sdk_config),
+            ttl: settings.ttl,
+            clock,
+            snapshots: Mutex::new(HashMap::new()),
+        }
+    }
+
+    async fn secrets(&self, secret_ref: &str) -> Result<Arc<SecretSet>, SecretError> {
+        let now = (self.clock)();
+        let cached = self.cached(secret_ref);
+        if let Some(snapshot) = &cached
+            && now.saturating_duration_since(snapshot.fetched_at) < self.ttl
+        {
+            return Ok(snapshot.set.clone());
+        }
+        match self.fetch(secret_ref).await {
+            Ok(set) => {
+                let set = Arc::new(set);
+                self.remember(secret_ref, set.clone(), now);
+                Ok(set)
+            }
+            Err(error @ SecretError::Unavailable { .. }) => match cached {
+                // Serve the last snapshot when a refresh fails transiently: a Secrets Manager
+                // hiccup must not turn into 503s for deliveries we could verify. The next
+                // lookup tries again.
+                Some(snapshot) => {
+                    tracing::warn!(%error, "serving the cached secret: refresh failed");
+                    Ok(snapshot.set)
+                }
+                None => Err(error),
+            },
+            Err(error) => {
+                // Deleted or unusable: stop serving what was cached.
+                self.forget(secret_ref);
+                Err(error)
+            }
+        }
+    }
+
+    /// Both stages, read together.
+    async fn fetch(&self, secret_ref: &str) -> Result<SecretSet, SecretError> {
         let current = self
             .stage(secret_ref, CURRENT_STAGE)
             .await?
             .ok_or_else(|| SecretError::NotFound {
                 secret_ref: secret_ref.to_owned(),
             })?;
-        let previous = if self.known_without_previous(secret_ref) {
-            None
-        } else {
-            match self.stage(secret_ref, PREVIOUS_STAGE).await {
-                Ok(Some(previous)) => Some(previous),
-                Ok(None) => {
-                    self.remember_without_previous(secret_ref);
-                    None
-                }
-                Err(error) => {
-                    // The current secret still verifies; do not fail the delivery for this.
-                    tracing::warn!(%error, "could not read the previous secret version");
-                    None
-                }
-            }
-        };
-        Ok(SecretSet {
-            current: SigningSecret::new(current),
-            previous: previous.map(SigningSecret::new),
-        })
+        let previous = self.stage(secret_ref, PREVIOUS_STAGE).await?;
+        Ok(SecretSet::new(current, previous))
     }
 
     /// The string value of one stage of a secret; `None` when that stage does not exist.
     async fn stage(&self, secret_ref: &str, stage: &str) -> Result<Option<String>, SecretError> {
         let output = self
             .client
-            .get_secret_value(secret_ref, None, Some(stage), false)
+            .get_secret_value()
+            .secret_id(secret_ref)
+            .version_stage(stage)
+            .send()
             .await;
         match output {
             Ok(value) => value
@@ -252,31 +281,36 @@ impl AwsSecrets {
                 }),
             Err(error) => {
                 let not_found = error
-                    .downcast_ref::<SdkError<GetSecretValueError>>()
-                    .and_then(SdkError::as_service_error)
+                    .as_service_error()
                     .is_some_and(GetSecretValueError::is_resource_not_found_exception);
                 if not_found {
                     Ok(None)
                 } else {
                     Err(SecretError::Unavailable {
                         secret_ref: secret_ref.to_owned(),
-                        reason: error.to_string(),
+                        reason: DisplayErrorContext(error).to_string(),
                     })
                 }
             }
         }
     }
 
-    fn known_without_previous(&self, secret_ref: &str) -> bool {
-        let map = self.no_previous_until.lock().expect("lock poisoned");
-        map.get(secret_ref)
-            .is_some_and(|until| Instant::now() < *until)
+    fn cached(&self, secret_ref: &str) -> Option<Snapshot> {
+        let map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        map.get(secret_ref).map(|s| Snapshot {
+            set: s.set.clone(),
+            fetched_at: s.fetched_at,
+        })
     }
 
-    fn remember_without_previous(&self, secret_ref: &str) {
-        let mut map = self.no_previous_until.lock().expect("lock poisoned");
-        map.retain(|_, until| Instant::now() < *until);
-        map.insert(secret_ref.to_owned(), Instant::now() + self.ttl);
+    fn remember(&self, secret_ref: &str, set: Arc<SecretSet>, fetched_at: Instant) {
+        let mut map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        map.insert(secret_ref.to_owned(), Snapshot { set, fetched_at });
+    }
+
+    fn forget(&self, secret_ref: &str) {
+        let mut map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
+        map.remove(secret_ref);
     }
 }
 

@@ -290,6 +290,45 @@ pub async fn anomalies(pool: &PgPool) -> Vec<AnomalyRow> {
         .unwrap()
 }
 
+/// moto's endpoint, a local Secrets Manager the test command starts.
+pub fn moto_endpoint() -> String {
+    std::env::var("MOTO_ENDPOINT")
+        .expect("MOTO_ENDPOINT is not set: run the tests with scripts/test, which starts moto")
+}
+
+/// A Secrets Manager client on moto.
+pub async fn admin_client(endpoint: &str) -> aws_sdk_secretsmanager::Client {
+    let config = shared::aws::sdk_config(&shared::aws::AwsEndpoint {
+        endpoint_url: Some(endpoint.to_owned()),
+        region: Some("us-east-1".into()),
+    })
+    .await;
+    aws_sdk_secretsmanager::Client::new(&config)
+}
+
+/// A secret named `prefix/<unique>` (moto keeps state across tests) holding `value`.
+pub async fn new_secret(
+    admin: &aws_sdk_secretsmanager::Client,
+    prefix: &str,
+    value: &str,
+) -> String {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "{prefix}/{}-{}-{}",
+        std::process::id(),
+        now(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+    );
+    admin
+        .create_secret()
+        .name(&name)
+        .secret_string(value)
+        .send()
+        .await
+        .unwrap();
+    name
+}
+
 pub fn sha256(bytes: &[u8]) -> Vec<u8> {
     use sha2::Digest;
     sha2::Sha256::digest(bytes).to_vec()
@@ -686,5 +725,106 @@ pub mod gaps {
         for t in tasks {
             t.await.unwrap();
         }
+    }
+}
+
+// ---- Lambda invocations and CloudFormation ------------------------------------------------
+
+pub mod lambda {
+    use std::collections::HashMap;
+    use std::sync::{Arc, Mutex};
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use lambda_runtime::{Context, LambdaEvent};
+    use shared::config::Vars;
+
+    /// An invocation context whose deadline is `deadline_in` from now.
+    pub fn context(deadline_in: Duration) -> Context {
+        let mut context = Context::default();
+        context.deadline = (SystemTime::now() + deadline_in)
+            .duration_since(UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64;
+        context
+    }
+
+    pub fn invocation<T>(payload: T, deadline_in: Duration) -> LambdaEvent<T> {
+        LambdaEvent::new(payload, context(deadline_in))
+    }
+
+    pub type Lookup = Box<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
+    /// Settings from the given variables only (never the process environment), recording
+    /// every variable the code asked for.
+    pub struct TestVars {
+        pub read: Arc<Mutex<Vec<String>>>,
+        pub vars: Vars<Lookup>,
+    }
+
+    pub fn vars(pairs: &[(&str, &str)]) -> TestVars {
+        let map: HashMap<String, String> = pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let read = Arc::new(Mutex::new(Vec::new()));
+        let log = read.clone();
+        TestVars {
+            read,
+            vars: Vars(Box::new(move |k: &str| {
+                log.lock().unwrap().push(k.to_owned());
+                map.get(k).cloned()
+            })),
+        }
+    }
+
+    /// What CloudFormation's pre-signed response URL received: (content type, JSON body).
+    pub type Answers = Arc<Mutex<Vec<(String, serde_json::Value)>>>;
+
+    /// A local HTTP server standing in for the pre-signed S3 URL a custom resource answers.
+    pub async fn cloudformation_response_url() -> (String, Answers) {
+        let answers: Answers = Arc::new(Mutex::new(Vec::new()));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!(
+            "http://{}/cfn-response?X-Amz-Signature=abc",
+            listener.local_addr().unwrap()
+        );
+        let app = axum::Router::new().route(
+            "/cfn-response",
+            axum::routing::put({
+                let answers = answers.clone();
+                move |headers: axum::http::HeaderMap, body: axum::body::Bytes| async move {
+                    let content_type = headers
+                        .get("content-type")
+                        .map(|v| v.to_str().unwrap().to_owned())
+                        .unwrap_or_default();
+                    answers
+                        .lock()
+                        .unwrap()
+                        .push((content_type, serde_json::from_slice(&body).unwrap()));
+                    axum::http::StatusCode::OK
+                }
+            }),
+        );
+        tokio::spawn(async move { axum::serve(listener, app).await });
+        (url, answers)
+    }
+
+    /// A custom resource request of `request_type` (Create, Update, Delete) answered at `url`.
+    pub fn custom_resource_request(request_type: &str, url: &str) -> serde_json::Value {
+        serde_json::json!({
+            "RequestType": request_type, "RequestId": format!("req-{request_type}"), "ResponseURL": url,
+            "ResourceType": "Custom::SchemaMigrations", "LogicalResourceId": "SchemaMigrations",
+            "StackId": "arn:aws:cloudformation:us-east-1:123456789012:stack/webhooks/1",
+            "ServiceToken": "arn:aws:lambda:us-east-1:123456789012:function:webhooks-migrate",
+            "PhysicalResourceId": "schema-migrations",
+            "ResourceProperties": {"ServiceToken": "x", "SchemaVersion": "20261130000004"},
+            "OldResourceProperties": {"ServiceToken": "x", "SchemaVersion": "20261130000003"}
+        })
+    }
+
+    /// The database URL of a test's pool (for code that reads `DATABASE_URL`).
+    pub fn url_of(pool: &sqlx::PgPool) -> String {
+        use sqlx::ConnectOptions;
+        pool.connect_options().to_url_lossy().to_string()
     }
 }

@@ -1,31 +1,50 @@
 //! The migrate Lambda. As a CloudFormation custom resource it applies the migrations on Create
-//! and Update (Delete leaves the schema alone) and answers CloudFormation's pre-signed URL;
-//! invoked by hand with any other payload (`{}`), it applies them and returns the version.
-//! Applying is idempotent: sqlx records what ran in `_sqlx_migrations`.
+//! and Update and answers CloudFormation's pre-signed URL on every path; invoked by hand with
+//! any other payload (`{}`), it applies them and returns the version. Applying is idempotent:
+//! sqlx records what ran in `_sqlx_migrations`.
+//!
+//! CloudFormation waits for the answer (up to the resource's `ServiceTimeout`), and a stack
+//! that gets none hangs, then hangs again rolling back. So nothing fallible is built at init:
+//! settings, the database secret and the connection are read inside Create/Update, under the
+//! invocation's deadline less a margin, and whatever goes wrong becomes a FAILED answer with
+//! its reason. Delete answers SUCCESS without touching secrets or the database.
+
+use std::time::{Duration, Instant};
 
 use aws_lambda_events::cloudformation::{
     CloudFormationCustomResourceRequest, CloudFormationCustomResourceResponse,
     CloudFormationCustomResourceResponseStatus,
 };
 use lambda_runtime::{Diagnostic, LambdaEvent};
-use shared::store::{MIGRATOR, PgPool};
+use shared::config::Vars;
+use shared::drain::stop_before;
+use shared::schema::{self, MigrateError};
 
 /// The physical id of the one schema a stack owns: stable, so updates never replace it.
 pub const PHYSICAL_ID: &str = "schema-migrations";
 
-pub async fn handler(
+/// Time kept back from the invocation's deadline to send the answer.
+pub const ANSWER_MARGIN: Duration = Duration::from_secs(10);
+
+/// CloudFormation refuses answers over 4096 bytes; the reason is cut well below that.
+const MAX_REASON_CHARS: usize = 1500;
+
+pub async fn handler<F: Fn(&str) -> Option<String>>(
     event: LambdaEvent<serde_json::Value>,
-    pool: &PgPool,
-    http: &reqwest::Client,
+    vars: &Vars<F>,
 ) -> Result<serde_json::Value, Diagnostic> {
+    let stop_at = stop_before(event.context.deadline(), ANSWER_MARGIN);
     let Ok(request) =
         serde_json::from_value::<CloudFormationCustomResourceRequest>(event.payload.clone())
     else {
-        let version = migrate(pool).await.map_err(|e| Diagnostic {
-            error_type: "MigrationFailed".into(),
-            error_message: e,
-        })?;
-        return Ok(serde_json::json!({ "schema_version": version }));
+        // Invoked by hand.
+        let version = schema::bring_up_to_date(vars, stop_at)
+            .await
+            .map_err(|e| Diagnostic {
+                error_type: e.diagnostic_type().into(),
+                error_message: e.to_string(),
+            })?;
+        return Ok(serde_json::json!({ "schema_version": version.to_string() }));
     };
     let (url, stack_id, request_id, logical_id, result) = match request {
         CloudFormationCustomResourceRequest::Create(r) => (
@@ -33,69 +52,104 @@ pub async fn handler(
             r.stack_id,
             r.request_id,
             r.logical_resource_id,
-            migrate(pool).await,
+            schema::bring_up_to_date(vars, stop_at).await.map(Some),
         ),
         CloudFormationCustomResourceRequest::Update(r) => (
             r.response_url,
             r.stack_id,
             r.request_id,
             r.logical_resource_id,
-            migrate(pool).await,
+            schema::bring_up_to_date(vars, stop_at).await.map(Some),
         ),
+        // The schema outlives the stack's resource: deleting the stack (or rolling back a
+        // failed create) must never wait on, or fail for, the database.
         CloudFormationCustomResourceRequest::Delete(r) => (
             r.response_url,
             r.stack_id,
             r.request_id,
             r.logical_resource_id,
-            Ok("left in place".into()),
+            Ok(None),
         ),
         _ => {
             return Err(Diagnostic {
                 error_type: "UnknownRequest".into(),
-                error_message: "unknown custom resource request".into(),
+                error_message: "unknown custom resource request type".into(),
             });
         }
     };
+    let response = answer(stack_id, request_id, logical_id, &result);
+    match &result {
+        Ok(_) => tracing::info!(status = "SUCCESS", "answering CloudFormation"),
+        Err(e) => tracing::error!(status = "FAILED", error = %e, "answering CloudFormation"),
+    }
+    if let Err(e) = send(&url, &response, stop_at).await {
+        // Reported as an error so Lambda retries the invocation (migrating is idempotent) and
+        // the migrate-errors alarm pages: CloudFormation is still waiting.
+        tracing::error!(error = %e, "could not answer CloudFormation");
+        return Err(Diagnostic {
+            error_type: "ResponseFailed".into(),
+            error_message: e,
+        });
+    }
+    serde_json::to_value(&response).map_err(|e| Diagnostic {
+        error_type: "ResponseFailed".into(),
+        error_message: e.to_string(),
+    })
+}
+
+fn answer(
+    stack_id: String,
+    request_id: String,
+    logical_id: String,
+    // The version applied; `None` when the schema was left alone (Delete).
+    result: &Result<Option<i64>, MigrateError>,
+) -> CloudFormationCustomResourceResponse {
     let mut response = CloudFormationCustomResourceResponse::default();
     response.physical_resource_id = PHYSICAL_ID.into();
     response.stack_id = stack_id;
     response.request_id = request_id;
     response.logical_resource_id = logical_id;
-    match &result {
+    match result {
         Ok(version) => {
             response.status = CloudFormationCustomResourceResponseStatus::Success;
-            response
-                .data
-                .insert("SchemaVersion".into(), version.clone());
+            if let Some(version) = version {
+                response
+                    .data
+                    .insert("SchemaVersion".into(), version.to_string());
+            }
         }
         Err(why) => {
             response.status = CloudFormationCustomResourceResponseStatus::Failed;
-            response.reason = Some(format!("migrations failed: {why}"));
+            let reason: String = format!("migrations not applied: {why}")
+                .chars()
+                .take(MAX_REASON_CHARS)
+                .collect();
+            response.reason = Some(reason);
         }
     }
-    // The pre-signed URL signs an empty content type.
-    let sent = http
-        .put(&url)
-        .header("content-type", "")
-        .body(serde_json::to_vec(&response).expect("response serializes"))
-        .send()
-        .await
-        .and_then(reqwest::Response::error_for_status);
-    if let Err(e) = sent {
-        // CloudFormation waits for this answer: a lost one stalls the stack for an hour.
-        tracing::error!(error = %e, "could not answer CloudFormation");
-        return Err(Diagnostic {
-            error_type: "ResponseFailed".into(),
-            error_message: e.to_string(),
-        });
-    }
-    Ok(serde_json::to_value(&response).unwrap_or_default())
+    response
 }
 
-/// Applies pending migrations; returns the newest version applied.
-pub async fn migrate(pool: &PgPool) -> Result<String, String> {
-    MIGRATOR.run(pool).await.map_err(|e| e.to_string())?;
-    let version = MIGRATOR.iter().map(|m| m.version).max().unwrap_or_default();
-    tracing::info!(version, "schema is up to date");
-    Ok(version.to_string())
+/// PUTs the answer to the pre-signed URL, within what is left of the invocation.
+async fn send(
+    url: &str,
+    response: &CloudFormationCustomResourceResponse,
+    stop_at: Instant,
+) -> Result<(), String> {
+    let body = serde_json::to_vec(response).map_err(|e| e.to_string())?;
+    // Whatever the migration left of the budget, plus the margin kept for this.
+    let timeout = stop_at.saturating_duration_since(Instant::now()) + ANSWER_MARGIN;
+    let http = reqwest::Client::builder()
+        .timeout(timeout)
+        .build()
+        .map_err(|e| format!("building the HTTP client: {e}"))?;
+    // The pre-signed URL signs an empty content type.
+    http.put(url)
+        .header("content-type", "")
+        .body(body)
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }

@@ -1,13 +1,12 @@
 use lambda_runtime::{run, service_fn};
 use shared::config::Vars;
 
+/// Nothing fallible at init: a custom resource whose init fails never answers CloudFormation.
+/// Settings, the secret and the connection are read per invocation, inside its deadline.
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
-    let pool = Vars::process().pool().await?;
-    let http = reqwest::Client::builder()
-        .timeout(std::time::Duration::from_secs(30))
-        .build()?;
-    let (pool, http) = (&pool, &http);
-    run(service_fn(move |event| migrate::handler(event, pool, http))).await
+    let vars = Vars::process();
+    let vars = &vars;
+    run(service_fn(move |event| migrate::handler(event, vars))).await
 }

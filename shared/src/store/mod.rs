@@ -13,23 +13,35 @@ pub mod orders;
 pub mod outbox;
 pub mod reconcile;
 pub mod retention;
+pub mod schema;
 pub mod sources;
 pub mod webhook_events;
 
 use std::time::Duration;
 
 pub use sqlx::PgPool;
-use sqlx::migrate::Migrator;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
-/// The schema, embedded from `migrations/`.
-pub static MIGRATOR: Migrator = sqlx::migrate!("../migrations");
+pub use schema::MIGRATOR;
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     /// The database cannot be reached or cannot serve now; the caller may retry.
     #[error("database unavailable: {0}")]
     Unavailable(#[source] sqlx::Error),
+    /// The server's TLS certificate was refused: not signed by a trusted CA, or not issued for
+    /// the host connected to. Retried like an outage (a CA rotation is an operational event),
+    /// but the message says what to fix.
+    #[error(
+        "the database server's certificate is not trusted ({reason}): trust its CA with \
+         sslrootcert on DATABASE_URL or DATABASE_SSLROOTCERT (the RDS CA bundle for a direct \
+         RDS connection), and connect with the host name the certificate names"
+    )]
+    UntrustedServer {
+        reason: String,
+        #[source]
+        source: sqlx::Error,
+    },
     /// A stored row does not parse into the domain (hand-edited configuration, say).
     #[error("stored {what} is invalid: {reason}")]
     Corrupt { what: &'static str, reason: String },
@@ -39,21 +51,46 @@ pub enum StoreError {
 
 impl StoreError {
     pub fn is_retryable(&self) -> bool {
-        matches!(self, StoreError::Unavailable(_))
+        matches!(
+            self,
+            StoreError::Unavailable(_) | StoreError::UntrustedServer { .. }
+        )
     }
 
     /// The error type a Lambda function reports: retried invocations can be told apart.
     pub fn diagnostic_type(&self) -> &'static str {
-        if self.is_retryable() {
-            "DatabaseUnavailable"
-        } else {
-            "DatabaseError"
+        match self {
+            StoreError::UntrustedServer { .. } => "DatabaseCertificateNotTrusted",
+            _ if self.is_retryable() => "DatabaseUnavailable",
+            _ => "DatabaseError",
         }
+    }
+}
+
+/// The certificate complaint inside a TLS error, when the server's certificate was refused.
+/// The handshake reports it as an I/O error wrapping rustls's, or as a TLS error.
+fn refused_certificate(error: &sqlx::Error) -> Option<String> {
+    let tls: &(dyn std::error::Error + 'static) = match error {
+        sqlx::Error::Tls(source) => source.as_ref(),
+        sqlx::Error::Io(io) => io.get_ref()?,
+        _ => return None,
+    };
+    match tls.downcast_ref::<rustls::Error>()? {
+        e @ (rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented) => {
+            Some(e.to_string())
+        }
+        _ => None,
     }
 }
 
 impl From<sqlx::Error> for StoreError {
     fn from(error: sqlx::Error) -> Self {
+        if let Some(reason) = refused_certificate(&error) {
+            return StoreError::UntrustedServer {
+                reason,
+                source: error,
+            };
+        }
         let unavailable = match &error {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
