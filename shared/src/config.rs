@@ -350,7 +350,9 @@ impl DatabaseSettings {
         &self,
         aws: &AwsSecretsSettings,
     ) -> Result<PgConnectOptions, ConfigError> {
-        let (options, explicit) = self.located_options(aws).await?;
+        // Boxed: the AWS SDK's future is deep enough to overflow the compiler's layout query
+        // depth in the functions' `main` otherwise (seen in the operator's release build).
+        let (options, explicit) = Box::pin(self.located_options(aws)).await?;
         let options = match &self.host_override {
             Some(host) => options.host(host),
             None => options,

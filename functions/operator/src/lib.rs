@@ -12,7 +12,9 @@ pub async fn handler(
     registry: &EffectRegistry,
 ) -> Result<OperatorResponse, Diagnostic> {
     let request = operator::parse(event.payload).map_err(diagnostic)?;
-    operator::handle(pool, registry, request)
+    // Boxed: the replay path's future is deep enough to overflow the compiler's layout query
+    // depth in `main` (seen in the release build).
+    Box::pin(operator::handle(pool, registry, request))
         .await
         .map_err(diagnostic)
 }
