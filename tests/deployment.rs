@@ -83,7 +83,14 @@ fn every_function_crate_is_deployed_and_every_deployed_function_has_a_crate() {
     );
     let globals = &t["Globals"]["Function"];
     assert_eq!(globals["Runtime"].as_str(), Some("provided.al2023"));
-    assert_eq!(globals["Architectures"][0].as_str(), Some("arm64"));
+    assert_eq!(
+        reference(&globals["Architectures"][0]).as_deref(),
+        Some("Architecture")
+    );
+    assert_eq!(
+        t["Parameters"]["Architecture"]["Default"].as_str(),
+        Some("arm64")
+    );
 }
 
 #[test]
@@ -131,7 +138,7 @@ fn every_alarm_watches_a_metric_that_exists() {
                 ["5xx", "4xx", "Count", "Latency"].contains(&metric),
                 "{name}"
             ),
-            "AWS/SQS" => assert_eq!(metric, "ApproximateNumberOfMessagesVisible", "{name}"),
+            "AWS/SQS" => assert_eq!(metric, "NumberOfMessagesSent", "{name}"),
             other => panic!("{name}: unexpected namespace {other}"),
         }
         let actions = p["AlarmActions"]
@@ -186,6 +193,7 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     let collector = shared::metrics::install_emf().unwrap();
     shared::metrics::delivery_stored("accepted");
     shared::metrics::delivery_refused("signature");
+    shared::metrics::ingest_5xx();
     shared::metrics::drained(&shared::drain::DrainOutcome {
         processed: 3,
         retried: 1,
@@ -322,4 +330,273 @@ fn the_dashboard_body_is_valid_json() {
     }
     let parsed: serde_json::Value = serde_json::from_str(&text).unwrap();
     assert!(parsed["widgets"].as_array().unwrap().len() >= 4);
+}
+
+/// `!Sub`, `!If` and friends, as the tag's name and value.
+fn tagged(v: &Value) -> Option<(String, &Value)> {
+    match v {
+        Value::Tagged(t) => Some((
+            t.tag.to_string().trim_start_matches('!').to_owned(),
+            &t.value,
+        )),
+        _ => None,
+    }
+}
+
+fn functions_with_events(t: &Value) -> Vec<(String, Value)> {
+    of_type(t, "AWS::Serverless::Function")
+        .into_iter()
+        .filter(|(_, f)| f["Properties"]["Events"].as_mapping().is_some())
+        .collect()
+}
+
+/// Nothing can invoke a function before the schema it needs exists, and the migrations run
+/// only once the functions may reach the database; CloudFormation's wait for the migrations'
+/// answer is bounded by ServiceTimeout, above the function's own timeout.
+#[test]
+fn functions_with_triggers_wait_for_the_schema_and_the_schema_for_the_network() {
+    let t = template();
+    for (name, f) in functions_with_events(&t) {
+        assert_eq!(
+            f["DependsOn"].as_str(),
+            Some("SchemaMigrations"),
+            "{name} can be invoked before the migrations ran"
+        );
+    }
+    let migrations = &t["Resources"]["SchemaMigrations"];
+    assert_eq!(
+        migrations["DependsOn"].as_str(),
+        Some("DatabaseIngressFromFunctions")
+    );
+    let service_timeout = migrations["Properties"]["ServiceTimeout"].as_u64().unwrap();
+    let migrate_timeout = t["Resources"]["MigrateFunction"]["Properties"]["Timeout"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        migrate_timeout < service_timeout && service_timeout < 3600,
+        "ServiceTimeout {service_timeout} s against a {migrate_timeout} s function"
+    );
+    // The function keeps ANSWER_MARGIN of its timeout to answer in.
+    assert!(migrate::ANSWER_MARGIN.as_secs() < migrate_timeout);
+}
+
+/// CloudWatch cannot publish to a topic under the AWS-managed alias/aws/sns: every alarm
+/// topic is under a key whose policy lets cloudwatch.amazonaws.com use it.
+#[test]
+fn alarm_topics_are_encrypted_with_a_key_cloudwatch_may_use() {
+    let t = template();
+    let topics = of_type(&t, "AWS::SNS::Topic");
+    assert!(!topics.is_empty());
+    for (name, topic) in topics {
+        let key = reference(&topic["Properties"]["KmsMasterKeyId"])
+            .unwrap_or_else(|| panic!("{name}: not under a key of the stack's own"));
+        let key = &t["Resources"][key.as_str()];
+        assert_eq!(key["Type"].as_str(), Some("AWS::KMS::Key"), "{name}");
+        let cloudwatch_may_publish = key["Properties"]["KeyPolicy"]["Statement"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .any(|s| {
+                let actions: Vec<&str> = s["Action"]
+                    .as_sequence()
+                    .map(|a| a.iter().filter_map(Value::as_str).collect())
+                    .unwrap_or_default();
+                s["Effect"].as_str() == Some("Allow")
+                    && s["Principal"]["Service"].as_str() == Some("cloudwatch.amazonaws.com")
+                    && actions.contains(&"kms:Decrypt")
+                    && actions.contains(&"kms:GenerateDataKey*")
+            });
+        assert!(
+            cloudwatch_may_publish,
+            "{name}: CloudWatch cannot use its key"
+        );
+    }
+    // Every alarm action goes to one of these topics.
+    for (name, alarm) in of_type(&t, "AWS::CloudWatch::Alarm") {
+        for action in alarm["Properties"]["AlarmActions"].as_sequence().unwrap() {
+            let topic = reference(action).unwrap_or_else(|| panic!("{name}: {action:?}"));
+            assert_eq!(
+                t["Resources"][topic.as_str()]["Type"].as_str(),
+                Some("AWS::SNS::Topic"),
+                "{name}"
+            );
+        }
+    }
+}
+
+/// `rate(5 minutes)` → 300.
+fn rate_seconds(schedule: &str) -> u64 {
+    let inner = schedule
+        .strip_prefix("rate(")
+        .and_then(|s| s.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{schedule} is not a rate"));
+    let (n, unit) = inner.split_once(' ').unwrap();
+    let n: u64 = n.parse().unwrap();
+    n * match unit.trim_end_matches('s') {
+        "minute" => 60,
+        "hour" => 3600,
+        "day" => 86400,
+        other => panic!("unit {other}"),
+    }
+}
+
+/// A run that outlasts its schedule overlaps the next one, which then throttles (or waits on
+/// the lock and records skipped): every scheduled function ends before it is due again.
+#[test]
+fn every_scheduled_function_times_out_before_its_next_run() {
+    let t = template();
+    let default_timeout = t["Globals"]["Function"]["Timeout"].as_u64().unwrap();
+    for (name, f) in functions_with_events(&t) {
+        let timeout = f["Properties"]["Timeout"]
+            .as_u64()
+            .unwrap_or(default_timeout);
+        for event in f["Properties"]["Events"].as_mapping().unwrap().values() {
+            if event["Type"].as_str() == Some("Schedule") {
+                let every = rate_seconds(event["Properties"]["Schedule"].as_str().unwrap());
+                assert!(
+                    timeout < every,
+                    "{name}: timeout {timeout} s, scheduled every {every} s"
+                );
+            }
+        }
+    }
+}
+
+/// X-Ray on every function; the ingest function deploys as a canary that its own 5xx and
+/// error alarms roll back; the endpoint is throttled at the stage.
+#[test]
+fn tracing_canary_deployment_and_stage_throttling() {
+    let t = template();
+    assert_eq!(t["Globals"]["Function"]["Tracing"].as_str(), Some("Active"));
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        assert!(
+            f["Properties"]["Tracing"].is_null(),
+            "{name} overrides tracing"
+        );
+    }
+    let ingest = &t["Resources"]["IngestFunction"]["Properties"];
+    assert_eq!(ingest["AutoPublishAlias"].as_str(), Some("live"));
+    let preference = &ingest["DeploymentPreference"];
+    assert!(
+        preference["Type"]
+            .as_str()
+            .is_some_and(|s| s.starts_with("Canary")),
+        "{preference:?}"
+    );
+    let guarded: BTreeSet<String> = preference["Alarms"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(reference)
+        .collect();
+    for alarm in ["Ingest5xxAlarm", "IngestErrorsAlarm"] {
+        assert!(guarded.contains(alarm), "the canary ignores {alarm}");
+        assert_eq!(
+            t["Resources"][alarm]["Type"].as_str(),
+            Some("AWS::CloudWatch::Alarm")
+        );
+    }
+    let throttling = &t["Resources"]["WebhookApi"]["Properties"]["DefaultRouteSettings"];
+    assert!(reference(&throttling["ThrottlingRateLimit"]).is_some());
+    assert!(reference(&throttling["ThrottlingBurstLimit"]).is_some());
+}
+
+/// A new account has a concurrency quota of 10 or 50, and Lambda keeps 100 unreserved: with
+/// its defaults the stack reserves nothing, and every reservation is a parameter.
+#[test]
+fn the_default_stack_reserves_no_concurrency() {
+    let t = template();
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        let reserved = &f["Properties"]["ReservedConcurrentExecutions"];
+        if reserved.is_null() {
+            continue;
+        }
+        let (tag, value) = tagged(reserved).unwrap_or_else(|| panic!("{name}: fixed reservation"));
+        assert_eq!(tag, "If", "{name}");
+        let parameter = reference(&value[1]).unwrap();
+        assert_eq!(
+            t["Parameters"][parameter.as_str()]["Default"].as_u64(),
+            Some(0),
+            "{name}: {parameter} reserves concurrency by default"
+        );
+    }
+}
+
+/// Secrets under a customer-managed key can be read: every function that reads a secret gets
+/// kms:Decrypt on the keys of `SecretsKmsKeyArns`, through Secrets Manager only.
+#[test]
+fn every_function_may_decrypt_secrets_under_the_given_keys() {
+    let t = template();
+    let policy = &t["Resources"]["SecretsKeyDecryptPolicy"];
+    assert_eq!(policy["Condition"].as_str(), Some("HasSecretsKmsKeys"));
+    let statement = &policy["Properties"]["PolicyDocument"]["Statement"][0];
+    assert_eq!(
+        reference(&statement["Resource"]).as_deref(),
+        Some("SecretsKmsKeyArns")
+    );
+    assert!(
+        tagged(&statement["Condition"]["StringEquals"]["kms:ViaService"]).is_some(),
+        "decrypt only via Secrets Manager"
+    );
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        let attached = f["Properties"]["Policies"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .filter_map(tagged)
+            .any(|(tag, v)| {
+                tag == "If" && reference(&v[1]).as_deref() == Some("SecretsKeyDecryptPolicy")
+            });
+        assert!(attached, "{name} cannot decrypt a CMK-encrypted secret");
+    }
+}
+
+/// samconfig: no cached builds (SAM hashes target/ while cargo rewrites it), no blanket beta
+/// flag (SAM CLI 1.170 builds rust-cargolambda without one); SAM's build folder is ignored.
+#[test]
+fn sam_builds_are_not_cached_and_need_no_beta_features() {
+    let config: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("samconfig.toml")).unwrap()).unwrap();
+    for (env, sections) in &config {
+        let Some(sections) = sections.as_table() else {
+            continue;
+        };
+        for (command, section) in sections {
+            let parameters = &section["parameters"];
+            assert_ne!(
+                parameters.get("cached").and_then(toml::Value::as_bool),
+                Some(true),
+                "{env}.{command}: cached builds"
+            );
+            assert!(
+                parameters.get("beta_features").is_none(),
+                "{env}.{command}: beta_features"
+            );
+        }
+    }
+    let ignored = std::fs::read_to_string(root().join(".gitignore")).unwrap();
+    assert!(ignored.lines().any(|l| l.trim_matches('/') == ".aws-sam"));
+}
+
+/// The README's alarm table names every alarm the stack defines.
+#[test]
+fn the_readme_documents_every_alarm() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    let t = template();
+    for (name, alarm) in of_type(&t, "AWS::CloudWatch::Alarm") {
+        let (_, sub) = tagged(&alarm["Properties"]["AlarmName"]).unwrap();
+        let suffix = sub
+            .as_str()
+            .unwrap()
+            .strip_prefix("${AWS::StackName}-")
+            .unwrap();
+        let documented = readme.contains(&format!("`{suffix}`"))
+            || suffix
+                .rsplit_once('-')
+                .is_some_and(|(_, kind)| readme.contains(&format!("`<function>-{kind}`")));
+        assert!(
+            documented,
+            "{name} ({suffix}) is not in the README's alarm table"
+        );
+    }
 }

@@ -21,6 +21,10 @@ pub const DELIVERIES_STORED: &str = "DeliveriesStored";
 /// Deliveries refused, by `Reason` (signature, unknown_source, too_large, unreadable,
 /// unavailable, misconfigured).
 pub const DELIVERIES_REFUSED: &str = "DeliveriesRefused";
+/// Deliveries the ingest function answered with a 5xx (the provider retries). The ingest
+/// canary's rollback alarm watches it: unlike the API's 5xx metric it names no API, so the
+/// alarm can guard the function's own deployment.
+pub const INGEST_5XX: &str = "Ingest5xx";
 pub const EVENTS_PROCESSED: &str = "EventsProcessed";
 pub const EVENTS_RETRIED: &str = "EventsRetried";
 pub const EVENTS_DEAD_LETTERED: &str = "EventsDeadLettered";
@@ -40,6 +44,7 @@ pub const EMITTED: &[&str] = &[
     ANOMALY_VALUE,
     DELIVERIES_STORED,
     DELIVERIES_REFUSED,
+    INGEST_5XX,
     EVENTS_PROCESSED,
     EVENTS_RETRIED,
     EVENTS_DEAD_LETTERED,
@@ -64,6 +69,10 @@ pub fn delivery_stored(outcome: &'static str) {
 
 pub fn delivery_refused(reason: &'static str) {
     metrics::counter!(DELIVERIES_REFUSED, "Reason" => reason).increment(1);
+}
+
+pub fn ingest_5xx() {
+    metrics::counter!(INGEST_5XX).increment(1);
 }
 
 pub fn drained(outcome: &DrainOutcome) {

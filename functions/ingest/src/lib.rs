@@ -21,7 +21,11 @@ pub async fn handler(
             body: request.body().as_ref(),
         })
         .await;
-    Ok(respond(result))
+    let response = respond(result);
+    if response.status().is_server_error() {
+        shared::metrics::ingest_5xx();
+    }
+    Ok(response)
 }
 
 /// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
