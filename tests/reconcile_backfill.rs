@@ -597,3 +597,101 @@ async fn a_failed_backfill_pass_releases_its_lock(
     let next = backfiller(&second).run_once("test").await.unwrap();
     assert!(matches!(next, BackfillRun::Completed { .. }), "{next:?}");
 }
+
+/// A handler with a bug that panics. The Lambda runtime catches a panic and the process lives
+/// on, so whatever the pass held must not outlive it.
+struct Panics;
+
+impl shared::effects::EffectHandler for Panics {
+    fn name(&self) -> &'static str {
+        "panics"
+    }
+
+    fn apply<'a>(
+        &'a self,
+        _conn: &'a mut sqlx::PgConnection,
+        event: &'a shared::store::event_queue::ClaimedEvent,
+    ) -> shared::effects::EffectFuture<'a> {
+        Box::pin(async move {
+            if !event.external_id.is_empty() {
+                panic!("a bug in a handler, on {}", event.external_id);
+            }
+            Ok(shared::effects::Effect::Skipped)
+        })
+    }
+}
+
+/// A pass that panics (here: reconcile drains a stuck event through a handler that panics)
+/// releases its advisory lock and records its run as failed: the next trigger, from another
+/// execution environment, runs instead of recording `skipped`.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pass_that_panics_releases_its_lock(
+    pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let first = pool_options
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let second = pool_options.connect_with(connect).await.unwrap();
+    let app = pipeline_tests::drain::app(first.clone()).await;
+    let d = pipeline_tests::drain::entity_event("stuck-1", "thing-1", 1, "thing.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    sqlx::query("UPDATE event_queue SET enqueued_at = now() - interval '1 hour'")
+        .execute(&first)
+        .await
+        .unwrap();
+    let buggy = Drainer::new(
+        first.clone(),
+        Arc::new(EffectRegistry::new(Arc::new(Panics))),
+        pipeline_tests::drain::fast_settings(),
+    );
+
+    let pool = first.clone();
+    let panicked = tokio::spawn(async move {
+        reconcile::run_once(&pool, &buggy, &ReconcileSettings::default(), "schedule").await
+    })
+    .await;
+    assert!(
+        panicked.as_ref().is_err_and(|e| e.is_panic()),
+        "{panicked:?}"
+    );
+
+    // The environment that panicked lives on (its pool stays open); another one triggers.
+    let next = reconcile::run_once(
+        &second,
+        &standard_drainer(&second),
+        &ReconcileSettings::default(),
+        "alarm:oldest-pending-age",
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(next, ReconcileOutcome::Completed { .. }),
+        "the lock outlived the pass that panicked: {next:?}"
+    );
+    let runs: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT trigger, status, error FROM maintenance_runs WHERE job = 'reconcile' ORDER BY run_id",
+    )
+    .fetch_all(&second)
+    .await
+    .unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(
+        (runs[0].1.as_str(), runs[1].1.as_str()),
+        ("failed", "completed"),
+        "{runs:?}"
+    );
+    assert!(
+        runs[0].2.as_deref().is_some_and(|e| e.contains("panicked")),
+        "{runs:?}"
+    );
+    assert_eq!(
+        event(&second, TENANT, "stuck-1").await.unwrap().status,
+        "processed",
+        "the next pass drained the stuck event"
+    );
+    first.close().await;
+}
