@@ -99,13 +99,15 @@ pub async fn select_open(
 
 /// Locks an open dead letter and its event for a replay in the caller's transaction, and
 /// returns the event as the drain would have claimed it. `None` when the letter is not open or
-/// another replay holds it.
+/// another replay holds it. The payload is the letter's own copy when retention has purged the
+/// event's: an open letter keeps what its replay needs.
 pub async fn claim_for_replay(
     conn: &mut sqlx::PgConnection,
     dead_letter_id: i64,
 ) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts \
+                e.entity_version, COALESCE(e.payload, l.payload) AS payload, e.payload_sha256, \
+                e.first_received_at, e.attempts \
          FROM dead_letters AS l \
          JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \
