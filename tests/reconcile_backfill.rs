@@ -695,3 +695,69 @@ async fn a_pass_that_panics_releases_its_lock(
     );
     first.close().await;
 }
+
+/// A processed row is never rewritten, including while reconcile has it re-queued for a repair:
+/// a conflicting delivery arriving meanwhile is recorded as a conflict and changes nothing, and
+/// the repair re-applies the payload that was processed.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_processed_event_requeued_by_reconcile_is_never_rewritten(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let original = pipeline_tests::drain::entity_event("rq-1", "cust-1", 1, "customer.updated");
+    let body = original.body.clone();
+    app.post(
+        pipeline_tests::drain::ENTITIES,
+        original.headers,
+        &original.body,
+    )
+    .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let before = event(&pool, TENANT, "rq-1").await.unwrap();
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A pass that re-queues the lost effect but has no time left to drain it.
+    let settings = ReconcileSettings {
+        drain_for: Duration::ZERO,
+        ..ReconcileSettings::default()
+    };
+    let ReconcileOutcome::Completed { repaired, .. } =
+        reconcile::run_once(&pool, &drainer, &settings, "schedule")
+            .await
+            .unwrap()
+    else {
+        panic!("the pass was skipped");
+    };
+    assert_eq!(repaired.requeued, 1);
+
+    let changed = pipeline_tests::drain::entity_event("rq-1", "cust-1", 2, "customer.updated");
+    let reply = app
+        .post(
+            pipeline_tests::drain::ENTITIES,
+            changed.headers,
+            &changed.body,
+        )
+        .await;
+    assert_eq!(reply.outcome(), "conflict");
+    let during = event(&pool, TENANT, "rq-1").await.unwrap();
+    assert_eq!(
+        (during.payload.as_deref(), during.status.as_str()),
+        (Some(&body[..]), "processed"),
+        "the processed row was rewritten while re-queued"
+    );
+    assert_eq!(during.payload_sha256, before.payload_sha256);
+
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let (version, last_event): (i64, String) =
+        sqlx::query_as("SELECT version, last_event_id FROM entities WHERE entity_id = 'cust-1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((version, last_event.as_str()), (1, "rq-1"));
+    let after = event(&pool, TENANT, "rq-1").await.unwrap();
+    assert_eq!(
+        (after.payload.as_deref(), after.status.as_str()),
+        (Some(&body[..]), "processed")
+    );
+}

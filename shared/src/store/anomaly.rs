@@ -119,7 +119,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "queued_but_not_pending",
         "referential",
         "SELECT count(*)::float8 FROM event_queue AS q JOIN webhook_events AS e USING (tenant_id, external_id) \
-         WHERE e.status <> 'pending'",
+         WHERE e.status <> 'pending' AND NOT (q.repair AND e.status = 'processed')",
         ZERO.0,
         ZERO.1,
     ),

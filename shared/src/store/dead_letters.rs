@@ -6,7 +6,8 @@ use sqlx::PgExecutor;
 use super::StoreError;
 
 /// Dead-letters events in one statement: each leaves the queue, its event row says
-/// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts.
+/// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts. Only a
+/// pending event can be dead-lettered: a processed one never is.
 pub async fn bury(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -24,7 +25,7 @@ pub async fn bury(
              UPDATE webhook_events AS e \
              SET status = 'dead_lettered', attempts = e.attempts + 1, last_error = d.error \
              FROM dequeued JOIN d USING (tenant_id, external_id) \
-             WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id \
+             WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id AND e.status = 'pending' \
              RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, d.error, d.reason) \
          INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
          SELECT tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts FROM marked";
@@ -107,7 +108,7 @@ pub async fn claim_for_replay(
 ) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
                 e.entity_version, COALESCE(e.payload, l.payload) AS payload, e.payload_sha256, \
-                e.first_received_at, e.attempts \
+                e.first_received_at, e.attempts, false AS repair \
          FROM dead_letters AS l \
          JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \

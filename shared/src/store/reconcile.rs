@@ -79,18 +79,26 @@ pub async fn save_cursor(
     Ok(())
 }
 
-/// Puts events back through the normal path: pending again, and in the queue.
+/// Puts events back through the normal path. A pending event that lost its queue row joins
+/// the queue again; a processed event joins it as a repair and stays `processed`: the drain
+/// re-runs its handler to re-assert its effects, and nothing (a delivery, a failure of the
+/// repair) can rewrite or dead-letter it meanwhile.
 pub async fn requeue(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
     ids: &[String],
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "WITH e AS ( \
-             UPDATE webhook_events AS e SET status = 'pending', next_attempt_at = now() \
-             FROM unnest($1::text[], $2::text[]) AS r(tenant_id, external_id) \
-             WHERE e.tenant_id = r.tenant_id AND e.external_id = r.external_id AND e.status IN ('pending', 'processed') \
-             RETURNING e.tenant_id, e.external_id) \
-         INSERT INTO event_queue (tenant_id, external_id) SELECT tenant_id, external_id FROM e \
+    const SQL: &str = "WITH r AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[]) AS r(tenant_id, external_id)), \
+         pending AS ( \
+             UPDATE webhook_events AS e SET next_attempt_at = now() FROM r \
+             WHERE e.tenant_id = r.tenant_id AND e.external_id = r.external_id AND e.status = 'pending' \
+             RETURNING e.tenant_id, e.external_id, false AS repair), \
+         processed AS ( \
+             SELECT e.tenant_id, e.external_id, true AS repair FROM webhook_events AS e JOIN r USING (tenant_id, external_id) \
+             WHERE e.status = 'processed') \
+         INSERT INTO event_queue (tenant_id, external_id, repair) \
+         SELECT tenant_id, external_id, repair FROM pending UNION ALL SELECT tenant_id, external_id, repair FROM processed \
          ON CONFLICT (tenant_id, external_id) DO UPDATE SET ready_at = now()";
     if ids.is_empty() {
         return Ok(0);
