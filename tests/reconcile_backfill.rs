@@ -761,3 +761,196 @@ async fn a_processed_event_requeued_by_reconcile_is_never_rewritten(pool: PgPool
         (Some(&body[..]), "processed")
     );
 }
+
+/// Shifts every time of the events, their outbox rows and the orders `days` into the past.
+async fn age_days(pool: &PgPool, days: i32) {
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - make_interval(days => $1), \
+             first_received_at = first_received_at - make_interval(days => $1), \
+             last_seen_at = last_seen_at - make_interval(days => $1), \
+             processed_at = processed_at - make_interval(days => $1)",
+        "UPDATE outbox SET created_at = created_at - make_interval(days => $1)",
+        "UPDATE orders SET paid_at = paid_at - make_interval(days => $1), updated_at = updated_at - make_interval(days => $1)",
+        "UPDATE entities SET updated_at = updated_at - make_interval(days => $1)",
+    ] {
+        sqlx::query(sql).bind(days).execute(pool).await.unwrap();
+    }
+}
+
+/// A payment event on a Stripe source that reads entity versions (as the README's example
+/// source does): the payments handler writes no projection row.
+fn versioned_payment(id: &str, order_id: &str, reference: &str, amount: i64) -> Delivery {
+    let body = serde_json::json!({
+        "id": id, "object": "event", "type": "payment_intent.succeeded",
+        "data": {"object": {"id": format!("pi_{order_id}"), "object": "payment_intent", "version": 1,
+            "amount": amount, "amount_received": amount, "currency": "eur",
+            "metadata": {"order_id": order_id, "merchant_reference": reference}}}
+    });
+    resign(
+        shared::domain::Scheme::Stripe,
+        &secret_of(shared::domain::Scheme::Stripe),
+        id,
+        now(),
+        http::HeaderMap::new(),
+        serde_json::to_vec(&body).unwrap(),
+    )
+}
+
+/// Reconcile expects of an event what that event's handler writes, so it converges: a payment
+/// (no projection row, whatever the source reads) and deliveries after the identity purge (no
+/// outbox row, by design) are never re-queued. Pass after pass finds and repairs nothing,
+/// records no further anomaly, bumps no attempt, and once their payloads are purged nothing
+/// becomes a dead letter.
+#[sqlx::test(migrations = "../migrations")]
+async fn reconcile_converges_over_payments_and_redeliveries_after_the_identity_purge(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let mut stripe = source(
+        "stripe",
+        TENANT,
+        shared::domain::Scheme::Stripe,
+        "secret/stripe",
+    );
+    stripe.fields.entity_version = Some(shared::domain::FieldLocator::json("/data/object/version"));
+    shared::sources::apply(&pool, &[stripe]).await.unwrap();
+    create_order(&pool, "ord-1", "REF-1", 700, "eur").await;
+    let pay = versioned_payment("evt_pay", "ord-1", "REF-1", 700);
+    let entity =
+        pipeline_tests::drain::entity_event("old-entity", "cust-old", 4, "customer.updated");
+    for (source, d) in [("stripe", &pay), (pipeline_tests::drain::ENTITIES, &entity)] {
+        let reply = app.post(source, d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    }
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM orders WHERE state = 'paid'").await,
+        1
+    );
+
+    let mut passes = Vec::new();
+    passes.push(reconciled(&pool, &drainer).await);
+
+    // Forty days on: the outbox delivered, retention purged both identities, and the provider
+    // delivers both events again.
+    age_days(&pool, 40).await;
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let retention = shared::retention::RetentionSettings::default();
+    let purged = shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 2, "{purged:?}");
+    for (source, d) in [("stripe", &pay), (pipeline_tests::drain::ENTITIES, &entity)] {
+        let reply = app.post(source, d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    }
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    passes.push(reconciled(&pool, &drainer).await);
+    passes.push(reconciled(&pool, &drainer).await);
+
+    // A week later still: their payloads are purged too.
+    age_days(&pool, 8).await;
+    shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    passes.push(reconciled(&pool, &drainer).await);
+    passes.push(reconciled(&pool, &drainer).await);
+
+    for (i, (found, repaired)) in passes.iter().enumerate() {
+        assert_eq!(
+            (
+                found.missing_effects,
+                found.missing_outbox,
+                found.orphaned_pending,
+                repaired.requeued
+            ),
+            (0, 0, 0, 0),
+            "pass {i} found or repaired something in a consistent database: {found:?} {repaired:?}"
+        );
+    }
+    let anomalies: Vec<String> = sqlx::query_scalar(
+        "SELECT external_id FROM ingest_anomalies WHERE kind = 'redelivered_after_purge' ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(anomalies, ["evt_pay", "old-entity"], "recorded once each");
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT external_id, status, attempts FROM webhook_events ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("evt_pay".into(), "processed".into(), 1),
+            ("old-entity".into(), "processed".into(), 1)
+        ]
+    );
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM payment_exceptions").await,
+        0
+    );
+    // The referential checks expect the same as reconcile: only the redelivery is news.
+    let report = shared::anomaly::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    for check in [
+        "processed_without_projection",
+        "paid_orders_without_fulfilment",
+    ] {
+        assert!(
+            !report.breaches.iter().any(|b| b == check),
+            "{check}: {:?}",
+            report.breaches
+        );
+    }
+}
+
+/// A processed event whose effect went missing after retention purged its payload cannot be
+/// re-run: reconcile reports it, and neither re-queues it pass after pass nor turns it into a
+/// dead letter.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_lost_effect_whose_payload_was_purged_is_reported_not_requeued(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let d = pipeline_tests::drain::entity_event("gone-1", "cust-9", 2, "customer.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    age_days(&pool, 8).await;
+    shared::retention::run_once(&pool, &Default::default(), "schedule")
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (first, first_repaired) = reconciled(&pool, &drainer).await;
+    let (second, second_repaired) = reconciled(&pool, &drainer).await;
+
+    for (found, repaired) in [(&first, &first_repaired), (&second, &second_repaired)] {
+        assert_eq!(
+            (found.missing_effects, found.unrepairable, repaired.requeued),
+            (1, 1, 0),
+            "{found:?} {repaired:?}"
+        );
+    }
+    let row = event(&pool, TENANT, "gone-1").await.unwrap();
+    assert_eq!(row.status, "processed");
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+}

@@ -129,7 +129,7 @@ pub struct Drainer {
 /// Per-batch decisions, applied with one statement each.
 #[derive(Default)]
 struct Decisions {
-    done: (Vec<String>, Vec<String>),
+    done: (Vec<String>, Vec<String>, Vec<&'static str>),
     /// Repairs, done or failed: they only leave the queue.
     repairs: (Vec<String>, Vec<String>),
     repairs_failed: u64,
@@ -202,8 +202,10 @@ impl Drainer {
             }
             match applied {
                 Ok(_) => {
+                    let expects = self.registry.handler_for(event).expects(event);
                     decisions.done.0.push(event.tenant_id.clone());
                     decisions.done.1.push(event.external_id.clone());
+                    decisions.done.2.push(expects.as_str());
                 }
                 Err(EffectError::Aborted(error)) => return Err(error),
                 Err(EffectError::Retryable(why))
@@ -235,7 +237,7 @@ impl Drainer {
         }
         let (d, r, x) = (&decisions.done, &decisions.retry, &decisions.dead);
         let fixed = &decisions.repairs;
-        event_queue::complete(&mut *tx, &d.0, &d.1).await?;
+        event_queue::complete(&mut *tx, &d.0, &d.1, &d.2).await?;
         event_queue::dequeue(&mut *tx, &fixed.0, &fixed.1).await?;
         event_queue::retry_later(&mut *tx, &r.0, &r.1, &r.2, &r.3).await?;
         dead_letters::bury(&mut *tx, &x.0, &x.1, &x.2, &x.3).await?;
@@ -337,7 +339,9 @@ pub async fn replay(
         };
         match apply_under_savepoint(&mut tx, registry, &event).await {
             Ok(_) => {
-                dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id).await?;
+                let expects = registry.handler_for(&event).expects(&event);
+                dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id, expects.as_str())
+                    .await?;
                 outcome.replayed += 1;
             }
             Err(EffectError::Aborted(error)) => return Err(error),

@@ -136,7 +136,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "processed_without_projection",
         "referential",
         "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
-         AND e.status = 'processed' AND e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL AND NOT EXISTS \
+         AND e.status = 'processed' AND e.expects = 'projection' AND NOT EXISTS \
          (SELECT 1 FROM entities AS x WHERE x.tenant_id = e.tenant_id AND x.entity_id = e.entity_id \
             AND x.entity_type = regexp_replace(e.event_type, '[./][^./]*$', '') AND x.version >= e.entity_version)",
         ZERO.0,
@@ -146,7 +146,8 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "paid_orders_without_fulfilment",
         "referential",
         "SELECT count(*)::float8 FROM orders AS p WHERE p.state = 'paid' AND p.paid_at < now() - interval '10 minutes' \
-         AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = p.tenant_id AND e.external_id = p.paid_by_event) \
+         AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = p.tenant_id AND e.external_id = p.paid_by_event \
+                     AND e.first_received_at <= p.paid_at) \
          AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = p.tenant_id AND o.external_id = p.paid_by_event \
                          AND o.action = 'fulfil_order')",
         ZERO.0,

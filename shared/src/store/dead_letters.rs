@@ -121,20 +121,22 @@ pub async fn claim_for_replay(
 }
 
 /// After a replay processed the event: the letter is closed as `replayed` and its event is
-/// `processed`, in one statement.
+/// `processed`, with what its handler expects reconciliation to find, in one statement.
 pub async fn mark_replayed(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
+    expects: &str,
 ) -> Result<(), StoreError> {
     const SQL: &str = "WITH letter AS ( \
              UPDATE dead_letters SET status = 'replayed', replayed_at = now(), \
                  replay_count = replay_count + 1, updated_at = now() \
              WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
          UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), \
-             attempts = e.attempts + 1, last_error = NULL \
+             attempts = e.attempts + 1, last_error = NULL, expects = $2 \
          FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
     sqlx::query(SQL)
         .bind(dead_letter_id)
+        .bind(expects)
         .execute(executor)
         .await?;
     Ok(())

@@ -41,25 +41,32 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
     Ok(sqlx::query_as(SQL).bind(limit).fetch_all(conn).await?)
 }
 
-/// Marks events processed and removes them from the queue, in one statement.
+/// Marks events processed and removes them from the queue, in one statement, recording what
+/// each event's handler expects reconciliation to find (`webhook_events.expects`).
 pub async fn complete(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
     ids: &[String],
+    expects: &[&str],
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "WITH done AS ( \
-             DELETE FROM event_queue AS q USING unnest($1::text[], $2::text[]) AS d(tenant_id, external_id) \
+    const SQL: &str = "WITH d AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), \
+         done AS ( \
+             DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
              RETURNING q.tenant_id, q.external_id) \
          UPDATE webhook_events AS e \
-         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL \
-         FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id";
+         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL, \
+             expects = d.expects \
+         FROM done JOIN d USING (tenant_id, external_id) \
+         WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending'";
     if ids.is_empty() {
         return Ok(0);
     }
     Ok(sqlx::query(SQL)
         .bind(tenants)
         .bind(ids)
+        .bind(expects)
         .execute(executor)
         .await?
         .rows_affected())
