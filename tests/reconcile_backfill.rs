@@ -954,3 +954,154 @@ async fn a_lost_effect_whose_payload_was_purged_is_reported_not_requeued(pool: P
     assert_eq!(row.status, "processed");
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
 }
+
+/// A sequence source for the simulated provider examining `window` numbers at a time.
+fn windowed_source(base: &str, window: i64, grace: Duration) -> shared::sources::Source {
+    let mut s = provider_source("seq", sequence_strategy(), base, grace);
+    if let Some(gaps) = s.gaps.as_mut() {
+        gaps.window = window;
+    }
+    s
+}
+
+async fn watermark(pool: &PgPool) -> i64 {
+    scalar(pool, "SELECT contiguous_through FROM gap_watermarks").await
+}
+
+/// An operator tombstone as the README writes it (no sequence): its sequence is resolved from
+/// the source's id template, so its number is never flagged and the watermark passes it.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: PgPool) {
+    let provider = provider(50, vec![20]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[windowed_source(&base, 100_000, Duration::from_secs(3600))],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 7));
+    deliver_all(&app, "seq", deliveries).await;
+    let request = shared::operator::parse(serde_json::json!({
+        "action": "tombstone", "tenant_id": TENANT, "source_id": "seq", "external_id": "evt_20",
+        "reason": "deleted test event", "operator": "alice"
+    }))
+    .unwrap();
+    shared::operator::handle(&pool, &EffectRegistry::standard(), request)
+        .await
+        .unwrap();
+
+    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let second = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+
+    assert_eq!(
+        (
+            first.new_candidates,
+            second.new_candidates,
+            first.waiting_grace
+        ),
+        (0, 0, 0),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(
+        watermark(&pool).await,
+        50,
+        "the watermark passed the tombstone"
+    );
+    let sequence: Option<i64> = sqlx::query_scalar("SELECT sequence FROM tombstones")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sequence, Some(20));
+    assert!(provider.fetched().is_empty());
+
+    // An ID that does not follow the source's template cannot be placed: refused.
+    let stray = shared::operator::parse(serde_json::json!({
+        "action": "tombstone", "tenant_id": TENANT, "source_id": "seq", "external_id": "charge_7",
+        "reason": "typo", "operator": "alice"
+    }))
+    .unwrap();
+    let refused = shared::operator::handle(&pool, &EffectRegistry::standard(), stray).await;
+    assert!(
+        matches!(refused, Err(shared::operator::OperatorError::BadRequest(ref why)) if why.contains("evt_{seq}")),
+        "{refused:?}"
+    );
+}
+
+/// A window with no rows below newer events is all gap: it is flagged and backfilled, and the
+/// watermark moves past it instead of standing still.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_window_without_rows_does_not_stall_the_watermark(pool: PgPool) {
+    let provider = provider(40, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(pool.clone(), &[windowed_source(&base, 10, Duration::ZERO)]).await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 8));
+    let arrived: Vec<_> = deliveries
+        .into_iter()
+        .filter(|d| {
+            let n: u64 = d.id.trim_start_matches("evt_").parse().unwrap();
+            !(6..=25).contains(&n)
+        })
+        .collect();
+    deliver_all(&app, "seq", arrived).await;
+
+    for _ in 0..5 {
+        completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    }
+    drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(30)).await;
+
+    assert_eq!(watermark(&pool).await, 40);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        40
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE verified_with = 'provider_api'"
+        )
+        .await,
+        20
+    );
+    assert_eq!(projection(&pool).await, provider.final_state());
+}
+
+/// While a gap waits out its grace period the watermark stands below it, but detection goes on
+/// above `watermark + window`: later gaps are flagged (and start their own grace) meanwhile.
+#[sqlx::test(migrations = "../migrations")]
+async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool) {
+    let provider = provider(40, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[windowed_source(&base, 10, Duration::from_secs(3600))],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 9));
+    deliver_all(
+        &app,
+        "seq",
+        deliveries
+            .into_iter()
+            .filter(|d| d.id != "evt_3" && d.id != "evt_25")
+            .collect(),
+    )
+    .await;
+
+    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let candidates: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM gap_candidates ORDER BY sequence")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(candidates, ["evt_3", "evt_25"], "{first:?}");
+    assert_eq!(watermark(&pool).await, 2);
+
+    // An hour later both are past their grace: fetched, and the watermark reaches the top.
+    sqlx::query("UPDATE gap_candidates SET first_seen_at = first_seen_at - interval '2 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let later = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    assert_eq!((later.backfilled, later.errors), (2, 0), "{later:?}");
+    assert_eq!(watermark(&pool).await, 40);
+}

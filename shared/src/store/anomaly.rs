@@ -294,6 +294,17 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         Some(1800.0),
     ),
     check(
+        "stalled_gap_watermarks",
+        "machinery",
+        "SELECT count(*)::float8 FROM gap_watermarks AS w JOIN sources AS s USING (source_id) \
+         WHERE s.enabled AND s.gap_strategy = 'sequence' \
+           AND w.advanced_at < now() - make_interval(secs => s.gap_grace_seconds) - interval '1 hour' \
+           AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.source_id = w.source_id \
+                       AND e.provider_sequence > w.contiguous_through AND e.first_received_at > w.advanced_at)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "queue_dead_tuples",
         "machinery",
         "SELECT n_dead_tup::float8 FROM pg_stat_user_tables WHERE relname = 'event_queue' AND schemaname = current_schema()",
