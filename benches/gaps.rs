@@ -92,10 +92,13 @@ async fn main() {
         for window in [10_000i64, 100_000, 1_000_000] {
             let after = top - window;
             let (design, found) = best_of_3(|| async {
-                let (g, _) = gaps::sequence_gaps(&pool, "bench", after, top)
+                let g = gaps::sequence_gaps(&pool, "bench", after, top)
                     .await
                     .unwrap();
-                g.iter().map(|g| (g.gap_to - g.gap_from + 1) as usize).sum()
+                g.gaps
+                    .iter()
+                    .map(|g| (g.gap_to - g.gap_from + 1) as usize)
+                    .sum()
             })
             .await;
             let (textbook, textbook_found) = best_of_3(|| async {

@@ -236,3 +236,78 @@ async fn a_run_that_cannot_store_its_results_is_recorded_as_failed(pool: PgPool)
         "{rows:?}"
     );
 }
+
+/// A sequence source's watermark that stands still while newer events keep arriving (a gap that
+/// never resolves, a stalled detector) breaches `stalled_gap_watermarks`; a watermark that
+/// waits out a gap's grace period does not.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_watermark_standing_still_while_newer_events_arrive_breaches(pool: PgPool) {
+    use pipeline_tests::gaps;
+    let provider = gaps::provider(30, vec![]);
+    let base = std::sync::Arc::clone(&provider).serve().await;
+    let app = gaps::app(
+        pool.clone(),
+        &[gaps::provider_source(
+            "seq",
+            gaps::sequence_strategy(),
+            &base,
+            Duration::from_secs(600),
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(simulator::DeliveryPlan {
+        duplicate_rate: 0.0,
+        drop_rate: 0.0,
+        reorder_window: 0,
+        seed: 1,
+        signed_at: now(),
+    });
+    let (early, late): (Vec<_>, Vec<_>) = deliveries
+        .into_iter()
+        .filter(|d| d.id != "evt_10")
+        .partition(|d| d.id.trim_start_matches("evt_").parse::<u64>().unwrap() < 10);
+    gaps::deliver_all(&app, "seq", early).await;
+    gaps::backfiller(&pool).run_once("test").await.unwrap();
+    gaps::deliver_all(&app, "seq", late).await;
+    gaps::backfiller(&pool).run_once("test").await.unwrap();
+    assert_eq!(
+        scalar(&pool, "SELECT contiguous_through FROM gap_watermarks").await,
+        9
+    );
+    let waiting = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert!(
+        !waiting
+            .breaches
+            .iter()
+            .any(|b| b == "stalled_gap_watermarks"),
+        "{:?}",
+        waiting.breaches
+    );
+
+    // Three hours on, the watermark has not moved and newer events kept arriving.
+    sqlx::query("UPDATE gap_watermarks SET advanced_at = advanced_at - interval '3 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let stalled = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert!(
+        stalled
+            .breaches
+            .iter()
+            .any(|b| b == "stalled_gap_watermarks"),
+        "{:?}",
+        stalled.breaches
+    );
+    let value: f64 = sqlx::query_scalar(
+        "SELECT value FROM anomaly_results WHERE run_id = $1 AND check_name = 'stalled_gap_watermarks'",
+    )
+    .bind(stalled.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(value, 1.0);
+}

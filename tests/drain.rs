@@ -586,3 +586,86 @@ async fn a_conflicting_delivery_during_processing_never_rewrites_the_processed_p
         "a conflict does not queue the event again"
     );
 }
+
+/// A dead letter stays replayable for as long as it is open: retention purges payloads of
+/// finished events after 7 days, but the letter keeps what its replay needs. Once the letter is
+/// closed, its own copy of the payload goes the same way.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_dead_letter_older_than_the_payload_horizon_is_still_replayable(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(EntityProjection));
+    handler.poison = vec!["poison".into()];
+    handler.fatal = true;
+    let handler = Arc::new(handler);
+    let registry = registry_with(handler.clone());
+    let drainer = drainer(&pool, registry.clone());
+    let poison = entity_event("dl-1", "poison", 3, "thing.updated");
+    let body = poison.body.clone();
+    deliver(&app, poison).await;
+    deliver(&app, entity_event("ok-1", "steady", 1, "thing.updated")).await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    assert_eq!(
+        event(&pool, TENANT, "dl-1").await.unwrap().status,
+        "dead_lettered"
+    );
+
+    // Eight days later, retention has run; then the handler is fixed.
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - interval '8 days', \
+             first_received_at = first_received_at - interval '8 days', last_seen_at = last_seen_at - interval '8 days'",
+        "UPDATE dead_letters SET created_at = created_at - interval '8 days', updated_at = updated_at - interval '8 days'",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let retention = shared::retention::RetentionSettings::default();
+    let purged = shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(purged.payloads_purged, 2, "{purged:?}");
+    handler.broken.store(false, Ordering::SeqCst);
+
+    let replay = shared::drain::replay(&pool, &registry, &ReplayFilter::default())
+        .await
+        .unwrap();
+
+    let error: String = sqlx::query_scalar("SELECT error FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        (replay.selected, replay.replayed, replay.failed),
+        (1, 1, 0),
+        "the letter could not be replayed: {error}"
+    );
+    let e = entity(&pool, "poison").await.unwrap();
+    assert_eq!((e.version, e.last_event_id.as_str()), (3, "dl-1"));
+    assert_eq!(e.state["data"]["name"], "poison v3");
+    assert_eq!(
+        event(&pool, TENANT, "dl-1").await.unwrap().status,
+        "processed"
+    );
+
+    // Closed now: a week after the replay, the letter's copy of the payload is purged too.
+    let (letter_payload,): (Option<Vec<u8>>,) = sqlx::query_as("SELECT payload FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(letter_payload.as_deref(), Some(&body[..]));
+    sqlx::query("UPDATE dead_letters SET updated_at = updated_at - interval '8 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let later = shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(later.dead_letter_payloads_purged, 1, "{later:?}");
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM dead_letters WHERE payload IS NULL"
+        )
+        .await,
+        1
+    );
+}

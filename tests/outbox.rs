@@ -19,6 +19,12 @@ struct Target {
     script: Arc<Mutex<VecDeque<u16>>>,
     /// (Idempotency-Key, body) of every request received.
     received: Arc<Mutex<Vec<(String, serde_json::Value)>>>,
+    /// How long the target takes to answer (a slow target).
+    latency: Duration,
+    /// When set, every request waits for a permit before it is answered.
+    gate: Option<Arc<tokio::sync::Semaphore>>,
+    /// Notified as each request arrives.
+    arrived: Arc<tokio::sync::Notify>,
 }
 
 async fn receive(
@@ -35,14 +41,23 @@ async fn receive(
         .lock()
         .unwrap()
         .push((key, serde_json::from_slice(&body).unwrap()));
+    t.arrived.notify_one();
+    if let Some(gate) = &t.gate {
+        let _permit = gate.acquire().await.unwrap();
+    }
+    tokio::time::sleep(t.latency).await;
     StatusCode::from_u16(t.script.lock().unwrap().pop_front().unwrap_or(200)).unwrap()
 }
 
 async fn spawn_target(script: &[u16]) -> (Target, String) {
-    let target = Target {
+    serve_target(Target {
         script: Arc::new(Mutex::new(script.iter().copied().collect())),
         ..Target::default()
-    };
+    })
+    .await
+}
+
+async fn serve_target(target: Target) -> (Target, String) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/hook", listener.local_addr().unwrap());
     let app = axum::Router::new()
@@ -198,5 +213,150 @@ async fn concurrent_senders_lease_each_message_to_one_of_them(pool: PgPool) {
         (received.len(), keys.len()),
         (40, 40),
         "each message sent once"
+    );
+}
+
+/// Attempts count tries, not leases. Against a slow target an invocation checks its deadline
+/// before each message and hands back what it leased and did not send: it ends by its deadline
+/// (a Lambda invocation would be killed past it), each row's attempts equal the requests the
+/// target received for it, and nothing reaches `failed` for having been leased.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_slow_target_spends_attempts_only_on_tries(pool: PgPool) {
+    outbox_rows(&pool, 10).await;
+    let (target, url) = serve_target(Target {
+        latency: Duration::from_millis(300),
+        ..Target::default()
+    })
+    .await;
+    let sender = OutboxSender::new(
+        pool.clone(),
+        OutboxSettings {
+            batch_size: 10,
+            request_timeout: Duration::from_secs(2),
+            ..settings(&url)
+        },
+    )
+    .unwrap();
+
+    for invocation in 1..=6 {
+        let deadline = Instant::now() + Duration::from_secs(1);
+        // The runtime ends an invocation that outlives its deadline (here, one second after).
+        let run = tokio::time::timeout(Duration::from_secs(2), sender.send_until(deadline)).await;
+        let counts: Vec<(String, i32)> =
+            sqlx::query_as("SELECT idempotency_key, attempts FROM outbox ORDER BY outbox_id")
+                .fetch_all(&pool)
+                .await
+                .unwrap();
+        let received = target.received.lock().unwrap().clone();
+        for (key, attempts) in &counts {
+            let tries = received.iter().filter(|(k, _)| k == key).count() as i32;
+            assert_eq!(
+                *attempts, tries,
+                "invocation {invocation}: attempts are tries, not leases: {counts:?}"
+            );
+        }
+        let untried_hidden = scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'pending' AND attempts = 0 AND next_attempt_at > now()",
+        )
+        .await;
+        assert_eq!(
+            untried_hidden, 0,
+            "invocation {invocation}: what was leased and not sent is handed back"
+        );
+        assert!(
+            run.is_ok_and(|sent| sent.is_ok()),
+            "invocation {invocation} ran past its deadline and was killed"
+        );
+        if scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'pending'",
+        )
+        .await
+            == 0
+        {
+            break;
+        }
+    }
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'delivered'"
+        )
+        .await,
+        10
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox WHERE status = 'failed'").await,
+        0
+    );
+}
+
+/// Reconcile never makes a row that a sender holds leased due: a second sender would POST the
+/// same message while the first is still sending it.
+#[sqlx::test(migrations = "../migrations")]
+async fn reconcile_leaves_leased_rows_to_their_sender(pool: PgPool) {
+    outbox_rows(&pool, 3).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (target, url) = serve_target(Target {
+        gate: Some(gate.clone()),
+        ..Target::default()
+    })
+    .await;
+    let first = Arc::new(OutboxSender::new(pool.clone(), settings(&url)).unwrap());
+    let sending = {
+        let first = first.clone();
+        tokio::spawn(async move {
+            first
+                .send_until(Instant::now() + Duration::from_secs(30))
+                .await
+        })
+    };
+    // The first sender holds the batch and waits on the target's answer to its first message.
+    target.arrived.notified().await;
+    sqlx::query("UPDATE outbox SET created_at = now() - interval '2 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let drainer = standard_drainer(&pool);
+    let pass = shared::reconcile::run_once(&pool, &drainer, &Default::default(), "schedule")
+        .await
+        .unwrap();
+    let shared::reconcile::ReconcileOutcome::Completed {
+        found, repaired, ..
+    } = pass
+    else {
+        panic!("skipped: {pass:?}");
+    };
+    assert_eq!(found.outbox_undelivered_past_window, 3, "{found:?}");
+    assert_eq!(
+        repaired.outbox_made_due, 0,
+        "reconcile made rows due that a sender holds"
+    );
+    let second = OutboxSender::new(pool.clone(), settings(&url)).unwrap();
+    let meanwhile = tokio::time::timeout(
+        Duration::from_secs(3),
+        second.send_until(Instant::now() + Duration::from_secs(1)),
+    )
+    .await;
+    gate.add_permits(100);
+    let first_outcome = sending.await.unwrap().unwrap();
+
+    assert_eq!(first_outcome.delivered, 3, "{first_outcome:?}");
+    assert!(
+        meanwhile
+            .as_ref()
+            .is_ok_and(|o| o.as_ref().is_ok_and(|o| o.leased == 0)),
+        "the second sender leased held rows: {meanwhile:?}"
+    );
+    let received = target.received.lock().unwrap().clone();
+    let mut keys: Vec<&String> = received.iter().map(|(k, _)| k).collect();
+    keys.sort();
+    keys.dedup();
+    assert_eq!(
+        (received.len(), keys.len()),
+        (3, 3),
+        "each message POSTed once"
     );
 }

@@ -597,3 +597,511 @@ async fn a_failed_backfill_pass_releases_its_lock(
     let next = backfiller(&second).run_once("test").await.unwrap();
     assert!(matches!(next, BackfillRun::Completed { .. }), "{next:?}");
 }
+
+/// A handler with a bug that panics. The Lambda runtime catches a panic and the process lives
+/// on, so whatever the pass held must not outlive it.
+struct Panics;
+
+impl shared::effects::EffectHandler for Panics {
+    fn name(&self) -> &'static str {
+        "panics"
+    }
+
+    fn apply<'a>(
+        &'a self,
+        _conn: &'a mut sqlx::PgConnection,
+        event: &'a shared::store::event_queue::ClaimedEvent,
+    ) -> shared::effects::EffectFuture<'a> {
+        Box::pin(async move {
+            if !event.external_id.is_empty() {
+                panic!("a bug in a handler, on {}", event.external_id);
+            }
+            Ok(shared::effects::Effect::Skipped)
+        })
+    }
+}
+
+/// A pass that panics (here: reconcile drains a stuck event through a handler that panics)
+/// releases its advisory lock and records its run as failed: the next trigger, from another
+/// execution environment, runs instead of recording `skipped`.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_pass_that_panics_releases_its_lock(
+    pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let first = pool_options
+        .clone()
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let second = pool_options.connect_with(connect).await.unwrap();
+    let app = pipeline_tests::drain::app(first.clone()).await;
+    let d = pipeline_tests::drain::entity_event("stuck-1", "thing-1", 1, "thing.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    sqlx::query("UPDATE event_queue SET enqueued_at = now() - interval '1 hour'")
+        .execute(&first)
+        .await
+        .unwrap();
+    let buggy = Drainer::new(
+        first.clone(),
+        Arc::new(EffectRegistry::new(Arc::new(Panics))),
+        pipeline_tests::drain::fast_settings(),
+    );
+
+    let pool = first.clone();
+    let panicked = tokio::spawn(async move {
+        reconcile::run_once(&pool, &buggy, &ReconcileSettings::default(), "schedule").await
+    })
+    .await;
+    assert!(
+        panicked.as_ref().is_err_and(|e| e.is_panic()),
+        "{panicked:?}"
+    );
+
+    // The environment that panicked lives on (its pool stays open); another one triggers.
+    let next = reconcile::run_once(
+        &second,
+        &standard_drainer(&second),
+        &ReconcileSettings::default(),
+        "alarm:oldest-pending-age",
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(next, ReconcileOutcome::Completed { .. }),
+        "the lock outlived the pass that panicked: {next:?}"
+    );
+    let runs: Vec<(String, String, Option<String>)> = sqlx::query_as(
+        "SELECT trigger, status, error FROM maintenance_runs WHERE job = 'reconcile' ORDER BY run_id",
+    )
+    .fetch_all(&second)
+    .await
+    .unwrap();
+    assert_eq!(runs.len(), 2, "{runs:?}");
+    assert_eq!(
+        (runs[0].1.as_str(), runs[1].1.as_str()),
+        ("failed", "completed"),
+        "{runs:?}"
+    );
+    assert!(
+        runs[0].2.as_deref().is_some_and(|e| e.contains("panicked")),
+        "{runs:?}"
+    );
+    assert_eq!(
+        event(&second, TENANT, "stuck-1").await.unwrap().status,
+        "processed",
+        "the next pass drained the stuck event"
+    );
+    first.close().await;
+}
+
+/// A processed row is never rewritten, including while reconcile has it re-queued for a repair:
+/// a conflicting delivery arriving meanwhile is recorded as a conflict and changes nothing, and
+/// the repair re-applies the payload that was processed.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_processed_event_requeued_by_reconcile_is_never_rewritten(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let original = pipeline_tests::drain::entity_event("rq-1", "cust-1", 1, "customer.updated");
+    let body = original.body.clone();
+    app.post(
+        pipeline_tests::drain::ENTITIES,
+        original.headers,
+        &original.body,
+    )
+    .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let before = event(&pool, TENANT, "rq-1").await.unwrap();
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // A pass that re-queues the lost effect but has no time left to drain it.
+    let settings = ReconcileSettings {
+        drain_for: Duration::ZERO,
+        ..ReconcileSettings::default()
+    };
+    let ReconcileOutcome::Completed { repaired, .. } =
+        reconcile::run_once(&pool, &drainer, &settings, "schedule")
+            .await
+            .unwrap()
+    else {
+        panic!("the pass was skipped");
+    };
+    assert_eq!(repaired.requeued, 1);
+
+    let changed = pipeline_tests::drain::entity_event("rq-1", "cust-1", 2, "customer.updated");
+    let reply = app
+        .post(
+            pipeline_tests::drain::ENTITIES,
+            changed.headers,
+            &changed.body,
+        )
+        .await;
+    assert_eq!(reply.outcome(), "conflict");
+    let during = event(&pool, TENANT, "rq-1").await.unwrap();
+    assert_eq!(
+        (during.payload.as_deref(), during.status.as_str()),
+        (Some(&body[..]), "processed"),
+        "the processed row was rewritten while re-queued"
+    );
+    assert_eq!(during.payload_sha256, before.payload_sha256);
+
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let (version, last_event): (i64, String) =
+        sqlx::query_as("SELECT version, last_event_id FROM entities WHERE entity_id = 'cust-1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!((version, last_event.as_str()), (1, "rq-1"));
+    let after = event(&pool, TENANT, "rq-1").await.unwrap();
+    assert_eq!(
+        (after.payload.as_deref(), after.status.as_str()),
+        (Some(&body[..]), "processed")
+    );
+}
+
+/// Shifts every time of the events, their outbox rows and the orders `days` into the past.
+async fn age_days(pool: &PgPool, days: i32) {
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - make_interval(days => $1), \
+             first_received_at = first_received_at - make_interval(days => $1), \
+             last_seen_at = last_seen_at - make_interval(days => $1), \
+             processed_at = processed_at - make_interval(days => $1)",
+        "UPDATE outbox SET created_at = created_at - make_interval(days => $1)",
+        "UPDATE orders SET paid_at = paid_at - make_interval(days => $1), updated_at = updated_at - make_interval(days => $1)",
+        "UPDATE entities SET updated_at = updated_at - make_interval(days => $1)",
+    ] {
+        sqlx::query(sql).bind(days).execute(pool).await.unwrap();
+    }
+}
+
+/// A payment event on a Stripe source that reads entity versions (as the README's example
+/// source does): the payments handler writes no projection row.
+fn versioned_payment(id: &str, order_id: &str, reference: &str, amount: i64) -> Delivery {
+    let body = serde_json::json!({
+        "id": id, "object": "event", "type": "payment_intent.succeeded",
+        "data": {"object": {"id": format!("pi_{order_id}"), "object": "payment_intent", "version": 1,
+            "amount": amount, "amount_received": amount, "currency": "eur",
+            "metadata": {"order_id": order_id, "merchant_reference": reference}}}
+    });
+    resign(
+        shared::domain::Scheme::Stripe,
+        &secret_of(shared::domain::Scheme::Stripe),
+        id,
+        now(),
+        http::HeaderMap::new(),
+        serde_json::to_vec(&body).unwrap(),
+    )
+}
+
+/// Reconcile expects of an event what that event's handler writes, so it converges: a payment
+/// (no projection row, whatever the source reads) and deliveries after the identity purge (no
+/// outbox row, by design) are never re-queued. Pass after pass finds and repairs nothing,
+/// records no further anomaly, bumps no attempt, and once their payloads are purged nothing
+/// becomes a dead letter.
+#[sqlx::test(migrations = "../migrations")]
+async fn reconcile_converges_over_payments_and_redeliveries_after_the_identity_purge(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let mut stripe = source(
+        "stripe",
+        TENANT,
+        shared::domain::Scheme::Stripe,
+        "secret/stripe",
+    );
+    stripe.fields.entity_version = Some(shared::domain::FieldLocator::json("/data/object/version"));
+    shared::sources::apply(&pool, &[stripe]).await.unwrap();
+    create_order(&pool, "ord-1", "REF-1", 700, "eur").await;
+    let pay = versioned_payment("evt_pay", "ord-1", "REF-1", 700);
+    let entity =
+        pipeline_tests::drain::entity_event("old-entity", "cust-old", 4, "customer.updated");
+    for (source, d) in [("stripe", &pay), (pipeline_tests::drain::ENTITIES, &entity)] {
+        let reply = app.post(source, d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    }
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM orders WHERE state = 'paid'").await,
+        1
+    );
+
+    let mut passes = Vec::new();
+    passes.push(reconciled(&pool, &drainer).await);
+
+    // Forty days on: the outbox delivered, retention purged both identities, and the provider
+    // delivers both events again.
+    age_days(&pool, 40).await;
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let retention = shared::retention::RetentionSettings::default();
+    let purged = shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 2, "{purged:?}");
+    for (source, d) in [("stripe", &pay), (pipeline_tests::drain::ENTITIES, &entity)] {
+        let reply = app.post(source, d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    }
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    passes.push(reconciled(&pool, &drainer).await);
+    passes.push(reconciled(&pool, &drainer).await);
+
+    // A week later still: their payloads are purged too.
+    age_days(&pool, 8).await;
+    shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL"
+        )
+        .await,
+        0
+    );
+    passes.push(reconciled(&pool, &drainer).await);
+    passes.push(reconciled(&pool, &drainer).await);
+
+    for (i, (found, repaired)) in passes.iter().enumerate() {
+        assert_eq!(
+            (
+                found.missing_effects,
+                found.missing_outbox,
+                found.orphaned_pending,
+                repaired.requeued
+            ),
+            (0, 0, 0, 0),
+            "pass {i} found or repaired something in a consistent database: {found:?} {repaired:?}"
+        );
+    }
+    let anomalies: Vec<String> = sqlx::query_scalar(
+        "SELECT external_id FROM ingest_anomalies WHERE kind = 'redelivered_after_purge' ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(anomalies, ["evt_pay", "old-entity"], "recorded once each");
+    let rows: Vec<(String, String, i32)> = sqlx::query_as(
+        "SELECT external_id, status, attempts FROM webhook_events ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("evt_pay".into(), "processed".into(), 1),
+            ("old-entity".into(), "processed".into(), 1)
+        ]
+    );
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 0);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM payment_exceptions").await,
+        0
+    );
+    // The referential checks expect the same as reconcile: only the redelivery is news.
+    let report = shared::anomaly::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    for check in [
+        "processed_without_projection",
+        "paid_orders_without_fulfilment",
+    ] {
+        assert!(
+            !report.breaches.iter().any(|b| b == check),
+            "{check}: {:?}",
+            report.breaches
+        );
+    }
+}
+
+/// A processed event whose effect went missing after retention purged its payload cannot be
+/// re-run: reconcile reports it, and neither re-queues it pass after pass nor turns it into a
+/// dead letter.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_lost_effect_whose_payload_was_purged_is_reported_not_requeued(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let d = pipeline_tests::drain::entity_event("gone-1", "cust-9", 2, "customer.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    age_days(&pool, 8).await;
+    shared::retention::run_once(&pool, &Default::default(), "schedule")
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (first, first_repaired) = reconciled(&pool, &drainer).await;
+    let (second, second_repaired) = reconciled(&pool, &drainer).await;
+
+    for (found, repaired) in [(&first, &first_repaired), (&second, &second_repaired)] {
+        assert_eq!(
+            (found.missing_effects, found.unrepairable, repaired.requeued),
+            (1, 1, 0),
+            "{found:?} {repaired:?}"
+        );
+    }
+    let row = event(&pool, TENANT, "gone-1").await.unwrap();
+    assert_eq!(row.status, "processed");
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
+}
+
+/// A sequence source for the simulated provider examining `window` numbers at a time.
+fn windowed_source(base: &str, window: i64, grace: Duration) -> shared::sources::Source {
+    let mut s = provider_source("seq", sequence_strategy(), base, grace);
+    if let Some(gaps) = s.gaps.as_mut() {
+        gaps.window = window;
+    }
+    s
+}
+
+async fn watermark(pool: &PgPool) -> i64 {
+    scalar(pool, "SELECT contiguous_through FROM gap_watermarks").await
+}
+
+/// An operator tombstone as the README writes it (no sequence): its sequence is resolved from
+/// the source's id template, so its number is never flagged and the watermark passes it.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: PgPool) {
+    let provider = provider(50, vec![20]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[windowed_source(&base, 100_000, Duration::from_secs(3600))],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 7));
+    deliver_all(&app, "seq", deliveries).await;
+    let request = shared::operator::parse(serde_json::json!({
+        "action": "tombstone", "tenant_id": TENANT, "source_id": "seq", "external_id": "evt_20",
+        "reason": "deleted test event", "operator": "alice"
+    }))
+    .unwrap();
+    shared::operator::handle(&pool, &EffectRegistry::standard(), request)
+        .await
+        .unwrap();
+
+    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let second = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+
+    assert_eq!(
+        (
+            first.new_candidates,
+            second.new_candidates,
+            first.waiting_grace
+        ),
+        (0, 0, 0),
+        "{first:?} {second:?}"
+    );
+    assert_eq!(
+        watermark(&pool).await,
+        50,
+        "the watermark passed the tombstone"
+    );
+    let sequence: Option<i64> = sqlx::query_scalar("SELECT sequence FROM tombstones")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(sequence, Some(20));
+    assert!(provider.fetched().is_empty());
+
+    // An ID that does not follow the source's template cannot be placed: refused.
+    let stray = shared::operator::parse(serde_json::json!({
+        "action": "tombstone", "tenant_id": TENANT, "source_id": "seq", "external_id": "charge_7",
+        "reason": "typo", "operator": "alice"
+    }))
+    .unwrap();
+    let refused = shared::operator::handle(&pool, &EffectRegistry::standard(), stray).await;
+    assert!(
+        matches!(refused, Err(shared::operator::OperatorError::BadRequest(ref why)) if why.contains("evt_{seq}")),
+        "{refused:?}"
+    );
+}
+
+/// A window with no rows below newer events is all gap: it is flagged and backfilled, and the
+/// watermark moves past it instead of standing still.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_window_without_rows_does_not_stall_the_watermark(pool: PgPool) {
+    let provider = provider(40, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(pool.clone(), &[windowed_source(&base, 10, Duration::ZERO)]).await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 8));
+    let arrived: Vec<_> = deliveries
+        .into_iter()
+        .filter(|d| {
+            let n: u64 = d.id.trim_start_matches("evt_").parse().unwrap();
+            !(6..=25).contains(&n)
+        })
+        .collect();
+    deliver_all(&app, "seq", arrived).await;
+
+    for _ in 0..5 {
+        completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    }
+    drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(30)).await;
+
+    assert_eq!(watermark(&pool).await, 40);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        40
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE verified_with = 'provider_api'"
+        )
+        .await,
+        20
+    );
+    assert_eq!(projection(&pool).await, provider.final_state());
+}
+
+/// While a gap waits out its grace period the watermark stands below it, but detection goes on
+/// above `watermark + window`: later gaps are flagged (and start their own grace) meanwhile.
+#[sqlx::test(migrations = "../migrations")]
+async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool) {
+    let provider = provider(40, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[windowed_source(&base, 10, Duration::from_secs(3600))],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 9));
+    deliver_all(
+        &app,
+        "seq",
+        deliveries
+            .into_iter()
+            .filter(|d| d.id != "evt_3" && d.id != "evt_25")
+            .collect(),
+    )
+    .await;
+
+    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let candidates: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM gap_candidates ORDER BY sequence")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(candidates, ["evt_3", "evt_25"], "{first:?}");
+    assert_eq!(watermark(&pool).await, 2);
+
+    // An hour later both are past their grace: fetched, and the watermark reaches the top.
+    sqlx::query("UPDATE gap_candidates SET first_seen_at = first_seen_at - interval '2 hours'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let later = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    assert_eq!((later.backfilled, later.errors), (2, 0), "{later:?}");
+    assert_eq!(watermark(&pool).await, 40);
+}

@@ -1,8 +1,10 @@
 //! Gap detection and backfill: events the provider sent (or lists) that never arrived.
 //!
 //! Per source with gap settings, a pass (1) finds candidates: for a sequence, the numbers
-//! missing above the source's contiguous watermark within a bounded window (gaps-and-islands
-//! over the sequence index, cost in proportion to the window); for a list API, the listed IDs
+//! missing in new ground above what was examined before, a bounded window at a time
+//! (gaps-and-islands over the sequence index, cost in proportion to the window), whatever the
+//! contiguous watermark waits for; the watermark then stands just below the lowest candidate
+//! still open, so it moves as soon as its gaps are filled; for a list API, the listed IDs
 //! of a time window that are neither stored nor tombstoned (primary-key probes); then (2)
 //! fetches candidates older than the grace period by ID: found → stored through the same
 //! upsert as a delivery (`verified_with = provider_api`) and drained like any event; not found
@@ -30,6 +32,9 @@ pub struct BackfillSettings {
     pub fetch_limit: i64,
     pub max_list_pages: usize,
     pub request_timeout: Duration,
+    /// Sequence windows examined per source per pass: a pass catches up this many windows of
+    /// new numbers.
+    pub max_windows: usize,
 }
 
 impl Default for BackfillSettings {
@@ -38,6 +43,7 @@ impl Default for BackfillSettings {
             fetch_limit: 500,
             max_list_pages: 200,
             request_timeout: Duration::from_secs(10),
+            max_windows: 10,
         }
     }
 }
@@ -150,11 +156,14 @@ impl Backfiller {
         )
         .map_err(SourceFailure::Provider)?;
 
-        // 1. Find what is missing.
+        // 1. Find what is missing (what arrived by itself meanwhile no longer is).
+        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        let windows = self.settings.max_windows;
         match &config.strategy {
             GapStrategy::Sequence { id_template } => {
                 outcome.new_candidates +=
-                    detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
+                    detect_sequence_gaps(&self.pool, source, id_template, config.window, windows)
+                        .await?;
             }
             GapStrategy::ListApi => {
                 let now = chrono::Utc::now().timestamp();
@@ -166,7 +175,9 @@ impl Backfiller {
                     gaps::add_listed_candidates(&self.pool, tenant, source_id, &ids).await?;
             }
         }
-        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        if matches!(config.strategy, GapStrategy::ListApi) {
+            outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        }
         let grace = config.grace.as_secs_f64();
         outcome.waiting_grace += gaps::waiting_candidates(&self.pool, source_id, grace).await?;
 
@@ -214,7 +225,8 @@ impl Backfiller {
         // Backfilled and tombstoned numbers now fill their gaps: let the watermark rise.
         if let (GapStrategy::Sequence { id_template }, 1..) = (&config.strategy, filled) {
             outcome.new_candidates +=
-                detect_sequence_gaps(&self.pool, source, id_template, config.window).await?;
+                detect_sequence_gaps(&self.pool, source, id_template, config.window, windows)
+                    .await?;
         }
         Ok(())
     }
@@ -231,39 +243,63 @@ impl From<StoreError> for SourceFailure {
     }
 }
 
-/// Candidates for the numbers missing in `(watermark, watermark + window]`, and the watermark
-/// raised to just below the first gap. Returns how many candidates are new.
+/// Examines new ground of a sequence source, up to `max_windows` windows of `window` numbers
+/// above what was examined before: the missing numbers of each window become candidates (a
+/// window with nothing present but something above it is missing whole), and the examined
+/// mark moves to the highest number present. Then the contiguous watermark is raised to just
+/// below the lowest candidate still open (or to the examined mark when none is). Returns how
+/// many candidates are new.
 pub async fn detect_sequence_gaps(
     pool: &PgPool,
     source: &Source,
     id_template: &str,
     window: i64,
+    max_windows: usize,
 ) -> Result<u64, StoreError> {
     let source_id = source.source_id.as_str();
-    let after = match gaps::watermark(pool, source_id).await? {
+    let mut mark = match gaps::watermark(pool, source_id).await? {
         Some(w) => w,
         // Start just below the first number ever stored.
         None => match gaps::first_sequence(pool, source_id).await? {
-            Some(first) => first - 1,
+            Some(first) => gaps::Watermark {
+                contiguous_through: first - 1,
+                examined_through: first - 1,
+            },
             None => return Ok(0),
         },
     };
-    let (found, highest) =
-        gaps::sequence_gaps(pool, source_id, after, after.saturating_add(window)).await?;
-    let new = gaps::add_sequence_candidates(
-        pool,
-        source.tenant_id.as_str(),
-        source_id,
-        id_template,
-        &found,
-    )
-    .await?;
-    let contiguous = match (found.first(), highest) {
-        (Some(gap), _) => gap.gap_from - 1,
-        (None, Some(highest)) => highest,
-        (None, None) => after,
+    let mut new = 0;
+    for _ in 0..max_windows.max(1) {
+        let after = mark.examined_through;
+        let up_to = after.saturating_add(window.max(1));
+        let found = gaps::sequence_gaps(pool, source_id, after, up_to).await?;
+        let (missing, examined) = match found.highest {
+            Some(highest) => (found.gaps, highest),
+            None if found.present_above => (
+                vec![gaps::SequenceGap {
+                    gap_from: after + 1,
+                    gap_to: up_to,
+                }],
+                up_to,
+            ),
+            // Nothing present above what was examined: caught up.
+            None => break,
+        };
+        new += gaps::add_sequence_candidates(
+            pool,
+            source.tenant_id.as_str(),
+            source_id,
+            id_template,
+            &missing,
+        )
+        .await?;
+        mark.examined_through = examined;
+    }
+    mark.contiguous_through = match gaps::lowest_open_candidate(pool, source_id).await? {
+        Some(lowest) => (lowest - 1).min(mark.examined_through),
+        None => mark.examined_through,
     };
-    gaps::raise_watermark(pool, source_id, contiguous).await?;
+    gaps::raise_watermark(pool, source_id, mark).await?;
     Ok(new)
 }
 

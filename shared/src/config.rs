@@ -284,6 +284,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
                 .parsed("BACKFILL_MAX_LIST_PAGES", d.max_list_pages)?
                 .max(1),
             request_timeout: self.millis("BACKFILL_TIMEOUT_MS", d.request_timeout)?,
+            max_windows: self.parsed("BACKFILL_MAX_WINDOWS", d.max_windows)?.max(1),
         })
     }
 

@@ -6,6 +6,10 @@
 //! dead-letter the batch with one statement each, and commit. A drainer that dies mid-batch
 //! commits nothing; its rows unlock and are claimed again.
 //!
+//! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
+//! its effects, and whatever that does, the event row stays as it was (never retried, never
+//! dead-lettered, never rewritten); the repair only leaves the queue.
+//!
 //! Finished work leaves `event_queue` by DELETE, so the claim index holds only what waits; the
 //! drainer itself vacuums the queue as it goes (besides autovacuum) so dead index entries do
 //! not pile up at the head of the queue and slow every claim.
@@ -93,6 +97,11 @@ pub struct DrainOutcome {
     pub retried: u64,
     pub dead_lettered: u64,
     pub vacuums: u64,
+    /// Of `processed`: repairs, processed events reconcile re-queued, whose handler re-ran.
+    pub repairs: u64,
+    /// Repairs whose handler failed: left out of the queue, their events untouched (the next
+    /// reconcile pass finds them again).
+    pub repairs_failed: u64,
 }
 
 impl DrainOutcome {
@@ -104,6 +113,8 @@ impl DrainOutcome {
         self.retried += other.retried;
         self.dead_lettered += other.dead_lettered;
         self.vacuums += other.vacuums;
+        self.repairs += other.repairs;
+        self.repairs_failed += other.repairs_failed;
     }
 }
 
@@ -118,7 +129,10 @@ pub struct Drainer {
 /// Per-batch decisions, applied with one statement each.
 #[derive(Default)]
 struct Decisions {
-    done: (Vec<String>, Vec<String>),
+    done: (Vec<String>, Vec<String>, Vec<&'static str>),
+    /// Repairs, done or failed: they only leave the queue.
+    repairs: (Vec<String>, Vec<String>),
+    repairs_failed: u64,
     retry: (Vec<String>, Vec<String>, Vec<i64>, Vec<String>),
     dead: (Vec<String>, Vec<String>, Vec<String>, Vec<&'static str>),
 }
@@ -178,10 +192,28 @@ impl Drainer {
         }
         let mut decisions = Decisions::default();
         for event in &claimed {
-            match apply_under_savepoint(&mut tx, &self.registry, event).await {
+            let applied = apply_under_savepoint(&mut tx, &self.registry, event).await;
+            if event.repair {
+                // A processed event stays processed whatever its repair does: never retried
+                // into another attempt, never dead-lettered, never rewritten.
+                match applied {
+                    Err(EffectError::Aborted(error)) => return Err(error),
+                    Err(error) => {
+                        tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, %error, "repair of a processed event failed");
+                        decisions.repairs_failed += 1;
+                    }
+                    Ok(_) => {}
+                }
+                decisions.repairs.0.push(event.tenant_id.clone());
+                decisions.repairs.1.push(event.external_id.clone());
+                continue;
+            }
+            match applied {
                 Ok(_) => {
+                    let expects = self.registry.handler_for(event).expects(event);
                     decisions.done.0.push(event.tenant_id.clone());
                     decisions.done.1.push(event.external_id.clone());
+                    decisions.done.2.push(expects.as_str());
                 }
                 Err(EffectError::Aborted(error)) => return Err(error),
                 Err(EffectError::Retryable(why))
@@ -212,7 +244,9 @@ impl Drainer {
             }
         }
         let (d, r, x) = (&decisions.done, &decisions.retry, &decisions.dead);
-        event_queue::complete(&mut *tx, &d.0, &d.1).await?;
+        let fixed = &decisions.repairs;
+        event_queue::complete(&mut *tx, &d.0, &d.1, &d.2).await?;
+        event_queue::dequeue(&mut *tx, &fixed.0, &fixed.1).await?;
         event_queue::retry_later(&mut *tx, &r.0, &r.1, &r.2, &r.3).await?;
         dead_letters::bury(&mut *tx, &x.0, &x.1, &x.2, &x.3).await?;
         tx.commit().await?;
@@ -220,12 +254,14 @@ impl Drainer {
         let mut outcome = DrainOutcome {
             batches: 1,
             claimed: claimed.len() as u64,
-            processed: d.0.len() as u64,
+            processed: d.0.len() as u64 + fixed.0.len() as u64 - decisions.repairs_failed,
             retried: r.0.len() as u64,
             dead_lettered: x.0.len() as u64,
             vacuums: 0,
+            repairs: fixed.0.len() as u64 - decisions.repairs_failed,
+            repairs_failed: decisions.repairs_failed,
         };
-        if self.vacuum_due(outcome.processed + outcome.dead_lettered) {
+        if self.vacuum_due(d.0.len() as u64 + fixed.0.len() as u64 + outcome.dead_lettered) {
             event_queue::vacuum(&self.pool).await?;
             outcome.vacuums = 1;
         }
@@ -311,7 +347,9 @@ pub async fn replay(
         };
         match apply_under_savepoint(&mut tx, registry, &event).await {
             Ok(_) => {
-                dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id).await?;
+                let expects = registry.handler_for(&event).expects(&event);
+                dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id, expects.as_str())
+                    .await?;
                 outcome.replayed += 1;
             }
             Err(EffectError::Aborted(error)) => return Err(error),

@@ -14,6 +14,7 @@ use sqlx::PgPool;
 
 use crate::drain::{self, ReplayOutcome};
 use crate::effects::EffectRegistry;
+use crate::sources::GapStrategy;
 use crate::store::StoreError;
 use crate::store::dead_letters::{self, DeadLetter, ReplayFilter};
 
@@ -32,7 +33,9 @@ pub enum OperatorRequest {
     },
     /// Triage: `investigating` or `discarded`.
     SetDeadLetterStatus { dead_letter_id: i64, status: String },
-    /// Declares an event ID that will never arrive: gap detection stops flagging it.
+    /// Declares an event ID that will never arrive: gap detection stops flagging it. On a
+    /// source whose gaps are found by sequence, the sequence is read from the ID with the
+    /// source's id template (a given one must agree).
     Tombstone {
         tenant_id: String,
         source_id: String,
@@ -112,6 +115,8 @@ pub async fn handle(
                     "a tombstone needs a reason and the operator's name".into(),
                 ));
             }
+            let sequence =
+                tombstone_sequence(pool, &tenant_id, &source_id, &external_id, sequence).await?;
             let by = format!("operator:{operator}");
             let created = crate::store::gaps::tombstone(
                 pool,
@@ -128,6 +133,45 @@ pub async fn handle(
                 created,
             })
         }
+    }
+}
+
+/// The sequence number a tombstone fills. On a source whose gaps are found by sequence, it is
+/// the number the ID stands for under the source's id template (a given `sequence` must agree):
+/// a tombstone without one would leave its gap open and the watermark pinned below it forever.
+/// Elsewhere it is whatever was given.
+async fn tombstone_sequence(
+    pool: &PgPool,
+    tenant_id: &str,
+    source_id: &str,
+    external_id: &str,
+    given: Option<i64>,
+) -> Result<Option<i64>, OperatorError> {
+    let id = crate::domain::SourceId::parse(source_id)
+        .map_err(|_| OperatorError::BadRequest(format!("no source {source_id:?}")))?;
+    let source = crate::store::sources::find(pool, &id)
+        .await?
+        .ok_or_else(|| OperatorError::BadRequest(format!("no source {source_id:?}")))?;
+    if source.tenant_id.as_str() != tenant_id {
+        return Err(OperatorError::BadRequest(format!(
+            "source {source_id:?} does not belong to tenant {tenant_id:?}"
+        )));
+    }
+    let Some(GapStrategy::Sequence { id_template }) = source.gaps.map(|g| g.strategy) else {
+        return Ok(given);
+    };
+    match (
+        crate::sources::sequence_of_id(&id_template, external_id),
+        given,
+    ) {
+        (Some(n), None) => Ok(Some(n)),
+        (Some(n), Some(g)) if n == g => Ok(Some(n)),
+        (Some(n), Some(g)) => Err(OperatorError::BadRequest(format!(
+            "{external_id:?} is sequence {n} under the source's id template {id_template:?}, not {g}"
+        ))),
+        (None, _) => Err(OperatorError::BadRequest(format!(
+            "{external_id:?} does not follow the source's id template {id_template:?}: gap detection could never place it"
+        ))),
     }
 }
 

@@ -2,6 +2,10 @@
 //! target, at least once, with an `Idempotency-Key` header so the target can make it exactly
 //! once. Messages are leased (their next attempt pushed ahead and committed) before delivery,
 //! so no transaction is open while waiting on the network and a crashed sender's lease expires.
+//!
+//! Attempts count tries, not leases: the deadline is checked before each message, a request
+//! never outlives it, what was leased and not sent is handed back at once, and an attempt is
+//! spent only when a request was sent.
 
 use std::time::{Duration, Instant};
 
@@ -68,6 +72,8 @@ pub struct OutboxOutcome {
     pub delivered: u64,
     pub retried: u64,
     pub failed: u64,
+    /// Leased, then handed back untried: the deadline came first.
+    pub handed_back: u64,
 }
 
 pub struct OutboxSender {
@@ -96,17 +102,18 @@ impl OutboxSender {
         })
     }
 
-    /// Sends until a batch comes back short or `deadline` passes.
+    /// Sends until a batch comes back short or `deadline` passes; no request outlives it.
     #[tracing::instrument(skip_all, err)]
     pub async fn send_until(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
         let mut total = OutboxOutcome::default();
         while Instant::now() < deadline {
-            let batch = self.run_once().await?;
+            let batch = self.run_once(deadline).await?;
             total.leased += batch.leased;
             total.delivered += batch.delivered;
             total.retried += batch.retried;
             total.failed += batch.failed;
-            if batch.leased < self.settings.batch_size as u64 {
+            total.handed_back += batch.handed_back;
+            if batch.leased < self.settings.batch_size as u64 || batch.handed_back > 0 {
                 break;
             }
         }
@@ -114,8 +121,9 @@ impl OutboxSender {
         Ok(total)
     }
 
-    /// Leases one batch and delivers it.
-    pub async fn run_once(&self) -> Result<OutboxOutcome, StoreError> {
+    /// Leases one batch and delivers it, one message at a time, until `deadline`: what is left
+    /// when it passes is handed back untried.
+    pub async fn run_once(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
         let messages = outbox::lease(
             &self.pool,
             self.settings.batch_size,
@@ -126,15 +134,28 @@ impl OutboxSender {
             leased: messages.len() as u64,
             ..OutboxOutcome::default()
         };
-        for message in &messages {
-            match self.deliver(message).await {
+        for (i, message) in messages.iter().enumerate() {
+            let Some(left) = deadline
+                .checked_duration_since(Instant::now())
+                .filter(|left| !left.is_zero())
+            else {
+                let untried: Vec<i64> = messages[i..].iter().map(|m| m.outbox_id).collect();
+                outcome.handed_back = outbox::release(&self.pool, &untried).await?;
+                break;
+            };
+            // This try is attempt number `attempts + 1`.
+            let tries = message.attempts + 1;
+            match self
+                .deliver(message, left.min(self.settings.request_timeout))
+                .await
+            {
                 Delivery::Delivered => {
                     outbox::mark_delivered(&self.pool, message.outbox_id).await?;
                     outcome.delivered += 1;
                 }
-                Delivery::Transient(why) if message.attempts < self.settings.max_attempts => {
+                Delivery::Transient(why) if tries < self.settings.max_attempts => {
                     let delay = retry_delay(
-                        message.attempts - 1,
+                        tries - 1,
                         self.settings.backoff_base,
                         self.settings.backoff_cap,
                     );
@@ -157,7 +178,7 @@ impl OutboxSender {
         Ok(outcome)
     }
 
-    async fn deliver(&self, message: &OutboxMessage) -> Delivery {
+    async fn deliver(&self, message: &OutboxMessage, timeout: Duration) -> Delivery {
         let body = serde_json::json!({
             "action": message.action,
             "tenant_id": message.tenant_id,
@@ -168,6 +189,7 @@ impl OutboxSender {
             .http
             .post(&self.settings.target_url)
             .header("Idempotency-Key", &message.idempotency_key)
+            .timeout(timeout)
             .json(&body)
             .send()
             .await;

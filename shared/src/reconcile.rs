@@ -54,6 +54,9 @@ pub struct Found {
     pub orphaned_pending: u64,
     pub missing_effects: u64,
     pub missing_outbox: u64,
+    /// Of the missing effects and outbox rows: events whose payload retention purged, so their
+    /// handler cannot re-run. Reported, never re-queued.
+    pub unrepairable: u64,
     pub outbox_undelivered_past_window: i64,
     pub outbox_failed: i64,
     pub dead_letters_untriaged: i64,
@@ -147,6 +150,12 @@ async fn checks_and_repairs(
                 Some("missing_effect") => found.missing_effects += 1,
                 Some("missing_outbox") => found.missing_outbox += 1,
                 _ => continue,
+            }
+            if !event.has_payload {
+                // Its handler cannot run again: re-queued, it would only fail. Reported.
+                found.unrepairable += 1;
+                tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = ?event.problem, "reconcile found, payload purged: cannot repair");
+                continue;
             }
             tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = ?event.problem, "reconcile found");
             to_requeue.0.push(event.tenant_id);

@@ -1,6 +1,8 @@
 //! Retention: payload bytes are purged first, event identity (the dedup key) only after a
 //! horizon longer than the longest provider retry window, in bounded batches each its own
-//! statement. Dead letters, tombstones, entities and orders are kept. A delivery arriving after
+//! statement. Dead letters, tombstones, entities and orders are kept; an open dead letter keeps
+//! its copy of the payload (its replay reads it once the event's is purged), a closed one loses
+//! it after the payload horizon. A delivery arriving after
 //! its identity was purged is accepted as new, but its effect is not repeated (the version
 //! guard and the payment state machine see it applied) and it is recorded as an anomaly.
 
@@ -64,6 +66,8 @@ pub struct RetentionOutcome {
     pub payloads_purged: u64,
     pub identities_purged: u64,
     pub history_purged: u64,
+    /// Payload copies of dead letters closed (replayed or discarded) past the payload horizon.
+    pub dead_letter_payloads_purged: u64,
 }
 
 impl RunCounts for RetentionOutcome {
@@ -101,6 +105,18 @@ async fn purge(
             retention::purge_payloads(pool, s.payload_after.as_secs_f64(), s.batch_size).await?;
         outcome.payloads_purged += n;
         if n == 0 {
+            break;
+        }
+    }
+    for _ in 0..s.max_batches {
+        let n = retention::purge_closed_dead_letter_payloads(
+            pool,
+            s.payload_after.as_secs_f64(),
+            s.batch_size,
+        )
+        .await?;
+        outcome.dead_letter_payloads_purged += n;
+        if n < s.batch_size as u64 {
             break;
         }
     }

@@ -46,7 +46,8 @@ pub struct GapConfig {
     pub api_secret_ref: String,
     /// A gap younger than this is left alone.
     pub grace: Duration,
-    /// Sequence: numbers examined above the watermark per pass. List: seconds listed back.
+    /// Sequence: numbers examined per window (a pass examines up to `BACKFILL_MAX_WINDOWS` of
+    /// them above what it examined before). List: seconds listed back.
     pub window: i64,
 }
 
@@ -68,6 +69,20 @@ impl GapStrategy {
     }
 }
 
+/// The external ID of sequence number `n` under `id_template` (`evt_{seq}` → `evt_42`).
+pub fn id_of_sequence(id_template: &str, n: i64) -> String {
+    id_template.replace("{seq}", &n.to_string())
+}
+
+/// The sequence number `external_id` stands for under `id_template`, when it is exactly the ID
+/// the template gives that number (`evt_42` → 42; `evt_042`, `evt_x` → none).
+pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
+    let (prefix, suffix) = id_template.split_once("{seq}")?;
+    let digits = external_id.strip_prefix(prefix)?.strip_suffix(suffix)?;
+    let n: i64 = digits.parse().ok()?;
+    (id_of_sequence(id_template, n) == external_id).then_some(n)
+}
+
 /// How a source is written in a sources file (`hookctl sources apply`, the local runner):
 ///
 /// ```toml
@@ -86,7 +101,7 @@ impl GapStrategy {
 /// api_base_url = "https://api.example.com"
 /// api_secret_ref = "webhooks/example-api-key"
 /// grace_seconds = 600            # optional, default 600
-/// window = 100000                # optional: numbers per pass, or seconds listed back
+/// window = 100000                # optional: numbers per window examined, or seconds listed back
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -382,6 +397,25 @@ mod tests {
             spec("strategy='list_api'\napi_base_url='x'\napi_secret_ref='k'")
                 .unwrap_err()
                 .contains("http")
+        );
+    }
+
+    #[test]
+    fn sequence_numbers_are_read_back_from_ids_the_template_gives() {
+        assert_eq!(sequence_of_id("evt_{seq}", "evt_42"), Some(42));
+        assert_eq!(sequence_of_id("{seq}", "7"), Some(7));
+        assert_eq!(sequence_of_id("n-{seq}-live", "n-9-live"), Some(9));
+        for not_ours in ["evt_042", "evt_", "evt_x", "charge_42", "evt_42 ", "evt_+4"] {
+            assert_eq!(sequence_of_id("evt_{seq}", not_ours), None, "{not_ours}");
+        }
+        assert_eq!(sequence_of_id("evt", "evt"), None);
+        assert_eq!(
+            sequence_of_id("evt_{seq}", &id_of_sequence("evt_{seq}", i64::MAX)),
+            Some(i64::MAX)
+        );
+        assert_eq!(
+            sequence_of_id("evt_{seq}", "evt_99999999999999999999"),
+            None
         );
     }
 

@@ -491,6 +491,10 @@ pub mod drain {
             "instrumented"
         }
 
+        fn expects(&self, event: &ClaimedEvent) -> shared::effects::Expectation {
+            self.inner.expects(event)
+        }
+
         fn apply<'a>(
             &'a self,
             conn: &'a mut sqlx::PgConnection,

@@ -4,7 +4,7 @@
 
 use sqlx::PgConnection;
 
-use super::{Effect, EffectFuture, EffectHandler, outbox_key, payload_text};
+use super::{Effect, EffectFuture, EffectHandler, Expectation, outbox_key, payload_text};
 use crate::store::entities::{self, EntityChange};
 use crate::store::event_queue::ClaimedEvent;
 
@@ -16,6 +16,14 @@ pub struct EntityProjection;
 impl EffectHandler for EntityProjection {
     fn name(&self) -> &'static str {
         "entity_projection"
+    }
+
+    fn expects(&self, event: &ClaimedEvent) -> Expectation {
+        if event.entity_id.is_some() && event.entity_version.is_some() {
+            Expectation::Projection
+        } else {
+            Expectation::Nothing
+        }
     }
 
     fn apply<'a>(

@@ -30,6 +30,31 @@ pub enum Effect {
     Exception(&'static str),
 }
 
+/// What a processed event leaves behind that reconciliation can check, as its handler declares
+/// it. Reconcile expects exactly this of the event, nothing more: a handler that writes no
+/// projection row is never re-queued for a missing one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Expectation {
+    /// Nothing reconciliation can check.
+    Nothing,
+    /// The versioned projection holds the event's version or a newer one; when it holds the
+    /// change this very event made (after its row existed), the `entity.changed` row exists.
+    Projection,
+    /// When the event paid its order (after its row existed), the `fulfil_order` row exists.
+    Fulfilment,
+}
+
+impl Expectation {
+    /// As stored in `webhook_events.expects`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Expectation::Nothing => "nothing",
+            Expectation::Projection => "projection",
+            Expectation::Fulfilment => "fulfilment",
+        }
+    }
+}
+
 /// Why a handler failed. Decides between retrying, dead-lettering and abandoning the batch.
 #[derive(Debug, thiserror::Error)]
 pub enum EffectError {
@@ -78,6 +103,11 @@ pub trait EffectHandler: Send + Sync {
     /// Applies the event's effect on `conn` (inside the caller's savepoint).
     fn apply<'a>(&'a self, conn: &'a mut PgConnection, event: &'a ClaimedEvent)
     -> EffectFuture<'a>;
+    /// What reconciliation may check of `event` once this handler processed it. Recorded with
+    /// the event; reconcile and the referential anomaly checks expect nothing else.
+    fn expects(&self, _event: &ClaimedEvent) -> Expectation {
+        Expectation::Nothing
+    }
 }
 
 /// Handlers by (scheme, event type), with a fallback for everything else.

@@ -7,7 +7,9 @@
 use serde_json::Value;
 use sqlx::PgConnection;
 
-use super::{Effect, EffectError, EffectFuture, EffectHandler, outbox_key, payload_json};
+use super::{
+    Effect, EffectError, EffectFuture, EffectHandler, Expectation, outbox_key, payload_json,
+};
 use crate::store::event_queue::ClaimedEvent;
 use crate::store::{orders, outbox};
 
@@ -80,6 +82,12 @@ impl Payments {
 impl EffectHandler for Payments {
     fn name(&self) -> &'static str {
         "payments"
+    }
+
+    /// A fulfilment row for the order the event paid; never a projection row, whatever
+    /// entity fields the source reads.
+    fn expects(&self, _event: &ClaimedEvent) -> Expectation {
+        Expectation::Fulfilment
     }
 
     fn apply<'a>(

@@ -119,7 +119,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "queued_but_not_pending",
         "referential",
         "SELECT count(*)::float8 FROM event_queue AS q JOIN webhook_events AS e USING (tenant_id, external_id) \
-         WHERE e.status <> 'pending'",
+         WHERE e.status <> 'pending' AND NOT (q.repair AND e.status = 'processed')",
         ZERO.0,
         ZERO.1,
     ),
@@ -136,7 +136,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "processed_without_projection",
         "referential",
         "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
-         AND e.status = 'processed' AND e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL AND NOT EXISTS \
+         AND e.status = 'processed' AND e.expects = 'projection' AND NOT EXISTS \
          (SELECT 1 FROM entities AS x WHERE x.tenant_id = e.tenant_id AND x.entity_id = e.entity_id \
             AND x.entity_type = regexp_replace(e.event_type, '[./][^./]*$', '') AND x.version >= e.entity_version)",
         ZERO.0,
@@ -146,7 +146,8 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "paid_orders_without_fulfilment",
         "referential",
         "SELECT count(*)::float8 FROM orders AS p WHERE p.state = 'paid' AND p.paid_at < now() - interval '10 minutes' \
-         AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = p.tenant_id AND e.external_id = p.paid_by_event) \
+         AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = p.tenant_id AND e.external_id = p.paid_by_event \
+                     AND e.first_received_at <= p.paid_at) \
          AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = p.tenant_id AND o.external_id = p.paid_by_event \
                          AND o.action = 'fulfil_order')",
         ZERO.0,
@@ -291,6 +292,17 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
            AND ((l.classid::bigint << 32) | l.objid::bigint) IN (8243104023216089452, 7089056601388706924)",
         Some(0.0),
         Some(1800.0),
+    ),
+    check(
+        "stalled_gap_watermarks",
+        "machinery",
+        "SELECT count(*)::float8 FROM gap_watermarks AS w JOIN sources AS s USING (source_id) \
+         WHERE s.enabled AND s.gap_strategy = 'sequence' \
+           AND w.advanced_at < now() - make_interval(secs => s.gap_grace_seconds) - interval '1 hour' \
+           AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.source_id = w.source_id \
+                       AND e.provider_sequence > w.contiguous_through AND e.first_received_at > w.advanced_at)",
+        ZERO.0,
+        ZERO.1,
     ),
     check(
         "queue_dead_tuples",

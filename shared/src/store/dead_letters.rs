@@ -6,7 +6,8 @@ use sqlx::PgExecutor;
 use super::StoreError;
 
 /// Dead-letters events in one statement: each leaves the queue, its event row says
-/// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts.
+/// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts. Only a
+/// pending event can be dead-lettered: a processed one never is.
 pub async fn bury(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -24,7 +25,7 @@ pub async fn bury(
              UPDATE webhook_events AS e \
              SET status = 'dead_lettered', attempts = e.attempts + 1, last_error = d.error \
              FROM dequeued JOIN d USING (tenant_id, external_id) \
-             WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id \
+             WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id AND e.status = 'pending' \
              RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, d.error, d.reason) \
          INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
          SELECT tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts FROM marked";
@@ -99,13 +100,15 @@ pub async fn select_open(
 
 /// Locks an open dead letter and its event for a replay in the caller's transaction, and
 /// returns the event as the drain would have claimed it. `None` when the letter is not open or
-/// another replay holds it.
+/// another replay holds it. The payload is the letter's own copy when retention has purged the
+/// event's: an open letter keeps what its replay needs.
 pub async fn claim_for_replay(
     conn: &mut sqlx::PgConnection,
     dead_letter_id: i64,
 ) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts \
+                e.entity_version, COALESCE(e.payload, l.payload) AS payload, e.payload_sha256, \
+                e.first_received_at, e.attempts, false AS repair \
          FROM dead_letters AS l \
          JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \
@@ -118,20 +121,22 @@ pub async fn claim_for_replay(
 }
 
 /// After a replay processed the event: the letter is closed as `replayed` and its event is
-/// `processed`, in one statement.
+/// `processed`, with what its handler expects reconciliation to find, in one statement.
 pub async fn mark_replayed(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
+    expects: &str,
 ) -> Result<(), StoreError> {
     const SQL: &str = "WITH letter AS ( \
              UPDATE dead_letters SET status = 'replayed', replayed_at = now(), \
                  replay_count = replay_count + 1, updated_at = now() \
              WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
          UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), \
-             attempts = e.attempts + 1, last_error = NULL \
+             attempts = e.attempts + 1, last_error = NULL, expects = $2 \
          FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
     sqlx::query(SQL)
         .bind(dead_letter_id)
+        .bind(expects)
         .execute(executor)
         .await?;
     Ok(())

@@ -19,6 +19,9 @@ pub struct ClaimedEvent {
     pub first_received_at: chrono::DateTime<chrono::Utc>,
     /// Attempts made before this one.
     pub attempts: i32,
+    /// The event is already processed: reconcile re-queued it to re-assert its effects. A
+    /// repair leaves the event row as it is, whatever its outcome.
+    pub repair: bool,
 }
 
 /// Claims up to `limit` ready events, locking their queue and event rows for the caller's
@@ -26,7 +29,8 @@ pub struct ClaimedEvent {
 /// skipped, not waited for.
 pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts \
+                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts, \
+                e.status = 'processed' AS repair \
          FROM event_queue AS q \
          JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
          JOIN sources AS s ON s.source_id = e.source_id \
@@ -37,19 +41,45 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
     Ok(sqlx::query_as(SQL).bind(limit).fetch_all(conn).await?)
 }
 
-/// Marks events processed and removes them from the queue, in one statement.
+/// Marks events processed and removes them from the queue, in one statement, recording what
+/// each event's handler expects reconciliation to find (`webhook_events.expects`).
 pub async fn complete(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
     ids: &[String],
+    expects: &[&str],
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "WITH done AS ( \
-             DELETE FROM event_queue AS q USING unnest($1::text[], $2::text[]) AS d(tenant_id, external_id) \
+    const SQL: &str = "WITH d AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), \
+         done AS ( \
+             DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
              RETURNING q.tenant_id, q.external_id) \
          UPDATE webhook_events AS e \
-         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL \
-         FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id";
+         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL, \
+             expects = d.expects \
+         FROM done JOIN d USING (tenant_id, external_id) \
+         WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending'";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .bind(expects)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Removes repairs from the queue: their events stay exactly as they were.
+pub async fn dequeue(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "DELETE FROM event_queue AS q USING unnest($1::text[], $2::text[]) AS d(tenant_id, external_id) \
+         WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id";
     if ids.is_empty() {
         return Ok(0);
     }
@@ -79,7 +109,8 @@ pub async fn retry_later(
          UPDATE webhook_events AS e \
          SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = r.error \
          FROM requeued JOIN r USING (tenant_id, external_id) \
-         WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id";
+         WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id \
+           AND e.status = 'pending'";
     if ids.is_empty() {
         return Ok(0);
     }

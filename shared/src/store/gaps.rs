@@ -4,34 +4,63 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
-/// Every sequence number of the source at or below this is stored or tombstoned; `None` when
-/// the source has no watermark yet.
+/// A sequence source's progress: every number at or below `contiguous_through` is stored or
+/// tombstoned; every number at or below `examined_through` is stored, tombstoned or a gap
+/// candidate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, sqlx::FromRow)]
+pub struct Watermark {
+    pub contiguous_through: i64,
+    pub examined_through: i64,
+}
+
+/// The source's watermark; `None` when it has none yet.
 pub async fn watermark(
     executor: impl PgExecutor<'_>,
     source_id: &str,
-) -> Result<Option<i64>, StoreError> {
-    const SQL: &str = "SELECT contiguous_through FROM gap_watermarks WHERE source_id = $1";
-    Ok(sqlx::query_scalar(SQL)
+) -> Result<Option<Watermark>, StoreError> {
+    const SQL: &str =
+        "SELECT contiguous_through, examined_through FROM gap_watermarks WHERE source_id = $1";
+    Ok(sqlx::query_as(SQL)
         .bind(source_id)
         .fetch_optional(executor)
         .await?)
 }
 
-/// Moves the watermark up (never down).
+/// Moves the watermark up (never down); `advanced_at` records when `contiguous_through` last
+/// rose.
 pub async fn raise_watermark(
     executor: impl PgExecutor<'_>,
     source_id: &str,
-    through: i64,
+    to: Watermark,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "INSERT INTO gap_watermarks (source_id, contiguous_through) VALUES ($1, $2) \
+    const SQL: &str = "INSERT INTO gap_watermarks (source_id, contiguous_through, examined_through) VALUES ($1, $2, $3) \
          ON CONFLICT (source_id) DO UPDATE SET \
-             contiguous_through = GREATEST(gap_watermarks.contiguous_through, EXCLUDED.contiguous_through), updated_at = now()";
+             contiguous_through = GREATEST(gap_watermarks.contiguous_through, EXCLUDED.contiguous_through), \
+             examined_through = GREATEST(gap_watermarks.examined_through, EXCLUDED.examined_through), \
+             advanced_at = CASE WHEN EXCLUDED.contiguous_through > gap_watermarks.contiguous_through \
+                                THEN now() ELSE gap_watermarks.advanced_at END, \
+             updated_at = now()";
     sqlx::query(SQL)
         .bind(source_id)
-        .bind(through)
+        .bind(to.contiguous_through)
+        .bind(to.examined_through.max(to.contiguous_through))
         .execute(executor)
         .await?;
     Ok(())
+}
+
+/// The lowest sequence number of the source whose gap candidate is still open (an index
+/// endpoint): the contiguous watermark stands just below it.
+pub async fn lowest_open_candidate(
+    executor: impl PgExecutor<'_>,
+    source_id: &str,
+) -> Result<Option<i64>, StoreError> {
+    const SQL: &str = "SELECT min(sequence) FROM gap_candidates \
+         WHERE source_id = $1 AND status = 'open' AND sequence IS NOT NULL";
+    Ok(sqlx::query_scalar(SQL)
+        .bind(source_id)
+        .fetch_one(executor)
+        .await?)
 }
 
 /// The lowest sequence number stored for the source (an index endpoint).
@@ -54,11 +83,24 @@ pub struct SequenceGap {
     pub gap_to: i64,
 }
 
+/// What one window of a source's sequence holds.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SequenceWindow {
+    /// The missing numbers below `highest`.
+    pub gaps: Vec<SequenceGap>,
+    /// The highest number present (stored or tombstoned) in the window.
+    pub highest: Option<i64>,
+    /// Some number above the window is present: everything missing in the window is a gap,
+    /// up to its top.
+    pub present_above: bool,
+}
+
 /// The gaps in `(after, up_to]` of what is present: stored events and tombstones of the
 /// source. Events are read in sequence order straight off the `(source_id, provider_sequence)`
 /// index with `lead()` (no sort, no hash: cost follows the window, never the table); the few
-/// tombstones of the window are merged in afterwards. Also returns the highest sequence
-/// present in the window. Nothing above that is a gap yet: it may simply not have been sent.
+/// tombstones of the window are merged in afterwards. Also says the highest sequence present
+/// in the window and whether anything above it is present (two index probes). Nothing above
+/// the highest present number is a gap yet: it may simply not have been sent.
 ///
 /// One statement, so the gaps, the window's ends and the tombstones come from one snapshot:
 /// an event committed halfway can neither hide a gap nor let the watermark pass one.
@@ -67,17 +109,19 @@ pub async fn sequence_gaps(
     source_id: &str,
     after: i64,
     up_to: i64,
-) -> Result<(Vec<SequenceGap>, Option<i64>), StoreError> {
+) -> Result<SequenceWindow, StoreError> {
     const SQL: &str = "SELECT min(seq), max(seq), \
              coalesce(array_agg(seq + 1 ORDER BY seq) FILTER (WHERE next > seq + 1), '{}'), \
              coalesce(array_agg(next - 1 ORDER BY seq) FILTER (WHERE next > seq + 1), '{}'), \
              (SELECT coalesce(array_agg(sequence ORDER BY sequence), '{}') FROM tombstones \
-                WHERE source_id = $1 AND sequence > $2 AND sequence <= $3) \
+                WHERE source_id = $1 AND sequence > $2 AND sequence <= $3), \
+             EXISTS (SELECT 1 FROM webhook_events WHERE source_id = $1 AND provider_sequence > $3) \
+                OR EXISTS (SELECT 1 FROM tombstones WHERE source_id = $1 AND sequence > $3) \
          FROM ( \
              SELECT provider_sequence AS seq, lead(provider_sequence) OVER (ORDER BY provider_sequence) AS next \
              FROM webhook_events WHERE source_id = $1 AND provider_sequence > $2 AND provider_sequence <= $3) AS w";
-    type Row = (Option<i64>, Option<i64>, Vec<i64>, Vec<i64>, Vec<i64>);
-    let (min, max, from, to, tombstoned): Row = sqlx::query_as(SQL)
+    type Row = (Option<i64>, Option<i64>, Vec<i64>, Vec<i64>, Vec<i64>, bool);
+    let (min, max, from, to, tombstoned, present_above): Row = sqlx::query_as(SQL)
         .bind(source_id)
         .bind(after)
         .bind(up_to)
@@ -88,7 +132,12 @@ pub async fn sequence_gaps(
         .zip(to)
         .map(|(gap_from, gap_to)| SequenceGap { gap_from, gap_to })
         .collect();
-    Ok(merge_gaps(after, min.zip(max), &interior, &tombstoned))
+    let (gaps, highest) = merge_gaps(after, min.zip(max), &interior, &tombstoned);
+    Ok(SequenceWindow {
+        gaps,
+        highest,
+        present_above,
+    })
 }
 
 /// The missing numbers of `(after, highest]`, as ranges, where present = events (spanning
@@ -174,8 +223,9 @@ pub async fn textbook_missing(
         .await?)
 }
 
-/// Records missing sequence ranges as candidates (IDs from the template). Existing candidates
-/// are kept as they are. Returns how many are new.
+/// Records missing sequence ranges as candidates (IDs from the template), except IDs already
+/// tombstoned (a primary-key probe each). Existing candidates are kept as they are. Returns how
+/// many are new.
 pub async fn add_sequence_candidates(
     executor: impl PgExecutor<'_>,
     tenant_id: &str,
@@ -184,8 +234,10 @@ pub async fn add_sequence_candidates(
     gaps: &[SequenceGap],
 ) -> Result<u64, StoreError> {
     const SQL: &str = "INSERT INTO gap_candidates (tenant_id, external_id, source_id, sequence) \
-         SELECT $1, replace($3, '{seq}', s::text), $2, s \
-         FROM unnest($4::bigint[], $5::bigint[]) AS r(gap_from, gap_to), generate_series(r.gap_from, r.gap_to) AS s \
+         SELECT $1, id, $2, s \
+         FROM unnest($4::bigint[], $5::bigint[]) AS r(gap_from, gap_to), generate_series(r.gap_from, r.gap_to) AS s, \
+              LATERAL (SELECT replace($3, '{seq}', s::text) AS id) AS i \
+         WHERE NOT EXISTS (SELECT 1 FROM tombstones AS t WHERE t.tenant_id = $1 AND t.external_id = i.id) \
          ON CONFLICT (tenant_id, external_id) DO NOTHING";
     let from: Vec<i64> = gaps.iter().map(|g| g.gap_from).collect();
     let to: Vec<i64> = gaps.iter().map(|g| g.gap_to).collect();

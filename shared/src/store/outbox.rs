@@ -35,19 +35,20 @@ pub struct OutboxMessage {
     pub action: String,
     pub payload: serde_json::Value,
     pub idempotency_key: String,
-    /// Attempts including the one just leased.
+    /// Tries made before this lease (requests sent to the target).
     pub attempts: i32,
 }
 
-/// Leases up to `limit` due messages: pushes their next attempt `lease_seconds` ahead and
-/// commits at once, so delivery happens outside any transaction and a crashed sender's lease
-/// simply expires.
+/// Leases up to `limit` due messages: holds them for `lease_seconds` (no other sender takes
+/// them, reconcile does not make them due) and commits at once, so delivery happens outside any
+/// transaction and a crashed sender's lease simply expires. A lease spends no attempt.
 pub async fn lease(
     executor: impl PgExecutor<'_>,
     limit: i64,
     lease_seconds: f64,
 ) -> Result<Vec<OutboxMessage>, StoreError> {
-    const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => $2), attempts = o.attempts + 1 \
+    const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => $2), \
+             leased_until = now() + make_interval(secs => $2) \
          FROM (SELECT outbox_id FROM outbox WHERE status = 'pending' AND next_attempt_at <= now() \
                ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
          WHERE o.outbox_id = due.outbox_id \
@@ -59,23 +60,41 @@ pub async fn lease(
         .await?)
 }
 
+/// Hands leased messages back untried: due again at once, no attempt spent.
+pub async fn release(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE outbox SET next_attempt_at = now(), leased_until = NULL \
+         WHERE outbox_id = ANY($1) AND status = 'pending'";
+    if outbox_ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(outbox_ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// A try that the target accepted.
 pub async fn mark_delivered(
     executor: impl PgExecutor<'_>,
     outbox_id: i64,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL \
+    const SQL: &str = "UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL, \
+             attempts = attempts + 1, leased_until = NULL \
          WHERE outbox_id = $1 AND status = 'pending'";
     sqlx::query(SQL).bind(outbox_id).execute(executor).await?;
     Ok(())
 }
 
+/// A try that failed and may succeed later: counted, and due again after `delay_ms`.
 pub async fn retry_later(
     executor: impl PgExecutor<'_>,
     outbox_id: i64,
     delay_ms: i64,
     error: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $2 / 1000.0), last_error = $3 \
+    const SQL: &str = "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $2 / 1000.0), last_error = $3, \
+             attempts = attempts + 1, leased_until = NULL \
          WHERE outbox_id = $1 AND status = 'pending'";
     sqlx::query(SQL)
         .bind(outbox_id)
@@ -86,13 +105,15 @@ pub async fn retry_later(
     Ok(())
 }
 
-/// Gives up on a message: the target refused it for good, or the attempt budget is spent.
+/// Gives up on a message after a try: the target refused it for good, or the attempt budget is
+/// spent.
 pub async fn mark_failed(
     executor: impl PgExecutor<'_>,
     outbox_id: i64,
     error: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET status = 'failed', last_error = $2 WHERE outbox_id = $1 AND status = 'pending'";
+    const SQL: &str = "UPDATE outbox SET status = 'failed', last_error = $2, attempts = attempts + 1, leased_until = NULL \
+         WHERE outbox_id = $1 AND status = 'pending'";
     sqlx::query(SQL)
         .bind(outbox_id)
         .bind(error)

@@ -71,6 +71,28 @@ pub async fn purge_identities(
     Ok(deleted as u64)
 }
 
+/// Clears the payload copies of up to `limit` dead letters closed (replayed or discarded) more
+/// than `age_seconds` ago. An open letter keeps its copy: its replay needs it once the event's
+/// own payload is purged. Returns how many were cleared.
+pub async fn purge_closed_dead_letter_payloads(
+    executor: impl PgExecutor<'_>,
+    age_seconds: f64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE dead_letters AS d SET payload = NULL \
+         FROM (SELECT dead_letter_id FROM dead_letters \
+               WHERE status IN ('replayed', 'discarded') AND payload IS NOT NULL \
+                 AND updated_at < now() - make_interval(secs => $1) \
+               ORDER BY dead_letter_id LIMIT $2 FOR UPDATE SKIP LOCKED) AS batch \
+         WHERE d.dead_letter_id = batch.dead_letter_id";
+    Ok(sqlx::query(SQL)
+        .bind(age_seconds)
+        .bind(limit)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
 /// Deletes records that only describe the past: anomalies and run rows older than the horizon.
 pub async fn purge_history(
     executor: impl PgExecutor<'_>,
