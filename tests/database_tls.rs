@@ -262,9 +262,9 @@ async fn a_secret_located_database_is_verified_by_default_and_never_falls_back()
 async fn a_root_certificate_that_does_not_exist_is_a_settings_error_naming_it() {
     let settings = vars(&[
         ("DATABASE_URL", "postgres://db.example.com/webhooks"),
-        ("DATABASE_SSLROOTCERT", "/opt/certs/missing-bundle.pem"),
+        ("DATABASE_SSLROOTCERT", "/opt/missing-bundle.pem"),
     ]);
     let error = settings.vars.pool().await.unwrap_err().to_string();
     assert!(error.starts_with("DATABASE_SSLROOTCERT"), "{error}");
-    assert!(error.contains("/opt/certs/missing-bundle.pem"), "{error}");
+    assert!(error.contains("/opt/missing-bundle.pem"), "{error}");
 }
