@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::effects::{Effect, EffectError, EffectRegistry};
@@ -89,7 +89,7 @@ pub fn stop_before(deadline: std::time::SystemTime, margin: Duration) -> Instant
 }
 
 /// What a drain run did, counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainOutcome {
     pub batches: u64,
     pub claimed: u64,
@@ -311,7 +311,7 @@ async fn apply_under_savepoint(
 }
 
 /// What a replay did, counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayOutcome {
     /// Open dead letters the filter matched.
     pub selected: u64,
