@@ -170,12 +170,27 @@ impl Drainer {
         crate::metrics::drained(&total);
         let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
         crate::metrics::queue(backlog, oldest);
-        tracing::info!(
-            ?total,
-            backlog,
-            oldest_pending_age_seconds = oldest,
-            "drain pass finished"
-        );
+        if total.claimed > 0 {
+            tracing::info!(
+                batches = total.batches,
+                claimed = total.claimed,
+                processed = total.processed,
+                retried = total.retried,
+                dead_lettered = total.dead_lettered,
+                repairs = total.repairs,
+                repairs_failed = total.repairs_failed,
+                vacuums = total.vacuums,
+                backlog,
+                oldest_pending_age_seconds = oldest,
+                "drain pass finished"
+            );
+        } else {
+            tracing::debug!(
+                backlog,
+                oldest_pending_age_seconds = oldest,
+                "drain pass: nothing ready"
+            );
+        }
         Ok(total)
     }
 
@@ -365,7 +380,13 @@ pub async fn replay(
         }
         tx.commit().await?;
     }
-    tracing::info!(?outcome, "replay finished");
+    tracing::info!(
+        selected = outcome.selected,
+        replayed = outcome.replayed,
+        failed = outcome.failed,
+        skipped = outcome.skipped,
+        "replay finished"
+    );
     Ok(outcome)
 }
 
