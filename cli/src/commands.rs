@@ -136,7 +136,20 @@ pub enum ChecksAction {
     },
 }
 
-/// Prints the answer as JSON or as `table`, and returns `exit`.
+/// A spinner for a long pass (a backfill of thousands, a drain of a backlog) on a terminal;
+/// drawn on stderr, and nothing at all when stderr is piped.
+pub fn spinner(what: &str) -> ProgressBar {
+    let bar = ProgressBar::new_spinner();
+    bar.set_style(
+        ProgressStyle::with_template("{spinner} {msg} ({elapsed})")
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+    );
+    bar.set_message(what.to_owned());
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    bar
+}
+
+/// Prints the answer as JSON or as `table`.
 fn show<T: serde::Serialize>(json: bool, value: &T, table: impl FnOnce(&T) -> String) {
     if json {
         println!(

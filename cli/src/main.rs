@@ -515,10 +515,13 @@ async fn run_drain() -> CmdResult {
         Arc::new(EffectRegistry::standard()),
         vars.drain().map_err(|e| e.to_string())?,
     );
+    let progress = commands::spinner("draining");
     let outcome = drainer
         .drain_until(std::time::Instant::now() + Duration::from_secs(3600))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string());
+    progress.finish_and_clear();
+    let outcome = outcome?;
     println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
     Ok(())
 }
@@ -533,6 +536,24 @@ enum Job {
 async fn run_maintenance(job: Job) -> CmdResult {
     let vars = Vars::process();
     let pool = pool().await?;
+    let progress = commands::spinner(match job {
+        Job::Reconcile => "reconcile pass",
+        Job::Backfill => "backfill pass",
+        Job::Retention => "retention pass",
+        Job::Anomaly => "anomaly checks",
+    });
+    let report = pass(job, &vars, pool).await;
+    progress.finish_and_clear();
+    println!("{}", report?);
+    Ok(())
+}
+
+/// One pass, as its Lambda runs it; its outcome as JSON.
+async fn pass<F: Fn(&str) -> Option<String>>(
+    job: Job,
+    vars: &Vars<F>,
+    pool: sqlx::PgPool,
+) -> Result<serde_json::Value, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let report = match job {
         Job::Reconcile => {
@@ -574,10 +595,8 @@ async fn run_maintenance(job: Job) -> CmdResult {
             )
         }
     };
-    println!("{}", report.unwrap_or_default());
-    Ok(())
+    Ok(report.unwrap_or_default())
 }
-
 fn run_sign(args: SignArgs) -> CmdResult {
     let body = read_body(&args.body)?;
     let at = args.at.unwrap_or_else(unix_now);
