@@ -169,9 +169,7 @@ impl Fault {
             Fault::DigestConflict => {
                 "a processed event redelivered, validly signed, with a different payload"
             }
-            Fault::SilentSource => {
-                "a source with two weeks of steady traffic sends nothing for an hour"
-            }
+            Fault::SilentSource => "a source with two weeks of steady traffic goes silent",
             Fault::VacuumStarvation => {
                 "a session opens a transaction and sits idle in it (holds back vacuum)"
             }
@@ -965,8 +963,8 @@ async fn inject(
             a.into_signals(signals);
         }
         Fault::SilentSource => {
-            // The shop's steady hour, two weeks running, then an hour with nothing: the stored
-            // clock moves so that the history sits in the middle of the last complete hour.
+            // The shop's steady hours, two weeks running, then nothing: the stored clock moves
+            // so that the first of those hours sits in the middle of the last complete hour.
             let into_hour = faults::seconds_into_hour(&lab.pool).await?;
             lab.jump(into_hour + 1800.0).await?;
         }
@@ -985,14 +983,23 @@ async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
     let baseline: Vec<u64> = (1..=scale.batch).collect();
     lab.deliver(&baseline, 1).await?;
     if fault == Fault::SilentSource {
-        // The source has existed for a while; then two weeks of the same steady hour.
+        // The source has existed for a while; then two weeks of the same steady three hours,
+        // so that whichever of them is the last complete hour while the drill watches, its
+        // history says traffic.
         lab.jump(86_400.0).await?;
         for week in 0..2 {
-            for i in 0..10 {
-                lab.deliver_shop(&format!("shop_w{week}_{i}"), "order.updated", i + 1)
-                    .await?;
+            for hour in 0..3 {
+                for i in 0..10 {
+                    let id = format!("shop_w{week}_h{hour}_{i}");
+                    lab.deliver_shop(&id, "order.updated", i + 1).await?;
+                }
+                let next = if hour < 2 {
+                    3600.0
+                } else {
+                    7.0 * 86_400.0 - 2.0 * 3600.0
+                };
+                lab.jump(next).await?;
             }
-            lab.jump(7.0 * 86_400.0).await?;
         }
     }
     let mut ignored = Signals::default();
