@@ -1,6 +1,10 @@
 //! `hookctl`: the local runner and the operator's commands, as a library so tests can spawn the
 //! runner in-process and call the commands directly.
 
+pub mod backend;
 pub mod captured;
+pub mod commands;
+pub mod drill;
+pub mod render;
 pub mod serve;
 pub mod verify;

@@ -6,7 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use hookctl::{captured, serve, verify};
+use hookctl::backend::Backend;
+use hookctl::commands::{
+    self, ChecksAction, DeadLettersAction, GapsAction, RunsAction, TombstonesAction,
+};
+use hookctl::{captured, drill, serve, verify};
 use shared::config::{SecretsBackend, Vars};
 use shared::domain::{Scheme, SourceId};
 use shared::drain::Drainer;
@@ -19,12 +23,26 @@ use shared::store::{self, MIGRATOR};
 
 /// Webhook receiver: local runner and operator commands.
 ///
-/// Database commands read DATABASE_URL. Secrets are read as the ingest function reads them
-/// (SECRETS_BACKEND=aws|file, SECRETS_FILE, SECRETS_MANAGER_ENDPOINT) unless --secrets-file
-/// is given.
+/// Database commands read DATABASE_URL. The operator's commands (status, dead-letters,
+/// tombstones, gaps, runs, checks, operator) answer either from DATABASE_URL or, with
+/// --function, by invoking the deployed operator function (AWS credentials and region from the
+/// environment, as for the AWS CLI). Exit codes: 0 all accounted for, 1 needs a human, 2 could
+/// not tell (unreachable, bad arguments).
+///
+/// Secrets are read as the ingest function reads them (SECRETS_BACKEND=aws|file, SECRETS_FILE,
+/// SECRETS_MANAGER_ENDPOINT) unless --secrets-file is given.
 #[derive(Parser)]
 #[command(name = "hookctl", version)]
 struct Cli {
+    /// Answer through the deployed operator function (name or ARN) instead of DATABASE_URL.
+    #[arg(long, global = true, env = "HOOKCTL_FUNCTION")]
+    function: Option<String>,
+    /// Endpoint of the Lambda API (a VPC endpoint; default: AWS's for the region).
+    #[arg(long, global = true, env = "HOOKCTL_LAMBDA_ENDPOINT")]
+    lambda_endpoint: Option<String>,
+    /// Print JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
     #[command(subcommand)]
     command: Command,
 }
@@ -44,6 +62,37 @@ enum Command {
     Verify(VerifyArgs),
     /// Print the headers a provider would sign a body with (for curl and tests).
     Sign(SignArgs),
+    /// Did we lose anything? The verdict, then per source, the queue, the maintenance passes.
+    /// Exit 0 every event accounted for, 1 something needs a human, 2 could not tell.
+    Status,
+    /// Dead letters: list, show, replay, discard.
+    DeadLetters {
+        #[command(subcommand)]
+        action: DeadLettersAction,
+    },
+    /// Tombstones: IDs declared never to arrive.
+    Tombstones {
+        #[command(subcommand)]
+        action: TombstonesAction,
+    },
+    /// Open gaps: events the provider sent that have not arrived.
+    Gaps {
+        #[command(subcommand)]
+        action: GapsAction,
+    },
+    /// Maintenance runs (reconcile, backfill, retention, anomaly).
+    Runs {
+        #[command(subcommand)]
+        action: RunsAction,
+    },
+    /// Anomaly check results of the latest run.
+    Checks {
+        #[command(subcommand)]
+        action: ChecksAction,
+    },
+    /// The fault drill: inject one fault of each class into the local pipeline and print which
+    /// layers noticed it and whether it was repaired without a human. Needs an empty database.
+    Drill(drill::DrillArgs),
     /// Run one operator action, the operator Lambda's JSON (replay, list or triage dead letters).
     Operator {
         /// e.g. '{"action":"replay","filter":{"event_type":"invoice.paid"}}'
@@ -142,13 +191,47 @@ struct SignArgs {
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
+    let json = cli.json;
+    let operator_backend = || backend(cli.function.clone(), cli.lambda_endpoint.clone());
+    let exit = |code: u8| ExitCode::from(code);
     let result = match cli.command {
+        Command::Status => match operator_backend().await {
+            Ok(b) => return exit(commands::status(&b, json).await),
+            Err(e) => Err(e),
+        },
+        Command::DeadLetters { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::dead_letters(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Tombstones { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::tombstones(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Gaps { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::gaps(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Runs { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::runs(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Checks { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::checks(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Drill(args) => match pool().await {
+            Ok(pool) => return exit(drill::run(pool, args, json).await),
+            Err(e) => Err(e),
+        },
         Command::Serve(args) => run_serve(args).await,
         Command::Migrate => migrate().await,
         Command::Sources { action } => run_sources(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
-        Command::Operator { request } => run_operator(&request).await,
+        Command::Operator { request } => match operator_backend().await {
+            Ok(b) => run_operator(&b, &request).await,
+            Err(e) => Err(e),
+        },
         Command::Drain => run_drain().await,
         Command::Reconcile => run_maintenance(Job::Reconcile).await,
         Command::Backfill => run_maintenance(Job::Backfill).await,
@@ -165,6 +248,14 @@ async fn main() -> ExitCode {
 }
 
 type CmdResult = Result<(), String>;
+
+/// The operator function when `--function` is given, else DATABASE_URL.
+async fn backend(function: Option<String>, endpoint: Option<String>) -> Result<Backend, String> {
+    match function {
+        Some(name) => Ok(Backend::function(name, endpoint).await),
+        None => Ok(Backend::direct(pool().await?)),
+    }
+}
 
 /// The pool from DATABASE_URL and the DB_* settings, with at least 4 connections.
 async fn pool() -> Result<sqlx::PgPool, String> {
@@ -402,12 +493,12 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
     Ok(report)
 }
 
-async fn run_operator(request: &str) -> CmdResult {
+async fn run_operator(backend: &Backend, request: &str) -> CmdResult {
     let json: serde_json::Value =
         serde_json::from_str(request).map_err(|e| format!("request is not JSON: {e}"))?;
     let request = shared::operator::parse(json).map_err(|e| e.to_string())?;
-    let pool = pool().await?;
-    let response = shared::operator::handle(&pool, &EffectRegistry::standard(), request)
+    let response = backend
+        .call_json(&request)
         .await
         .map_err(|e| e.to_string())?;
     println!(
@@ -424,10 +515,13 @@ async fn run_drain() -> CmdResult {
         Arc::new(EffectRegistry::standard()),
         vars.drain().map_err(|e| e.to_string())?,
     );
+    let progress = commands::spinner("draining");
     let outcome = drainer
         .drain_until(std::time::Instant::now() + Duration::from_secs(3600))
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string());
+    progress.finish_and_clear();
+    let outcome = outcome?;
     println!("{}", serde_json::to_string(&outcome).unwrap_or_default());
     Ok(())
 }
@@ -442,6 +536,24 @@ enum Job {
 async fn run_maintenance(job: Job) -> CmdResult {
     let vars = Vars::process();
     let pool = pool().await?;
+    let progress = commands::spinner(match job {
+        Job::Reconcile => "reconcile pass",
+        Job::Backfill => "backfill pass",
+        Job::Retention => "retention pass",
+        Job::Anomaly => "anomaly checks",
+    });
+    let report = pass(job, &vars, pool).await;
+    progress.finish_and_clear();
+    println!("{}", report?);
+    Ok(())
+}
+
+/// One pass, as its Lambda runs it; its outcome as JSON.
+async fn pass<F: Fn(&str) -> Option<String>>(
+    job: Job,
+    vars: &Vars<F>,
+    pool: sqlx::PgPool,
+) -> Result<serde_json::Value, String> {
     let err = |e: &dyn std::fmt::Display| e.to_string();
     let report = match job {
         Job::Reconcile => {
@@ -483,10 +595,8 @@ async fn run_maintenance(job: Job) -> CmdResult {
             )
         }
     };
-    println!("{}", report.unwrap_or_default());
-    Ok(())
+    Ok(report.unwrap_or_default())
 }
-
 fn run_sign(args: SignArgs) -> CmdResult {
     let body = read_body(&args.body)?;
     let at = args.at.unwrap_or_else(unix_now);

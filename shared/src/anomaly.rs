@@ -83,12 +83,12 @@ pub async fn run_once(
     }
     crate::metrics::anomaly_breaches(breaches.len());
     if breaches.is_empty() {
-        tracing::info!(run_id, checks = results.len(), "anomaly checks passed");
+        tracing::debug!(run_id, checks = results.len(), "anomaly checks passed");
     } else {
         tracing::warn!(
             run_id,
             checks = results.len(),
-            ?breaches,
+            breaches = %breaches.join(","),
             "anomaly checks breached"
         );
     }

@@ -133,7 +133,34 @@ impl Backfiller {
                 }
             }
         }
-        tracing::info!(?outcome, "backfill pass finished");
+        let o = &*outcome;
+        let idle = o.new_candidates == 0
+            && o.arrived_late == 0
+            && o.fetched == 0
+            && o.backfilled == 0
+            && o.tombstoned == 0
+            && o.errors == 0
+            && o.failed_sources.is_empty();
+        if idle {
+            tracing::debug!(
+                sources = o.sources,
+                waiting_grace = o.waiting_grace,
+                "backfill pass: no gaps"
+            );
+        } else {
+            tracing::info!(
+                sources = o.sources,
+                new_candidates = o.new_candidates,
+                arrived_late = o.arrived_late,
+                waiting_grace = o.waiting_grace,
+                fetched = o.fetched,
+                backfilled = o.backfilled,
+                tombstoned = o.tombstoned,
+                errors = o.errors,
+                failed_sources = %o.failed_sources.join(","),
+                "backfill pass finished"
+            );
+        }
         Ok(())
     }
 

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
 use crate::effects::{Effect, EffectError, EffectRegistry};
@@ -89,7 +89,7 @@ pub fn stop_before(deadline: std::time::SystemTime, margin: Duration) -> Instant
 }
 
 /// What a drain run did, counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainOutcome {
     pub batches: u64,
     pub claimed: u64,
@@ -170,12 +170,27 @@ impl Drainer {
         crate::metrics::drained(&total);
         let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
         crate::metrics::queue(backlog, oldest);
-        tracing::info!(
-            ?total,
-            backlog,
-            oldest_pending_age_seconds = oldest,
-            "drain pass finished"
-        );
+        if total.claimed > 0 {
+            tracing::info!(
+                batches = total.batches,
+                claimed = total.claimed,
+                processed = total.processed,
+                retried = total.retried,
+                dead_lettered = total.dead_lettered,
+                repairs = total.repairs,
+                repairs_failed = total.repairs_failed,
+                vacuums = total.vacuums,
+                backlog,
+                oldest_pending_age_seconds = oldest,
+                "drain pass finished"
+            );
+        } else {
+            tracing::debug!(
+                backlog,
+                oldest_pending_age_seconds = oldest,
+                "drain pass: nothing ready"
+            );
+        }
         Ok(total)
     }
 
@@ -311,7 +326,7 @@ async fn apply_under_savepoint(
 }
 
 /// What a replay did, counted.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayOutcome {
     /// Open dead letters the filter matched.
     pub selected: u64,
@@ -365,7 +380,13 @@ pub async fn replay(
         }
         tx.commit().await?;
     }
-    tracing::info!(?outcome, "replay finished");
+    tracing::info!(
+        selected = outcome.selected,
+        replayed = outcome.replayed,
+        failed = outcome.failed,
+        skipped = outcome.skipped,
+        "replay finished"
+    );
     Ok(outcome)
 }
 

@@ -7,7 +7,16 @@
 //! {"action": "set_dead_letter_status", "dead_letter_id": 7, "status": "investigating"}
 //! {"action": "tombstone", "tenant_id": "acme", "source_id": "stripe-prod", "external_id": "evt_1",
 //!  "reason": "test event deleted in the dashboard", "operator": "alice"}
+//! {"action": "status"}
+//! {"action": "show_dead_letter", "dead_letter_id": 7}
+//! {"action": "list_runs", "job": "reconcile", "limit": 20}
+//! {"action": "list_checks", "breached_only": true}
+//! {"action": "list_gaps", "source_id": "stripe-prod"}
+//! {"action": "list_tombstones", "source_id": "stripe-prod", "limit": 50}
 //! ```
+//!
+//! The read actions are what `hookctl` calls with `--function`: the deployed database sits in
+//! private subnets, and this function is the operator's way in.
 
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
@@ -15,8 +24,12 @@ use sqlx::PgPool;
 use crate::drain::{self, ReplayOutcome};
 use crate::effects::EffectRegistry;
 use crate::sources::GapStrategy;
+use crate::status::{self, StatusReport, StatusSettings};
 use crate::store::StoreError;
-use crate::store::dead_letters::{self, DeadLetter, ReplayFilter};
+use crate::store::anomaly::StoredResult;
+use crate::store::dead_letters::{self, DeadLetter, DeadLetterDetail, ReplayFilter};
+use crate::store::gaps::{OpenGap, Tombstone};
+use crate::store::maintenance_runs::RunRecord;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
@@ -45,6 +58,36 @@ pub enum OperatorRequest {
         reason: String,
         operator: String,
     },
+    /// The verdict (every event accounted for, or what is not) and its evidence.
+    Status,
+    /// One dead letter, whatever its status, with its headers and payload.
+    ShowDeadLetter { dead_letter_id: i64 },
+    /// The latest maintenance runs, newest first.
+    ListRuns {
+        #[serde(default)]
+        job: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
+    },
+    /// The latest anomaly run's results, breaching first.
+    ListChecks {
+        #[serde(default)]
+        breached_only: bool,
+    },
+    /// Open gaps, oldest first.
+    ListGaps {
+        #[serde(default)]
+        source_id: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
+    },
+    /// Tombstones, newest first.
+    ListTombstones {
+        #[serde(default)]
+        source_id: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -55,6 +98,8 @@ pub enum OperatorError {
     Store(#[from] StoreError),
 }
 
+/// The answer, as JSON: each shape has its own top-level keys, so a caller that knows what it
+/// asked for reads it back with the matching type.
 #[derive(Debug, Serialize)]
 #[serde(untagged)]
 pub enum OperatorResponse {
@@ -62,7 +107,16 @@ pub enum OperatorResponse {
     DeadLetters { dead_letters: Vec<DeadLetter> },
     StatusChanged { dead_letter_id: i64, status: String },
     Tombstoned { external_id: String, created: bool },
+    Status(Box<StatusReport>),
+    DeadLetter { dead_letter: Box<DeadLetterDetail> },
+    Runs { runs: Vec<RunRecord> },
+    Checks { checks: Vec<StoredResult> },
+    Gaps { gaps: Vec<OpenGap> },
+    Tombstones { tombstones: Vec<Tombstone> },
 }
+
+/// Limits of the listing actions.
+const DEFAULT_LIMIT: i64 = 100;
 
 /// Parses a request from JSON, saying what is wrong with it when it does not parse.
 pub fn parse(json: serde_json::Value) -> Result<OperatorRequest, OperatorError> {
@@ -133,6 +187,61 @@ pub async fn handle(
                 created,
             })
         }
+        OperatorRequest::Status => Ok(OperatorResponse::Status(Box::new(
+            status::report(pool, &StatusSettings::default()).await?,
+        ))),
+        OperatorRequest::ShowDeadLetter { dead_letter_id } => {
+            match dead_letters::find(pool, dead_letter_id).await? {
+                Some(dead_letter) => Ok(OperatorResponse::DeadLetter {
+                    dead_letter: Box::new(dead_letter),
+                }),
+                None => Err(OperatorError::BadRequest(format!(
+                    "no dead letter {dead_letter_id}"
+                ))),
+            }
+        }
+        OperatorRequest::ListRuns { job, limit } => {
+            if let Some(job) = job.as_deref()
+                && !crate::store::maintenance_runs::JOBS.contains(&job)
+            {
+                return Err(OperatorError::BadRequest(format!(
+                    "job {job:?}: one of {}",
+                    crate::store::maintenance_runs::JOBS.join(", ")
+                )));
+            }
+            let runs = crate::store::maintenance_runs::list(
+                pool,
+                job.as_deref(),
+                limit.unwrap_or(DEFAULT_LIMIT),
+            )
+            .await?;
+            Ok(OperatorResponse::Runs { runs })
+        }
+        OperatorRequest::ListChecks { breached_only } => {
+            let mut checks = crate::store::anomaly::latest_results(pool).await?;
+            if breached_only {
+                checks.retain(|c| c.breached);
+            }
+            Ok(OperatorResponse::Checks { checks })
+        }
+        OperatorRequest::ListGaps { source_id, limit } => {
+            let gaps = crate::store::gaps::open_gaps(
+                pool,
+                source_id.as_deref(),
+                limit.unwrap_or(DEFAULT_LIMIT),
+            )
+            .await?;
+            Ok(OperatorResponse::Gaps { gaps })
+        }
+        OperatorRequest::ListTombstones { source_id, limit } => {
+            let tombstones = crate::store::gaps::list_tombstones(
+                pool,
+                source_id.as_deref(),
+                limit.unwrap_or(DEFAULT_LIMIT),
+            )
+            .await?;
+            Ok(OperatorResponse::Tombstones { tombstones })
+        }
     }
 }
 
@@ -192,5 +301,17 @@ mod tests {
             .to_string();
         assert!(err.contains("typo"), "{err}");
         assert!(parse(serde_json::json!({"action": "drop_tables"})).is_err());
+        assert!(matches!(
+            parse(serde_json::json!({"action": "status"})).unwrap(),
+            OperatorRequest::Status
+        ));
+        assert!(matches!(
+            parse(serde_json::json!({"action": "list_runs", "job": "reconcile"})).unwrap(),
+            OperatorRequest::ListRuns { job: Some(j), limit: None } if j == "reconcile"
+        ));
+        assert!(matches!(
+            parse(serde_json::json!({"action": "show_dead_letter", "dead_letter_id": 3})).unwrap(),
+            OperatorRequest::ShowDeadLetter { dead_letter_id: 3 }
+        ));
     }
 }

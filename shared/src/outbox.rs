@@ -117,7 +117,18 @@ impl OutboxSender {
                 break;
             }
         }
-        tracing::info!(?total, "outbox pass finished");
+        if total.leased > 0 {
+            tracing::info!(
+                leased = total.leased,
+                delivered = total.delivered,
+                retried = total.retried,
+                failed = total.failed,
+                handed_back = total.handed_back,
+                "outbox pass finished"
+            );
+        } else {
+            tracing::debug!("outbox pass: nothing due");
+        }
         Ok(total)
     }
 

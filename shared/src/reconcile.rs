@@ -100,7 +100,7 @@ pub async fn run_once(
     Ok(match run {
         Run::Skipped { run_id } => ReconcileOutcome::Skipped { run_id },
         Run::Completed { run_id, counts } => {
-            tracing::info!(run_id, found = ?counts.found, repaired = ?counts.repaired, "reconcile pass finished");
+            log_pass(run_id, &counts.found, &counts.repaired);
             ReconcileOutcome::Completed {
                 run_id,
                 found: counts.found,
@@ -108,6 +108,45 @@ pub async fn run_once(
             }
         }
     })
+}
+
+/// Nothing at info when the pass found and repaired nothing; otherwise every count as a field.
+fn log_pass(run_id: i64, f: &Found, r: &Repaired) {
+    let quiet = f.pending_past_sla == 0
+        && f.orphaned_pending == 0
+        && f.missing_effects == 0
+        && f.missing_outbox == 0
+        && f.unrepairable == 0
+        && f.outbox_undelivered_past_window == 0
+        && f.outbox_failed == 0
+        && f.dead_letters_untriaged == 0
+        && r.requeued == 0
+        && r.outbox_made_due == 0
+        && r.drained.claimed == 0;
+    if quiet {
+        tracing::debug!(
+            run_id,
+            events_scanned = f.events_scanned,
+            "reconcile pass: all consistent"
+        );
+        return;
+    }
+    tracing::info!(
+        run_id,
+        events_scanned = f.events_scanned,
+        pending_past_sla = f.pending_past_sla,
+        orphaned_pending = f.orphaned_pending,
+        missing_effects = f.missing_effects,
+        missing_outbox = f.missing_outbox,
+        unrepairable = f.unrepairable,
+        outbox_undelivered_past_window = f.outbox_undelivered_past_window,
+        outbox_failed = f.outbox_failed,
+        dead_letters_untriaged = f.dead_letters_untriaged,
+        requeued = r.requeued,
+        outbox_made_due = r.outbox_made_due,
+        drained = r.drained.processed,
+        "reconcile pass finished"
+    );
 }
 
 #[derive(Default)]
@@ -154,10 +193,10 @@ async fn checks_and_repairs(
             if !event.has_payload {
                 // Its handler cannot run again: re-queued, it would only fail. Reported.
                 found.unrepairable += 1;
-                tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = ?event.problem, "reconcile found, payload purged: cannot repair");
+                tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = event.problem.as_deref().unwrap_or(""), "reconcile found, payload purged: cannot repair");
                 continue;
             }
-            tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = ?event.problem, "reconcile found");
+            tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = event.problem.as_deref().unwrap_or(""), "reconcile found");
             to_requeue.0.push(event.tenant_id);
             to_requeue.1.push(event.external_id);
         }

@@ -91,7 +91,20 @@ pub async fn run_once(
         (outcome, result)
     })
     .await?;
-    tracing::info!(?outcome, "retention pass finished");
+    let o = &outcome;
+    if o.payloads_purged + o.identities_purged + o.history_purged + o.dead_letter_payloads_purged
+        > 0
+    {
+        tracing::info!(
+            payloads_purged = o.payloads_purged,
+            identities_purged = o.identities_purged,
+            history_purged = o.history_purged,
+            dead_letter_payloads_purged = o.dead_letter_payloads_purged,
+            "retention pass finished"
+        );
+    } else {
+        tracing::debug!("retention pass: nothing past its horizon");
+    }
     Ok(outcome)
 }
 

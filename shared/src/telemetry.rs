@@ -20,7 +20,12 @@ pub fn init() {
             .without_time()
             .try_init()
     } else {
-        builder.with_writer(std::io::stderr).try_init()
+        // Colour only on a terminal: piped or redirected, the fields stay plain `key=value`.
+        use std::io::IsTerminal as _;
+        builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .with_writer(std::io::stderr)
+            .try_init()
     };
     // A second init (tests) keeps the first subscriber.
     let _ = result;

@@ -1,5 +1,6 @@
-//! The operator Lambda: invoked directly (`aws lambda invoke`) with the JSON of
-//! `shared::operator::OperatorRequest`, answers with its counts or listing.
+//! The operator Lambda: invoked directly (`hookctl --function`, or `aws lambda invoke`) with
+//! the JSON of `shared::operator::OperatorRequest`, answers with the status report, its counts
+//! or a listing. The database sits in private subnets: this is the operator's way in.
 
 use lambda_runtime::{Diagnostic, LambdaEvent};
 use shared::effects::EffectRegistry;

@@ -311,10 +311,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         Some(0.0),
         Some(500_000.0),
     ),
+    // Dead rows beyond autovacuum's own base threshold (50), per live row: above 0.2 exactly
+    // when autovacuum's trigger (50 + 20% of live rows) has been passed and it has not run. A
+    // young table's few dozen completions and redeliveries are no breach.
     check(
         "events_dead_tuple_ratio",
         "machinery",
-        "SELECT (n_dead_tup::float8 / GREATEST(n_live_tup, 1)) FROM pg_stat_user_tables \
+        "SELECT (GREATEST(n_dead_tup - 50, 0)::float8 / GREATEST(n_live_tup, 1)) FROM pg_stat_user_tables \
          WHERE relname = 'webhook_events' AND schemaname = current_schema()",
         Some(0.0),
         Some(0.2),
@@ -376,7 +379,7 @@ pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
 
 /// A source's events in the last complete hour beside the same hour of the week in the (up to)
 /// four weeks before, counting only weeks after the source was created.
-#[derive(Debug, Clone, sqlx::FromRow)]
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
 pub struct SourceFlow {
     pub source_id: String,
     pub last_hour: f64,
@@ -433,4 +436,35 @@ pub async fn record(pool: &PgPool, run_id: i64, results: &[CheckResult]) -> Resu
         .execute(pool)
         .await?;
     Ok(())
+}
+
+/// A stored check result of the latest anomaly run.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct StoredResult {
+    pub run_id: i64,
+    pub measured_at: chrono::DateTime<chrono::Utc>,
+    pub check_name: String,
+    pub family: String,
+    pub subject: String,
+    pub value: Option<f64>,
+    pub expected_low: Option<f64>,
+    pub expected_high: Option<f64>,
+    pub breached: bool,
+    pub detail: String,
+}
+
+/// Every result of the latest anomaly run that stored results: breaching first, then by family
+/// and name.
+pub async fn latest_results(
+    executor: impl sqlx::PgExecutor<'_>,
+) -> Result<Vec<StoredResult>, StoreError> {
+    const SQL: &str = "WITH latest AS ( \
+             SELECT m.run_id, COALESCE(m.finished_at, m.started_at) AS measured_at FROM maintenance_runs AS m \
+             WHERE m.job = 'anomaly' AND EXISTS (SELECT 1 FROM anomaly_results AS r WHERE r.run_id = m.run_id) \
+             ORDER BY m.started_at DESC LIMIT 1) \
+         SELECT r.run_id, l.measured_at, r.check_name, r.family, r.subject, r.value, r.expected_low, \
+                r.expected_high, r.breached, r.detail \
+         FROM anomaly_results AS r JOIN latest AS l USING (run_id) \
+         ORDER BY r.breached DESC, r.family, r.check_name, r.subject";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }

@@ -59,7 +59,7 @@ pub struct ReplayFilter {
     pub limit: Option<i64>,
 }
 
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize)]
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
 pub struct DeadLetter {
     pub dead_letter_id: i64,
     pub tenant_id: String,
@@ -179,4 +179,56 @@ pub async fn set_status(
         .await?
         .rows_affected()
         == 1)
+}
+
+/// How many dead letters are open (`new` or `investigating`).
+pub async fn count_open(executor: impl PgExecutor<'_>) -> Result<i64, StoreError> {
+    const SQL: &str = "SELECT count(*) FROM dead_letters WHERE status IN ('new', 'investigating')";
+    Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
+}
+
+/// One dead letter, whatever its status, with what an operator needs to decide on it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct DeadLetterDetail {
+    pub dead_letter_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub event_type: String,
+    pub status: String,
+    /// `fatal` or `exhausted`.
+    pub reason: String,
+    pub error: String,
+    pub attempts: i32,
+    pub replay_count: i32,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+    pub replayed_at: Option<DateTime<Utc>>,
+    pub headers: serde_json::Value,
+    /// The payload as text (invalid UTF-8 replaced); `None` once retention took the letter's copy.
+    #[sqlx(skip)]
+    pub payload: Option<String>,
+    pub payload_bytes: Option<i32>,
+}
+
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    dead_letter_id: i64,
+) -> Result<Option<DeadLetterDetail>, StoreError> {
+    use sqlx::{FromRow as _, Row as _};
+    const SQL: &str = "SELECT dead_letter_id, tenant_id, external_id, source_id, event_type, status, reason, error, \
+                attempts, replay_count, created_at, updated_at, replayed_at, headers, \
+                payload AS payload_raw, octet_length(payload) AS payload_bytes \
+         FROM dead_letters WHERE dead_letter_id = $1";
+    let Some(row) = sqlx::query(SQL)
+        .bind(dead_letter_id)
+        .fetch_optional(executor)
+        .await?
+    else {
+        return Ok(None);
+    };
+    let mut detail = DeadLetterDetail::from_row(&row)?;
+    let raw: Option<Vec<u8>> = row.try_get("payload_raw")?;
+    detail.payload = raw.map(|p| String::from_utf8_lossy(&p).into_owned());
+    Ok(Some(detail))
 }

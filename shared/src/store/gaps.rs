@@ -420,3 +420,81 @@ mod tests {
         }
     }
 }
+
+/// An open gap: an ID the provider sent or listed that has not arrived.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct OpenGap {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub sequence: Option<i64>,
+    pub first_seen_at: chrono::DateTime<chrono::Utc>,
+    /// Still inside its source's grace period (late events are normal): backfill leaves it.
+    pub in_grace: bool,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+}
+
+/// Open gaps, oldest first, optionally of one source.
+pub async fn open_gaps(
+    executor: impl PgExecutor<'_>,
+    source_id: Option<&str>,
+    limit: i64,
+) -> Result<Vec<OpenGap>, StoreError> {
+    const SQL: &str = "SELECT g.tenant_id, g.external_id, g.source_id, g.sequence, g.first_seen_at, \
+                g.first_seen_at > now() - make_interval(secs => s.gap_grace_seconds) AS in_grace, \
+                g.attempts, g.last_error \
+         FROM gap_candidates AS g JOIN sources AS s USING (source_id) \
+         WHERE g.status = 'open' AND ($1::text IS NULL OR g.source_id = $1) \
+         ORDER BY g.first_seen_at, g.external_id LIMIT $2";
+    Ok(sqlx::query_as(SQL)
+        .bind(source_id)
+        .bind(limit.clamp(1, 100_000))
+        .fetch_all(executor)
+        .await?)
+}
+
+/// Open gaps backfill has had its chance at: past their source's grace period by more than
+/// `allowance_seconds` (a few backfill passes). Younger ones are normal and being handled.
+pub async fn count_open_past_grace(
+    executor: impl PgExecutor<'_>,
+    allowance_seconds: f64,
+) -> Result<(i64, i64), StoreError> {
+    const SQL: &str = "SELECT \
+             count(*) FILTER (WHERE g.first_seen_at < now() - make_interval(secs => s.gap_grace_seconds + $1)), \
+             count(*) FILTER (WHERE g.first_seen_at >= now() - make_interval(secs => s.gap_grace_seconds + $1)) \
+         FROM gap_candidates AS g JOIN sources AS s USING (source_id) WHERE g.status = 'open'";
+    Ok(sqlx::query_as(SQL)
+        .bind(allowance_seconds)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// A tombstone: an ID declared never to arrive.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct Tombstone {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub sequence: Option<i64>,
+    pub reason: String,
+    /// `backfill` (the provider said not found) or `operator:<who>`.
+    pub created_by: String,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// Tombstones, newest first, optionally of one source.
+pub async fn list_tombstones(
+    executor: impl PgExecutor<'_>,
+    source_id: Option<&str>,
+    limit: i64,
+) -> Result<Vec<Tombstone>, StoreError> {
+    const SQL: &str = "SELECT tenant_id, external_id, source_id, sequence, reason, created_by, created_at \
+         FROM tombstones WHERE ($1::text IS NULL OR source_id = $1) \
+         ORDER BY created_at DESC, external_id LIMIT $2";
+    Ok(sqlx::query_as(SQL)
+        .bind(source_id)
+        .bind(limit.clamp(1, 100_000))
+        .fetch_all(executor)
+        .await?)
+}

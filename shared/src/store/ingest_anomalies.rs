@@ -58,3 +58,15 @@ pub async fn record_redelivered_after_purge(
         .await?;
     Ok(())
 }
+
+/// Signed deliveries refused in the last day (answered 400: unreadable, no id, unusable field),
+/// by source. Signature failures are not here: they are never stored.
+pub async fn refused_last_day_by_source(
+    executor: impl PgExecutor<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    const SQL: &str = "SELECT source_id, count(*) FROM ingest_anomalies \
+         WHERE kind IN ('unparseable_payload', 'missing_field', 'invalid_field') \
+           AND detected_at > now() - interval '1 day' \
+         GROUP BY source_id ORDER BY source_id";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
+}

@@ -1,5 +1,6 @@
-//! The `maintenance_runs` table: one row per run of reconcile, backfill or retention.
+//! The `maintenance_runs` table: one row per run of reconcile, backfill, retention or anomaly.
 
+use chrono::{DateTime, Utc};
 use sqlx::PgExecutor;
 
 use super::StoreError;
@@ -48,4 +49,67 @@ pub async fn finish(
         .execute(executor)
         .await?;
     Ok(())
+}
+
+/// The jobs that record runs.
+pub const JOBS: &[&str] = &["reconcile", "backfill", "retention", "anomaly"];
+
+/// A job's latest run, and when it last completed.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct LatestRun {
+    pub job: String,
+    pub run_id: Option<i64>,
+    pub status: Option<String>,
+    pub trigger: Option<String>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub error: Option<String>,
+    pub last_completed_at: Option<DateTime<Utc>>,
+    /// Seconds since it last completed, by the database's clock.
+    pub completed_age_seconds: Option<f64>,
+}
+
+/// Each job's latest run, read off `maintenance_runs_by_job`.
+pub async fn latest_by_job(executor: impl PgExecutor<'_>) -> Result<Vec<LatestRun>, StoreError> {
+    const SQL: &str = "SELECT j.job, r.run_id, r.status, r.trigger, r.started_at, r.finished_at, r.error, \
+                c.finished_at AS last_completed_at, \
+                EXTRACT(EPOCH FROM now() - c.finished_at)::float8 AS completed_age_seconds \
+         FROM unnest($1::text[]) WITH ORDINALITY AS j(job, n) \
+         LEFT JOIN LATERAL (SELECT * FROM maintenance_runs AS m WHERE m.job = j.job \
+                            ORDER BY m.started_at DESC LIMIT 1) AS r ON true \
+         LEFT JOIN LATERAL (SELECT m.finished_at FROM maintenance_runs AS m \
+                            WHERE m.job = j.job AND m.status = 'completed' \
+                            ORDER BY m.started_at DESC LIMIT 1) AS c ON true \
+         ORDER BY j.n";
+    Ok(sqlx::query_as(SQL).bind(JOBS).fetch_all(executor).await?)
+}
+
+/// One recorded run, with what it found and repaired.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct RunRecord {
+    pub run_id: i64,
+    pub job: String,
+    pub trigger: String,
+    pub status: String,
+    pub started_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub found: serde_json::Value,
+    pub repaired: serde_json::Value,
+    pub error: Option<String>,
+}
+
+/// The latest runs, newest first, optionally of one job.
+pub async fn list(
+    executor: impl PgExecutor<'_>,
+    job: Option<&str>,
+    limit: i64,
+) -> Result<Vec<RunRecord>, StoreError> {
+    const SQL: &str = "SELECT run_id, job, trigger, status, started_at, finished_at, found, repaired, error \
+         FROM maintenance_runs WHERE ($1::text IS NULL OR job = $1) \
+         ORDER BY started_at DESC, run_id DESC LIMIT $2";
+    Ok(sqlx::query_as(SQL)
+        .bind(job)
+        .bind(limit.clamp(1, 10_000))
+        .fetch_all(executor)
+        .await?)
 }

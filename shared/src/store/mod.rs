@@ -6,6 +6,8 @@ pub mod anomaly;
 pub mod dead_letters;
 pub mod entities;
 pub mod event_queue;
+#[cfg(feature = "drill")]
+pub mod faults;
 pub mod gaps;
 pub mod ingest_anomalies;
 pub mod maintenance_runs;

@@ -121,3 +121,27 @@ pub async fn mark_failed(
         .await?;
     Ok(())
 }
+
+/// Messages waiting, waiting longer than `overdue_seconds`, and failed for good.
+#[derive(
+    Debug, Clone, Copy, Default, PartialEq, Eq, sqlx::FromRow, serde::Serialize, serde::Deserialize,
+)]
+pub struct OutboxCounts {
+    pub pending: i64,
+    pub overdue: i64,
+    pub failed: i64,
+}
+
+pub async fn counts(
+    executor: impl PgExecutor<'_>,
+    overdue_seconds: f64,
+) -> Result<OutboxCounts, StoreError> {
+    const SQL: &str = "SELECT count(*) FILTER (WHERE status = 'pending') AS pending, \
+                count(*) FILTER (WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1)) AS overdue, \
+                count(*) FILTER (WHERE status = 'failed') AS failed \
+         FROM outbox WHERE status IN ('pending', 'failed')";
+    Ok(sqlx::query_as(SQL)
+        .bind(overdue_seconds)
+        .fetch_one(executor)
+        .await?)
+}

@@ -167,3 +167,11 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .await?;
     Ok(())
 }
+
+/// Seconds since the oldest enabled source was created: how long the system has been expected
+/// to run.
+pub async fn oldest_age_seconds(executor: impl PgExecutor<'_>) -> Result<Option<f64>, StoreError> {
+    const SQL: &str =
+        "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM sources WHERE enabled";
+    Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
+}

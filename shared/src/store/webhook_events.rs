@@ -194,3 +194,39 @@ pub async fn upsert(
         holds_delivery: row.holds_delivery,
     })
 }
+
+/// One source's recent traffic, as `hookctl status` shows it.
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct SourceActivity {
+    pub source_id: String,
+    pub tenant_id: String,
+    pub scheme: String,
+    pub enabled: bool,
+    /// When its newest event first arrived (ever).
+    pub last_received_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Events first received in the last hour, and in the last day.
+    pub events_last_hour: i64,
+    pub events_last_day: i64,
+    /// Redeliveries of the last day's events (deliveries beyond the first).
+    pub duplicates_last_day: i64,
+    /// Deliveries of the last day's events that carried a different payload.
+    pub conflicts_last_day: i64,
+}
+
+/// Every source's recent traffic, each read off its `(source_id, first_received_at)` index.
+pub async fn activity_by_source(
+    executor: impl PgExecutor<'_>,
+) -> Result<Vec<SourceActivity>, StoreError> {
+    const SQL: &str = "SELECT s.source_id, s.tenant_id, s.scheme, s.enabled, \
+             (SELECT max(e.first_received_at) FROM webhook_events AS e WHERE e.source_id = s.source_id) AS last_received_at, \
+             d.events_last_hour, d.events_last_day, d.duplicates_last_day, d.conflicts_last_day \
+         FROM sources AS s CROSS JOIN LATERAL ( \
+             SELECT count(*) FILTER (WHERE e.first_received_at > now() - interval '1 hour') AS events_last_hour, \
+                    count(*) AS events_last_day, \
+                    COALESCE(sum(e.delivery_count - 1), 0)::bigint AS duplicates_last_day, \
+                    COALESCE(sum(e.conflict_count), 0)::bigint AS conflicts_last_day \
+             FROM webhook_events AS e \
+             WHERE e.source_id = s.source_id AND e.first_received_at > now() - interval '1 day') AS d \
+         ORDER BY s.source_id";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
+}

@@ -1,0 +1,1317 @@
+//! The fault drill: the local pipeline, one fault of each class, and a matrix of which layers
+//! noticed each fault and whether it was repaired with no human step.
+//!
+//! Each fault runs in a scratch schema of its own (`hookctl_drill_<fault>`, migrated fresh and
+//! dropped afterwards), so no fault's traces are read as another's: the ingest function served
+//! over HTTP as the local runner serves it, the provider simulator's API for backfill, and an
+//! outbox target that can be taken down. A baseline of the provider's events lands first; then
+//! the fault is injected and scheduled cycles run. A cycle runs each pass once, as its schedule
+//! would (drain, outbox, backfill, reconcile, retention, anomaly), then ages every stored
+//! timestamp by five minutes: time is compressed by rewriting the clock the data carries, never
+//! by sleeping. Metrics go to an in-process recorder, and each cycle's are judged against the
+//! thresholds of the stack's alarms.
+//!
+//! A control run with no fault comes first: whatever it notices would be noise in every row.
+//! Exit 0 when every fault was noticed by some layer (or is harmless by design, said so in the
+//! matrix) and every fault the design repairs was repaired; 1 otherwise; 2 when the drill could
+//! not run.
+
+use std::collections::BTreeMap;
+use std::io::IsTerminal as _;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::http::StatusCode;
+use clap::Args;
+use comfy_table::{Table, presets};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use shared::anomaly::{self, AnomalySettings};
+use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
+use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
+use shared::drain::{DrainSettings, Drainer};
+use shared::effects::{EffectError, EffectFuture, EffectHandler, EffectRegistry};
+use shared::extract::FieldMap;
+use shared::ingest::{IngestLimits, Ingestor, unix_now};
+use shared::outbox::{OutboxSender, OutboxSettings};
+use shared::reconcile::{self, ReconcileOutcome, ReconcileSettings};
+use shared::retention::{self, RetentionSettings};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::sources::{self, GapConfig, GapStrategy, Source, SourceRegistry};
+use shared::store::event_queue::ClaimedEvent;
+use shared::store::{self, MIGRATOR, PgPool, StoreError, faults};
+use simulator::{Provider, ProviderConfig};
+
+#[derive(Args, Debug, Clone, Default)]
+pub struct DrillArgs {
+    /// The CI form: smaller batches and fewer observation cycles; every fault class still runs.
+    #[arg(long)]
+    pub short: bool,
+    /// Only this fault (repeatable; see the matrix for names). The control always runs.
+    #[arg(long = "fault")]
+    pub faults: Vec<String>,
+    /// Keep each fault's scratch schema for inspection instead of dropping it.
+    #[arg(long)]
+    pub keep: bool,
+}
+
+/// Simulated time per scheduled cycle: the anomaly and backfill schedule.
+const CYCLE_SECONDS: f64 = 300.0;
+const TENANT: &str = "drill";
+const PROVIDER_SECRET: &str = "whsec_drill_provider";
+const PROVIDER_API_KEY: &str = "sk_drill_provider";
+const SHOP_SECRET: &str = "whsec_drill_shop";
+/// The layers that may notice a fault, in the matrix's order.
+pub const LAYERS: [&str; 7] = [
+    "ingest",
+    "drain",
+    "outbox",
+    "reconcile",
+    "backfill",
+    "checks",
+    "alarm",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum DrillError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("migrating the scratch schema: {0}")]
+    Migrate(#[from] sqlx::migrate::MigrateError),
+    #[error("{0}")]
+    Setup(String),
+}
+
+type Result<T, E = DrillError> = std::result::Result<T, E>;
+
+/// One fault class.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    Control,
+    LostDelivery,
+    DuplicateStorm,
+    Reordering,
+    DrainerKilled,
+    LostQueueRow,
+    DeletedEffect,
+    DeletedOutboxRow,
+    OutboxTargetDown,
+    PoisonEvent,
+    SignatureStorm,
+    DigestConflict,
+    SilentSource,
+    VacuumStarvation,
+}
+
+const FAULTS: [Fault; 14] = [
+    Fault::Control,
+    Fault::LostDelivery,
+    Fault::DuplicateStorm,
+    Fault::Reordering,
+    Fault::DrainerKilled,
+    Fault::LostQueueRow,
+    Fault::DeletedEffect,
+    Fault::DeletedOutboxRow,
+    Fault::OutboxTargetDown,
+    Fault::PoisonEvent,
+    Fault::SignatureStorm,
+    Fault::DigestConflict,
+    Fault::SilentSource,
+    Fault::VacuumStarvation,
+];
+
+/// What the design promises for a fault.
+enum Promise {
+    /// Repaired with no human step.
+    Repaired,
+    /// Nothing is lost or wrong afterwards, so no layer needs to notice (said why).
+    Harmless(&'static str),
+    /// Noticed, but only a human can resolve it (said why).
+    Human(&'static str),
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::Control => "none (control)",
+            Fault::LostDelivery => "lost_delivery",
+            Fault::DuplicateStorm => "duplicate_storm",
+            Fault::Reordering => "reordering",
+            Fault::DrainerKilled => "drainer_killed",
+            Fault::LostQueueRow => "lost_queue_row",
+            Fault::DeletedEffect => "deleted_effect",
+            Fault::DeletedOutboxRow => "deleted_outbox_row",
+            Fault::OutboxTargetDown => "outbox_target_down",
+            Fault::PoisonEvent => "poison_event",
+            Fault::SignatureStorm => "signature_storm",
+            Fault::DigestConflict => "digest_conflict",
+            Fault::SilentSource => "silent_source",
+            Fault::VacuumStarvation => "vacuum_starvation",
+        }
+    }
+
+    fn what(self) -> &'static str {
+        match self {
+            Fault::Control => "no fault: the baseline's own noise",
+            Fault::LostDelivery => "the provider never delivers one event of a batch",
+            Fault::DuplicateStorm => "every event of a batch delivered five times",
+            Fault::Reordering => "a batch delivered newest first (entity versions backwards)",
+            Fault::DrainerKilled => {
+                "a drainer's backend is terminated after it claimed a batch, before commit"
+            }
+            Fault::LostQueueRow => "three pending events lose their queue rows",
+            Fault::DeletedEffect => "an entity's projection row is deleted",
+            Fault::DeletedOutboxRow => "the announcement of an entity's latest change is deleted",
+            Fault::OutboxTargetDown => "the outbox target answers 503 for four cycles (20 min)",
+            Fault::PoisonEvent => "an event its handler rejects as malformed, every time",
+            Fault::SignatureStorm => "30 deliveries signed with the wrong secret",
+            Fault::DigestConflict => {
+                "a processed event redelivered, validly signed, with a different payload"
+            }
+            Fault::SilentSource => "a source with two weeks of steady traffic goes silent",
+            Fault::VacuumStarvation => {
+                "a session opens a transaction and sits idle in it (holds back vacuum)"
+            }
+        }
+    }
+
+    fn promise(self) -> Promise {
+        match self {
+            Fault::Control => Promise::Harmless("no fault"),
+            Fault::Reordering => Promise::Harmless(
+                "processing order is not arrival order: the version guard keeps the newest",
+            ),
+            Fault::DrainerKilled => Promise::Harmless(
+                "the killed batch commits nothing; its rows are claimed again by the next drain",
+            ),
+            Fault::PoisonEvent => Promise::Human(
+                "fix the handler or the data, then `hookctl dead-letters replay`, or discard",
+            ),
+            Fault::DigestConflict => Promise::Human(
+                "a signed payload changed under one id: a provider bug or a leaked secret",
+            ),
+            Fault::SilentSource => Promise::Human(
+                "the provider stopped sending; only it can resume (no gap detection on this source)",
+            ),
+            Fault::VacuumStarvation => Promise::Human(
+                "only the session's owner ends it (or idle_in_transaction_session_timeout)",
+            ),
+            _ => Promise::Repaired,
+        }
+    }
+
+    fn schema(self) -> String {
+        let name = match self {
+            Fault::Control => "control",
+            other => other.name(),
+        };
+        format!("hookctl_drill_{name}")
+    }
+}
+
+/// How a fault ended.
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Repair {
+    /// Back to the state with no fault, after this many cycles, with no human step.
+    Repaired { cycles: u32 },
+    /// Nothing to repair: nothing was lost or stored wrong.
+    NothingToRepair,
+    /// Still wrong after the observation cycles; a human must act.
+    NeedsHuman { why: String },
+    /// Still wrong after the observation cycles, though the design promises a repair.
+    NotRepaired { cycles: u32 },
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Row {
+    pub fault: String,
+    pub what: String,
+    /// Per layer, the evidence it gave (empty: did not notice).
+    pub noticed: BTreeMap<String, Vec<String>>,
+    /// Why no layer is expected to notice, when none is.
+    pub harmless_by_design: Option<String>,
+    pub repair: Repair,
+    /// `hookctl status` at the end: "accounted for" or its findings.
+    pub status: Vec<String>,
+    /// What the drill holds against this row (empty: as the design promises).
+    pub problems: Vec<String>,
+    pub seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Matrix {
+    pub short: bool,
+    pub rows: Vec<Row>,
+    pub ok: bool,
+    pub notes: Vec<String>,
+}
+
+// ---- Metrics: an in-process recorder, judged as the alarms would ----------------------------
+
+/// One recorded value: metric name, labels, value.
+type Sample = (String, Vec<(String, String)>, f64);
+
+#[derive(Default)]
+struct Captured(Mutex<Vec<Sample>>);
+
+struct Handle {
+    sink: Arc<Captured>,
+    name: String,
+    labels: Vec<(String, String)>,
+}
+
+impl Handle {
+    fn push(&self, value: f64) {
+        if let Ok(mut samples) = self.sink.0.lock() {
+            samples.push((self.name.clone(), self.labels.clone(), value));
+        }
+    }
+}
+
+impl metrics::CounterFn for Handle {
+    fn increment(&self, value: u64) {
+        self.push(value as f64);
+    }
+    fn absolute(&self, value: u64) {
+        self.push(value as f64);
+    }
+}
+
+impl metrics::HistogramFn for Handle {
+    fn record(&self, value: f64) {
+        self.push(value);
+    }
+}
+
+impl metrics::GaugeFn for Handle {
+    fn increment(&self, value: f64) {
+        self.push(value);
+    }
+    fn decrement(&self, value: f64) {
+        self.push(-value);
+    }
+    fn set(&self, value: f64) {
+        self.push(value);
+    }
+}
+
+struct Recorder(Arc<Captured>);
+
+impl Recorder {
+    fn handle(&self, key: &metrics::Key) -> Arc<Handle> {
+        Arc::new(Handle {
+            sink: self.0.clone(),
+            name: key.name().to_owned(),
+            labels: key
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect(),
+        })
+    }
+}
+
+impl metrics::Recorder for Recorder {
+    fn describe_counter(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_gauge(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn describe_histogram(
+        &self,
+        _: metrics::KeyName,
+        _: Option<metrics::Unit>,
+        _: metrics::SharedString,
+    ) {
+    }
+    fn register_counter(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Counter {
+        metrics::Counter::from_arc(self.handle(key))
+    }
+    fn register_gauge(&self, key: &metrics::Key, _: &metrics::Metadata<'_>) -> metrics::Gauge {
+        metrics::Gauge::from_arc(self.handle(key))
+    }
+    fn register_histogram(
+        &self,
+        key: &metrics::Key,
+        _: &metrics::Metadata<'_>,
+    ) -> metrics::Histogram {
+        metrics::Histogram::from_arc(self.handle(key))
+    }
+}
+
+/// The process's recorder, installed on first use.
+fn captured() -> Arc<Captured> {
+    static SINK: OnceLock<Arc<Captured>> = OnceLock::new();
+    SINK.get_or_init(|| {
+        let sink = Arc::new(Captured::default());
+        // Fails only when another recorder is installed; the drill then sees no metrics, and
+        // its alarm column says so by staying empty.
+        let _ = metrics::set_global_recorder(Recorder(sink.clone()));
+        sink
+    })
+    .clone()
+}
+
+/// The stack's alarms on the pipeline's own metrics (template.yaml), judged over one cycle's
+/// samples (a cycle stands for their 5-minute period).
+fn alarms(samples: &[Sample]) -> Vec<String> {
+    let sum = |name: &str, label: Option<(&str, &str)>| -> f64 {
+        samples
+            .iter()
+            .filter(|(n, labels, _)| {
+                n == name
+                    && label.is_none_or(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| v)
+            .sum()
+    };
+    let max = |name: &str| -> f64 {
+        samples
+            .iter()
+            .filter(|(n, _, _)| n == name)
+            .map(|(_, _, v)| *v)
+            .fold(0.0, f64::max)
+    };
+    let mut fired = Vec::new();
+    let mut check = |alarm: &str, breached: bool| {
+        if breached {
+            fired.push(alarm.to_owned());
+        }
+    };
+    check(
+        "anomaly-breaches",
+        max(shared::metrics::ANOMALY_BREACHES) > 0.0,
+    );
+    check(
+        "dead-letters",
+        sum(shared::metrics::EVENTS_DEAD_LETTERED, None) > 0.0,
+    );
+    check(
+        "signature-failures",
+        sum(
+            shared::metrics::DELIVERIES_REFUSED,
+            Some(("Reason", "signature")),
+        ) > 20.0,
+    );
+    check(
+        "oldest-pending",
+        max(shared::metrics::OLDEST_PENDING_AGE) > 900.0,
+    );
+    check("backlog", max(shared::metrics::BACKLOG) > 50_000.0);
+    check("ingest-5xx", sum(shared::metrics::INGEST_5XX, None) > 5.0);
+    fired
+}
+
+// ---- The pipeline under test ----------------------------------------------------------------
+
+/// A handler that rejects one event type as malformed: the poison event.
+struct Poison;
+
+impl EffectHandler for Poison {
+    fn name(&self) -> &'static str {
+        "drill_poison"
+    }
+
+    fn apply<'a>(
+        &'a self,
+        _conn: &'a mut sqlx::PgConnection,
+        _event: &'a ClaimedEvent,
+    ) -> EffectFuture<'a> {
+        Box::pin(async {
+            Err(EffectError::Fatal(
+                "drill.poison: the payload does not match the schema this handler accepts".into(),
+            ))
+        })
+    }
+}
+
+/// The outbox target: 204 while up, 503 while down.
+#[derive(Default)]
+struct Target {
+    down: AtomicBool,
+}
+
+async fn target(axum::extract::State(t): axum::extract::State<Arc<Target>>) -> StatusCode {
+    if t.down.load(Ordering::SeqCst) {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::NO_CONTENT
+    }
+}
+
+async fn listen() -> Result<(tokio::net::TcpListener, String)> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| DrillError::Setup(format!("cannot listen on 127.0.0.1: {e}")))?;
+    let address = listener
+        .local_addr()
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
+    Ok((listener, format!("http://{address}")))
+}
+
+struct Lab {
+    pool: PgPool,
+    ingest_url: String,
+    http: reqwest::Client,
+    drainer: Drainer,
+    sender: OutboxSender,
+    backfiller: Backfiller,
+    reconcile: ReconcileSettings,
+    retention: RetentionSettings,
+    anomaly: AnomalySettings,
+    target: Arc<Target>,
+    provider: Arc<Provider>,
+    clock: Vec<String>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// The provider's events delivered so far (by sequence), for the expected projection.
+    delivered: Vec<u64>,
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        for t in &self.tasks {
+            t.abort();
+        }
+    }
+}
+
+fn source_id(id: &str) -> Result<SourceId> {
+    SourceId::parse(id).map_err(|e| DrillError::Setup(e.to_string()))
+}
+
+fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
+    let tenant = TenantId::parse(TENANT).map_err(|e| DrillError::Setup(e.to_string()))?;
+    let mut provider_fields = FieldMap::defaults_for(Scheme::Stripe);
+    provider_fields.entity_version = Some(FieldLocator::json("/data/object/version"));
+    provider_fields.sequence = Some(FieldLocator::json("/sequence"));
+    let mut shop_fields = FieldMap::defaults_for(Scheme::Stripe);
+    shop_fields.entity_version = Some(FieldLocator::json("/data/object/version"));
+    Ok(vec![
+        Source {
+            source_id: source_id("provider")?,
+            tenant_id: tenant.clone(),
+            scheme: Scheme::Stripe,
+            secret_ref: "drill/provider".into(),
+            tolerance: sources::DEFAULT_TOLERANCE,
+            fields: provider_fields,
+            enabled: true,
+            gaps: Some(GapConfig {
+                strategy: GapStrategy::Sequence {
+                    id_template: "evt_{seq}".into(),
+                },
+                api_base_url: api_base_url.to_owned(),
+                api_secret_ref: "drill/provider-api".into(),
+                grace: Duration::from_secs(60),
+                window: 1000,
+            }),
+        },
+        Source {
+            source_id: source_id("shop")?,
+            tenant_id: tenant,
+            scheme: Scheme::Stripe,
+            secret_ref: "drill/shop".into(),
+            tolerance: sources::DEFAULT_TOLERANCE,
+            fields: shop_fields,
+            enabled: true,
+            gaps: None,
+        },
+    ])
+}
+
+/// Sizes of the long and the short form.
+#[derive(Clone, Copy)]
+struct Scale {
+    batch: u64,
+    /// Cycles a fault the design repairs may take.
+    max_cycles: u32,
+    /// Cycles a fault that needs a human is watched for.
+    watch_cycles: u32,
+}
+
+impl Scale {
+    fn of(short: bool) -> Self {
+        if short {
+            Scale {
+                batch: 20,
+                max_cycles: 8,
+                watch_cycles: 3,
+            }
+        } else {
+            Scale {
+                batch: 100,
+                max_cycles: 16,
+                watch_cycles: 6,
+            }
+        }
+    }
+}
+
+fn evt(n: u64) -> String {
+    simulator::event_id(n)
+}
+
+impl Lab {
+    async fn open(base: &PgPool, schema: &str, scale: Scale) -> Result<Self> {
+        faults::create_schema(base, schema).await?;
+        let options = (*base.connect_options())
+            .clone()
+            .options([("search_path", schema)]);
+        let pool = store::lazy_pool(
+            options,
+            &store::PoolSettings {
+                max_connections: 6,
+                acquire_timeout: Duration::from_secs(10),
+            },
+        );
+        MIGRATOR.run(&pool).await?;
+
+        let mut tasks = Vec::new();
+        let provider = Provider::new(ProviderConfig {
+            events: scale.batch * 4,
+            never_existed: Vec::new(),
+            entities: 5,
+            first_created: unix_now() - 100_000,
+            signing_secret: PROVIDER_SECRET.into(),
+            api_key: PROVIDER_API_KEY.into(),
+        });
+        let (listener, api_url) = listen().await?;
+        let router = provider.clone().router();
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        }));
+
+        let target_state = Arc::new(Target::default());
+        let (listener, target_url) = listen().await?;
+        let router = axum::Router::new()
+            .route("/hook", axum::routing::post(target))
+            .with_state(target_state.clone());
+        tasks.push(tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        }));
+
+        sources::apply(&pool, &drill_sources(&api_url)?).await?;
+        let secrets = Arc::new(SecretStore::memory([
+            (
+                "drill/provider".to_owned(),
+                SecretSet::new(PROVIDER_SECRET, None),
+            ),
+            (
+                "drill/provider-api".to_owned(),
+                SecretSet::new(PROVIDER_API_KEY, None),
+            ),
+            ("drill/shop".to_owned(), SecretSet::new(SHOP_SECRET, None)),
+        ]));
+        let ingestor = Arc::new(Ingestor::new(
+            pool.clone(),
+            Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(30))),
+            secrets.clone(),
+            IngestLimits {
+                max_body_bytes: 256 * 1024,
+            },
+        ));
+        let mut registry = EffectRegistry::standard();
+        registry.register(Scheme::Stripe, "drill.poison", Arc::new(Poison));
+        let registry = Arc::new(registry);
+        let (listener, ingest_url) = listen().await?;
+        let router = crate::serve::router(
+            crate::serve::Runner {
+                ingestor,
+                registry: registry.clone(),
+            },
+            256 * 1024,
+        );
+        tasks.push(tokio::spawn(async move {
+            let _ = crate::serve::serve(listener, router).await;
+        }));
+
+        let mut anomaly = AnomalySettings::default();
+        // The drill's clock rewrites every row each cycle, which no vacuum keeps up with.
+        anomaly
+            .ranges
+            .insert("events_dead_tuple_ratio", (Some(0.0), None));
+        // pg_stat_activity's clock cannot be aged: the open-transaction check is scaled from
+        // 300 s to the drill's one second.
+        anomaly
+            .ranges
+            .insert("longest_open_transaction_seconds", (Some(0.0), Some(1.0)));
+        let clock = faults::time_machine(&pool).await?;
+        Ok(Lab {
+            drainer: Drainer::new(pool.clone(), registry, DrainSettings::default()),
+            sender: OutboxSender::new(
+                pool.clone(),
+                OutboxSettings::new(format!("{target_url}/hook")),
+            )
+            .map_err(|e| DrillError::Setup(e.to_string()))?,
+            backfiller: Backfiller::new(pool.clone(), secrets, BackfillSettings::default()),
+            reconcile: ReconcileSettings::default(),
+            retention: RetentionSettings::default(),
+            anomaly,
+            target: target_state,
+            provider,
+            clock,
+            tasks,
+            http: reqwest::Client::new(),
+            ingest_url,
+            pool,
+            delivered: Vec::new(),
+        })
+    }
+
+    async fn post(&self, source: &str, headers: http::HeaderMap, body: Vec<u8>) -> String {
+        let reply = self
+            .http
+            .post(format!("{}/webhooks/{source}", self.ingest_url))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await;
+        match reply {
+            Ok(r) if r.status() == StatusCode::OK => r
+                .json::<serde_json::Value>()
+                .await
+                .ok()
+                .and_then(|v| v["status"].as_str().map(str::to_owned))
+                .unwrap_or_else(|| "200".into()),
+            Ok(r) => r.status().as_u16().to_string(),
+            Err(_) => "unreachable".into(),
+        }
+    }
+
+    fn signed(secret: &str, id: &str, body: &[u8]) -> Result<http::HeaderMap> {
+        let mut headers: http::HeaderMap = shared::signature::sign(
+            Scheme::Stripe,
+            &SigningSecret::new(secret),
+            id,
+            unix_now(),
+            body,
+        )
+        .map_err(|e| DrillError::Setup(e.to_string()))?
+        .into_iter()
+        .collect();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        Ok(headers)
+    }
+
+    fn provider_body(&self, n: u64) -> Result<serde_json::Value> {
+        self.provider
+            .events()
+            .iter()
+            .find(|e| e.sequence == n)
+            .map(|e| e.body.clone())
+            .ok_or_else(|| DrillError::Setup(format!("the provider has no event {n}")))
+    }
+
+    /// Delivers the provider's events `ns` in that order, each `copies` times; the answers.
+    async fn deliver(&mut self, ns: &[u64], copies: usize) -> Result<Answers> {
+        let mut answers = Answers::default();
+        for &n in ns {
+            let body = serde_json::to_vec(&self.provider_body(n)?).unwrap_or_default();
+            let headers = Self::signed(PROVIDER_SECRET, &evt(n), &body)?;
+            for _ in 0..copies {
+                answers.add(self.post("provider", headers.clone(), body.clone()).await);
+            }
+            self.delivered.push(n);
+        }
+        Ok(answers)
+    }
+
+    async fn deliver_shop(&self, id: &str, event_type: &str, version: i64) -> Result<String> {
+        let body = serde_json::to_vec(&serde_json::json!({
+            "id": id, "object": "event", "type": event_type,
+            "data": {"object": {"id": format!("order-{}", version % 3), "version": version}}
+        }))
+        .unwrap_or_default();
+        let headers = Self::signed(SHOP_SECRET, id, &body)?;
+        Ok(self.post("shop", headers, body).await)
+    }
+
+    /// What the projection must hold: per entity, the newest version delivered.
+    fn expected_projection(&self) -> Vec<(String, i64)> {
+        let mut newest: BTreeMap<String, i64> = BTreeMap::new();
+        for &n in &self.delivered {
+            let entity = format!("item-{}", n % 5);
+            let v = newest.entry(entity).or_insert(0);
+            *v = (*v).max(n as i64);
+        }
+        newest.into_iter().collect()
+    }
+
+    async fn projection_ok(&self) -> Result<bool> {
+        let held: Vec<(String, i64)> = faults::entity_versions(&self.pool)
+            .await?
+            .into_iter()
+            .filter(|(id, _)| id.starts_with("item-"))
+            .collect();
+        Ok(held == self.expected_projection())
+    }
+
+    /// Ages the database by `seconds`, then runs the scheduled passes once unobserved: the runs
+    /// that would have happened in that time.
+    async fn jump(&self, seconds: f64) -> Result<()> {
+        faults::age(&self.pool, &self.clock, seconds).await?;
+        let mut ignored = Signals::default();
+        self.cycle(&mut ignored).await?;
+        captured().0.lock().map(|mut s| s.clear()).ok();
+        Ok(())
+    }
+
+    /// One scheduled cycle: every pass once, then five minutes pass.
+    async fn cycle(&self, signals: &mut Signals) -> Result<()> {
+        let deadline = || Instant::now() + Duration::from_secs(30);
+        let drained = self.drainer.drain_until(deadline()).await?;
+        signals.count("drain", "retried", drained.retried);
+        signals.count("drain", "dead_lettered", drained.dead_lettered);
+        signals.count("drain", "repairs_failed", drained.repairs_failed);
+
+        let sent = self.sender.send_until(deadline()).await?;
+        signals.count("outbox", "retried", sent.retried);
+        signals.count("outbox", "failed", sent.failed);
+
+        if let BackfillRun::Completed { outcome, .. } = self.backfiller.run_once("drill").await? {
+            signals.count("backfill", "gaps_found", outcome.new_candidates);
+            signals.count("backfill", "backfilled", outcome.backfilled);
+            signals.count("backfill", "tombstoned", outcome.tombstoned);
+            signals.count("backfill", "fetch_errors", outcome.errors);
+        }
+
+        if let ReconcileOutcome::Completed { found, .. } =
+            reconcile::run_once(&self.pool, &self.drainer, &self.reconcile, "drill").await?
+        {
+            let f = found;
+            signals.count("reconcile", "pending_past_sla", f.pending_past_sla as u64);
+            signals.count("reconcile", "orphaned_pending", f.orphaned_pending);
+            signals.count("reconcile", "missing_effects", f.missing_effects);
+            signals.count("reconcile", "missing_outbox", f.missing_outbox);
+            signals.count("reconcile", "unrepairable", f.unrepairable);
+            signals.count(
+                "reconcile",
+                "outbox_undelivered",
+                f.outbox_undelivered_past_window as u64,
+            );
+            signals.count("reconcile", "outbox_failed", f.outbox_failed as u64);
+            signals.count(
+                "reconcile",
+                "dead_letters_untriaged",
+                f.dead_letters_untriaged as u64,
+            );
+        }
+        retention::run_once(&self.pool, &self.retention, "drill").await?;
+        let report = anomaly::run_once(&self.pool, &self.anomaly, "drill").await?;
+        for breach in report.breaches {
+            signals.note("checks", breach);
+        }
+        let samples = captured()
+            .0
+            .lock()
+            .map(|mut s| std::mem::take(&mut *s))
+            .unwrap_or_default();
+        for alarm in alarms(&samples) {
+            signals.note("alarm", alarm);
+        }
+        faults::age(&self.pool, &self.clock, CYCLE_SECONDS).await?;
+        Ok(())
+    }
+}
+
+/// Ingest's answers, counted.
+#[derive(Default)]
+struct Answers(BTreeMap<String, usize>);
+
+impl Answers {
+    fn add(&mut self, answer: String) {
+        *self.0.entry(answer).or_insert(0) += 1;
+    }
+
+    /// Every answer that is not a plain `accepted`, into the ingest column.
+    fn into_signals(self, signals: &mut Signals) {
+        for (answer, n) in self.0 {
+            if answer != "accepted" {
+                signals.note("ingest", format!("{answer}×{n}"));
+            }
+        }
+    }
+}
+
+/// What each layer said, deduplicated in order.
+#[derive(Default)]
+struct Signals(BTreeMap<String, Vec<String>>);
+
+impl Signals {
+    fn note(&mut self, layer: &str, evidence: String) {
+        let list = self.0.entry(layer.to_owned()).or_default();
+        if !list.contains(&evidence) {
+            list.push(evidence);
+        }
+    }
+
+    /// Sums a count per layer and name across cycles.
+    fn count(&mut self, layer: &str, name: &str, n: u64) {
+        if n == 0 {
+            return;
+        }
+        let list = self.0.entry(layer.to_owned()).or_default();
+        let prefix = format!("{name}=");
+        if let Some(entry) = list.iter_mut().find(|e| e.starts_with(&prefix)) {
+            let before: u64 = entry[prefix.len()..].parse().unwrap_or(0);
+            *entry = format!("{prefix}{}", before + n);
+        } else {
+            list.push(format!("{prefix}{n}"));
+        }
+    }
+}
+
+/// What a fault leaves for the repair check to look at.
+#[derive(Default)]
+struct Injected {
+    ids: Vec<String>,
+    entity: Option<String>,
+    outbox_event: Option<String>,
+    /// Held open for the fault's duration (vacuum starvation).
+    session: Option<sqlx::PgConnection>,
+}
+
+async fn inject(
+    fault: Fault,
+    lab: &mut Lab,
+    scale: Scale,
+    signals: &mut Signals,
+) -> Result<Injected> {
+    let batch: Vec<u64> = (scale.batch + 1..=2 * scale.batch).collect();
+    let ids = |ns: &[u64]| ns.iter().map(|&n| evt(n)).collect::<Vec<_>>();
+    let mut injected = Injected::default();
+    match fault {
+        Fault::Control => {}
+        Fault::LostDelivery => {
+            let lost = batch[batch.len() / 2];
+            let sent: Vec<u64> = batch.iter().copied().filter(|&n| n != lost).collect();
+            lab.deliver(&sent, 1).await?.into_signals(signals);
+            injected.ids = vec![evt(lost)];
+            lab.delivered.push(lost);
+        }
+        Fault::DuplicateStorm => {
+            lab.deliver(&batch, 5).await?.into_signals(signals);
+            injected.ids = ids(&batch);
+        }
+        Fault::Reordering => {
+            let backwards: Vec<u64> = batch.iter().rev().copied().collect();
+            lab.deliver(&backwards, 1).await?.into_signals(signals);
+            injected.ids = ids(&batch);
+        }
+        Fault::DrainerKilled => {
+            lab.deliver(&batch, 1).await?.into_signals(signals);
+            faults::kill_drainer_mid_batch(&lab.pool, 50).await?;
+            injected.ids = ids(&batch);
+        }
+        Fault::LostQueueRow => {
+            lab.deliver(&batch, 1).await?.into_signals(signals);
+            injected.ids = ids(&batch[3..6]);
+            faults::delete_queue_rows(&lab.pool, &injected.ids).await?;
+        }
+        Fault::DeletedEffect => {
+            faults::delete_entity(&lab.pool, "item-1").await?;
+            injected.entity = Some("item-1".into());
+        }
+        Fault::DeletedOutboxRow => {
+            injected.outbox_event = faults::delete_latest_outbox_row(&lab.pool, "item-2").await?;
+            if injected.outbox_event.is_none() {
+                return Err(DrillError::Setup(
+                    "no outbox row to delete for item-2".into(),
+                ));
+            }
+        }
+        Fault::OutboxTargetDown => {
+            lab.target.down.store(true, Ordering::SeqCst);
+            lab.deliver(&batch, 1).await?.into_signals(signals);
+        }
+        Fault::PoisonEvent => {
+            let answer = lab.deliver_shop("shop_poison_1", "drill.poison", 1).await?;
+            let mut a = Answers::default();
+            a.add(answer);
+            a.into_signals(signals);
+        }
+        Fault::SignatureStorm => {
+            let mut answers = Answers::default();
+            for &n in batch.iter().cycle().take(30) {
+                let body = serde_json::to_vec(&lab.provider_body(n)?).unwrap_or_default();
+                let headers = Lab::signed("whsec_not_the_providers", &evt(n), &body)?;
+                answers.add(lab.post("provider", headers, body).await);
+            }
+            answers.into_signals(signals);
+            injected.ids = ids(&batch);
+        }
+        Fault::DigestConflict => {
+            let n = 5;
+            let mut body = lab.provider_body(n)?;
+            body["data"]["object"]["label"] = serde_json::json!("rewritten after processing");
+            let body = serde_json::to_vec(&body).unwrap_or_default();
+            let headers = Lab::signed(PROVIDER_SECRET, &evt(n), &body)?;
+            let mut a = Answers::default();
+            a.add(lab.post("provider", headers, body).await);
+            a.into_signals(signals);
+        }
+        Fault::SilentSource => {
+            // The shop's steady hours, two weeks running, then nothing: the stored clock moves
+            // so that the first of those hours sits in the middle of the last complete hour.
+            let into_hour = faults::seconds_into_hour(&lab.pool).await?;
+            lab.jump(into_hour + 1800.0).await?;
+        }
+        Fault::VacuumStarvation => {
+            injected.session = Some(faults::open_idle_transaction(&lab.pool).await?);
+            // The one real wait: the open-transaction check reads pg_stat_activity, whose clock
+            // the drill cannot age (threshold scaled to 1 s).
+            tokio::time::sleep(Duration::from_millis(1100)).await;
+        }
+    }
+    Ok(injected)
+}
+
+/// Work done before the fault: the baseline batch, and for the silent source its history.
+async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
+    let baseline: Vec<u64> = (1..=scale.batch).collect();
+    lab.deliver(&baseline, 1).await?;
+    if fault == Fault::SilentSource {
+        // The source has existed for a while; then two weeks of the same steady three hours,
+        // so that whichever of them is the last complete hour while the drill watches, its
+        // history says traffic.
+        lab.jump(86_400.0).await?;
+        for week in 0..2 {
+            for hour in 0..3 {
+                for i in 0..10 {
+                    let id = format!("shop_w{week}_h{hour}_{i}");
+                    lab.deliver_shop(&id, "order.updated", i + 1).await?;
+                }
+                let next = if hour < 2 {
+                    3600.0
+                } else {
+                    7.0 * 86_400.0 - 2.0 * 3600.0
+                };
+                lab.jump(next).await?;
+            }
+        }
+    }
+    let mut ignored = Signals::default();
+    lab.cycle(&mut ignored).await?;
+    captured().0.lock().map(|mut s| s.clear()).ok();
+    Ok(())
+}
+
+/// Whether the fault's damage is gone.
+async fn repaired(fault: Fault, lab: &Lab, injected: &Injected) -> Result<bool> {
+    let all_processed = |ids: &[String]| {
+        let ids = ids.to_vec();
+        let pool = lab.pool.clone();
+        async move { Ok::<_, DrillError>(faults::processed(&pool, &ids).await? == ids.len() as i64) }
+    };
+    Ok(match fault {
+        Fault::Control => lab.projection_ok().await?,
+        Fault::LostDelivery | Fault::LostQueueRow | Fault::DrainerKilled | Fault::Reordering => {
+            all_processed(&injected.ids).await? && lab.projection_ok().await?
+        }
+        Fault::DuplicateStorm => {
+            let (rows, deliveries) = faults::stored(&lab.pool, &injected.ids).await?;
+            rows == injected.ids.len() as i64
+                && deliveries == 5 * rows
+                && all_processed(&injected.ids).await?
+                && lab.projection_ok().await?
+        }
+        Fault::DeletedEffect => lab.projection_ok().await?,
+        Fault::DeletedOutboxRow => match &injected.outbox_event {
+            Some(id) => faults::has_outbox_row(&lab.pool, id, "entity.changed").await?,
+            None => false,
+        },
+        Fault::OutboxTargetDown => {
+            !lab.target.down.load(Ordering::SeqCst) && faults::undelivered(&lab.pool).await? == 0
+        }
+        Fault::SignatureStorm => faults::stored(&lab.pool, &injected.ids).await?.0 == 0,
+        // Resolved only by a human: the evidence stays.
+        Fault::PoisonEvent => store::dead_letters::count_open(&lab.pool).await? == 0,
+        Fault::DigestConflict | Fault::SilentSource | Fault::VacuumStarvation => false,
+    })
+}
+
+async fn run_fault(base: &PgPool, fault: Fault, scale: Scale, keep: bool) -> Result<Row> {
+    let started = Instant::now();
+    let schema = fault.schema();
+    let mut lab = Lab::open(base, &schema, scale).await?;
+    setup(fault, &mut lab, scale).await?;
+    let mut signals = Signals::default();
+    let mut injected = inject(fault, &mut lab, scale, &mut signals).await?;
+
+    let (limit, promise) = match fault.promise() {
+        Promise::Human(_) => (scale.watch_cycles, fault.promise()),
+        other => (scale.max_cycles, other),
+    };
+    let mut repair_cycle = None;
+    if matches!(promise, Promise::Repaired | Promise::Harmless(_))
+        && fault != Fault::OutboxTargetDown
+        && fault != Fault::Control
+        && repaired(fault, &lab, &injected).await?
+    {
+        repair_cycle = Some(0);
+    }
+    // The schedule runs at least once after every fault: some layers only speak then.
+    let mut cycles = 0;
+    while cycles == 0 || (repair_cycle.is_none() && cycles < limit) {
+        cycles += 1;
+        lab.cycle(&mut signals).await?;
+        if fault == Fault::OutboxTargetDown && cycles == 4 {
+            lab.target.down.store(false, Ordering::SeqCst);
+        }
+        if fault == Fault::Control && cycles < 2 {
+            continue;
+        }
+        if repair_cycle.is_none() && repaired(fault, &lab, &injected).await? {
+            repair_cycle = Some(cycles);
+        }
+    }
+    let status = shared::status::report(&lab.pool, &shared::status::StatusSettings::default())
+        .await?
+        .findings
+        .into_iter()
+        .map(|f| {
+            serde_json::to_value(f.kind)
+                .ok()
+                .and_then(|v| v.as_str().map(str::to_owned))
+                .unwrap_or_default()
+        })
+        .collect::<Vec<_>>();
+    drop(injected.session.take());
+
+    let noticed: BTreeMap<String, Vec<String>> = signals.0;
+    let anyone = noticed.values().any(|v| !v.is_empty());
+    let mut problems = Vec::new();
+    let (repair, harmless) = match promise {
+        Promise::Repaired => match repair_cycle {
+            Some(0) => (Repair::NothingToRepair, None),
+            Some(c) => (Repair::Repaired { cycles: c }, None),
+            None => {
+                problems.push(format!("not repaired within {limit} cycles"));
+                (Repair::NotRepaired { cycles: limit }, None)
+            }
+        },
+        Promise::Harmless(why) => {
+            let repair = match repair_cycle {
+                _ if fault == Fault::Control && repair_cycle.is_some() => Repair::NothingToRepair,
+                Some(0) => Repair::NothingToRepair,
+                Some(c) => Repair::Repaired { cycles: c },
+                None => {
+                    problems.push(format!("damage left after {limit} cycles"));
+                    Repair::NotRepaired { cycles: limit }
+                }
+            };
+            (repair, Some(why.to_owned()))
+        }
+        Promise::Human(why) => (
+            Repair::NeedsHuman {
+                why: why.to_owned(),
+            },
+            None,
+        ),
+    };
+    if fault == Fault::Control {
+        if anyone {
+            problems.push("the control noticed something: noise in every row".into());
+        }
+    } else if !anyone && harmless.is_none() {
+        problems.push("no layer noticed it".into());
+    }
+    if matches!(fault.promise(), Promise::Human(_)) && status.is_empty() {
+        problems.push("`hookctl status` says accounted for while a human is needed".into());
+    }
+    drop(lab);
+    if !keep {
+        faults::drop_schema(base, &schema).await?;
+    }
+    Ok(Row {
+        fault: fault.name().into(),
+        what: fault.what().into(),
+        noticed,
+        harmless_by_design: harmless,
+        repair,
+        status,
+        problems,
+        seconds: started.elapsed().as_secs_f64(),
+    })
+}
+
+/// Runs the drill against the database `base` (in scratch schemas) and prints the matrix.
+pub async fn run(base: PgPool, args: DrillArgs, json: bool) -> u8 {
+    let scale = Scale::of(args.short);
+    let selected: Vec<Fault> = FAULTS
+        .iter()
+        .copied()
+        .filter(|f| {
+            *f == Fault::Control
+                || args.faults.is_empty()
+                || args.faults.iter().any(|n| n == f.name())
+        })
+        .collect();
+    if let Some(unknown) = args
+        .faults
+        .iter()
+        .find(|n| !FAULTS.iter().any(|f| f.name() == n.as_str()))
+    {
+        eprintln!("hookctl drill: no fault {unknown:?}");
+        return 2;
+    }
+    let _ = captured();
+    let terminal = std::io::stderr().is_terminal();
+    let bar = ProgressBar::new(selected.len() as u64);
+    bar.set_style(
+        ProgressStyle::with_template("drill {bar:30} {pos}/{len} {msg}")
+            .unwrap_or_else(|_| ProgressStyle::default_bar()),
+    );
+    let mut rows = Vec::new();
+    for (i, fault) in selected.iter().enumerate() {
+        bar.set_message(fault.name());
+        if !terminal {
+            eprintln!("drill [{}/{}] {} ...", i + 1, selected.len(), fault.name());
+        }
+        match run_fault(&base, *fault, scale, args.keep).await {
+            Ok(row) => {
+                if !terminal {
+                    eprintln!(
+                        "drill [{}/{}] {}: {} ({:.1} s)",
+                        i + 1,
+                        selected.len(),
+                        row.fault,
+                        repair_cell(&row.repair),
+                        row.seconds
+                    );
+                }
+                rows.push(row);
+            }
+            Err(e) => {
+                bar.finish_and_clear();
+                let _ = faults::drop_schema(&base, &fault.schema()).await;
+                eprintln!("hookctl drill: {}: {e}", fault.name());
+                return 2;
+            }
+        }
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let ok = rows.iter().all(|r| r.problems.is_empty());
+    let matrix = Matrix {
+        short: args.short,
+        ok,
+        rows,
+        notes: vec![
+            format!("a cycle runs drain, outbox, backfill, reconcile, retention and the anomaly checks once, then ages the stored clock {} min", CYCLE_SECONDS / 60.0),
+            "longest_open_transaction_seconds is judged at 1 s instead of 300 s: pg_stat_activity's clock cannot be aged".into(),
+            "events_dead_tuple_ratio is not judged: aging rewrites every row each cycle".into(),
+        ],
+    };
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&matrix).unwrap_or_default()
+        );
+    } else {
+        print!("{}", render(&matrix));
+    }
+    if ok { 0 } else { 1 }
+}
+
+fn repair_cell(r: &Repair) -> String {
+    match r {
+        Repair::Repaired { cycles } => format!("yes, {cycles} cycle(s)"),
+        Repair::NothingToRepair => "nothing to repair".into(),
+        Repair::NeedsHuman { .. } => "no: needs a human".into(),
+        Repair::NotRepaired { cycles } => format!("NOT REPAIRED in {cycles} cycles"),
+    }
+}
+
+/// The first piece of evidence of a layer, and how many more.
+fn cell(evidence: Option<&Vec<String>>) -> String {
+    match evidence.map(Vec::as_slice) {
+        None | Some([]) => "-".into(),
+        Some([one]) => one.clone(),
+        Some([first, rest @ ..]) => format!("{first} +{}", rest.len()),
+    }
+}
+
+pub fn render(m: &Matrix) -> String {
+    use std::fmt::Write as _;
+    let mut t = Table::new();
+    t.load_style(presets::ASCII_MARKDOWN);
+    let mut header = vec!["fault".to_owned()];
+    header.extend(LAYERS.iter().map(|l| (*l).to_owned()));
+    header.extend(["repaired, no human".into(), "status after".into()]);
+    t.set_header(header);
+    for r in &m.rows {
+        let mut row = vec![r.fault.clone()];
+        for layer in LAYERS {
+            row.push(cell(r.noticed.get(layer)));
+        }
+        row.push(repair_cell(&r.repair));
+        row.push(if r.status.is_empty() {
+            "accounted for".into()
+        } else {
+            r.status.join(", ")
+        });
+        t.add_row(row);
+    }
+    let mut out = format!(
+        "FAULT DRILL ({} form)\n\n{t}\n\nWHAT EACH FAULT WAS AND WHAT EACH LAYER SAID\n",
+        if m.short { "short" } else { "full" }
+    );
+    for r in &m.rows {
+        let _ = writeln!(out, "{}: {} ({:.1} s)", r.fault, r.what, r.seconds);
+        for layer in LAYERS {
+            if let Some(e) = r.noticed.get(layer).filter(|e| !e.is_empty()) {
+                let _ = writeln!(out, "    {layer:<10} {}", e.join(", "));
+            }
+        }
+        if let Some(why) = &r.harmless_by_design {
+            let _ = writeln!(out, "    by design  {why}");
+        }
+        if let Repair::NeedsHuman { why } = &r.repair {
+            let _ = writeln!(out, "    human      {why}");
+        }
+        for p in &r.problems {
+            let _ = writeln!(out, "    PROBLEM    {p}");
+        }
+    }
+    for n in &m.notes {
+        let _ = writeln!(out, "note: {n}");
+    }
+    let human = m
+        .rows
+        .iter()
+        .filter(|r| matches!(r.repair, Repair::NeedsHuman { .. }))
+        .count();
+    let harmless = m
+        .rows
+        .iter()
+        .filter(|r| r.harmless_by_design.is_some() && r.fault != Fault::Control.name())
+        .count();
+    if m.ok {
+        let _ = writeln!(
+            out,
+            "\nVERDICT: every fault noticed by at least one layer ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so"
+        );
+    } else {
+        let failed: Vec<&str> = m
+            .rows
+            .iter()
+            .filter(|r| !r.problems.is_empty())
+            .map(|r| r.fault.as_str())
+            .collect();
+        let _ = writeln!(out, "\nVERDICT: FAILED: {}", failed.join(", "));
+    }
+    out
+}

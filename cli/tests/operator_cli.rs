@@ -1,0 +1,651 @@
+//! The operator's commands as a person on call runs them: `hookctl status`, `dead-letters`,
+//! `tombstones`, `gaps`, `runs`, `checks`, spawned as the binary, against a real database, read
+//! by their output and exit code; then the same commands through `--function`, with a local
+//! HTTP server standing in for the Lambda Invoke API in front of the real operator handler.
+
+use std::process::Output;
+use std::sync::{Arc, Mutex};
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::Value;
+use shared::domain::Scheme;
+use shared::ingest::{Delivery, IngestLimits, Ingestor, unix_now};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::sources::SourceRegistry;
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+
+const SECRET: &str = "whsec_pay";
+
+struct Db {
+    pool: PgPool,
+    url: String,
+    ingestor: Ingestor,
+}
+
+async fn db(pool_options: PgPoolOptions, connect: PgConnectOptions) -> Db {
+    let pool = pool_options.connect_with(connect.clone()).await.unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sources.toml");
+    std::fs::write(
+        &file,
+        "[[source]]\nid = 'pay'\ntenant = 'acme'\nscheme = 'stripe'\nsecret_ref = 'local/pay'\n\
+         [source.fields]\nentity_version = 'json:/data/object/version'\n",
+    )
+    .unwrap();
+    let sources = shared::sources::read_sources_file(&file).unwrap();
+    shared::sources::apply(&pool, &sources).await.unwrap();
+    let url = format!(
+        "postgres://{}@{}:{}/{}",
+        connect.get_username(),
+        connect.get_host(),
+        connect.get_port(),
+        connect.get_database().unwrap()
+    );
+    let ingestor = Ingestor::new(
+        pool.clone(),
+        Arc::new(SourceRegistry::new(
+            pool.clone(),
+            std::time::Duration::from_secs(30),
+        )),
+        Arc::new(SecretStore::memory([(
+            "local/pay".to_owned(),
+            SecretSet::new(SECRET, None),
+        )])),
+        IngestLimits {
+            max_body_bytes: 64 * 1024,
+        },
+    );
+    Db {
+        pool,
+        url,
+        ingestor,
+    }
+}
+
+impl Db {
+    /// The provider delivers event `id` (Stripe-signed, through the ingest path).
+    async fn deliver(&self, id: &str) -> Vec<u8> {
+        let body = serde_json::to_vec(&serde_json::json!({
+            "id": id, "object": "event", "type": "charge.succeeded",
+            "data": {"object": {"id": format!("ch_{id}"), "version": 1}}
+        }))
+        .unwrap();
+        let headers: http::HeaderMap = shared::signature::sign(
+            Scheme::Stripe,
+            &SigningSecret::new(SECRET),
+            id,
+            unix_now(),
+            &body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        self.ingestor
+            .receive(Delivery {
+                source_id: "pay",
+                headers: &headers,
+                body: &body,
+            })
+            .await
+            .unwrap();
+        body
+    }
+
+    /// A delivery whose payload is gone before the drain reaches it: its handler rejects it
+    /// for good, and it is dead-lettered. Returns the payload, to put back ("fix the data").
+    async fn poison(&self, id: &str) -> Vec<u8> {
+        let body = self.deliver(id).await;
+        sqlx::query("UPDATE webhook_events SET payload = NULL WHERE external_id = $1")
+            .bind(id)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+        body
+    }
+
+    async fn fix(&self, id: &str, body: &[u8]) {
+        sqlx::query("UPDATE webhook_events SET payload = $2 WHERE external_id = $1")
+            .bind(id)
+            .bind(body)
+            .execute(&self.pool)
+            .await
+            .unwrap();
+    }
+
+    async fn hookctl(&self, args: &[&str]) -> Out {
+        run(args, &[("DATABASE_URL", self.url.as_str())]).await
+    }
+}
+
+#[derive(Debug)]
+struct Out {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Out {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}{}", self.stdout, self.stderr))
+    }
+}
+
+/// Spawns `hookctl` with only the given settings (nothing inherited that would choose a
+/// database or a function), stdout and stderr piped as a script would.
+async fn run(args: &[&str], env: &[(&str, &str)]) -> Out {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookctl"));
+    command
+        .args(args)
+        .env_remove("DATABASE_URL")
+        .env_remove("HOOKCTL_FUNCTION")
+        .env_remove("HOOKCTL_LAMBDA_ENDPOINT")
+        .env_remove("RUST_LOG");
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    let Output {
+        status,
+        stdout,
+        stderr,
+    } = command.output().await.expect("run hookctl");
+    Out {
+        code: status.code(),
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+    }
+}
+
+fn ok(out: &Out) {
+    assert_eq!(out.code, Some(0), "{}{}", out.stdout, out.stderr);
+}
+
+/// Every scheduled pass once, as their schedules would run them.
+async fn passes(db: &Db) {
+    for pass in ["drain", "reconcile", "retention", "anomaly"] {
+        ok(&db.hookctl(&[pass]).await);
+    }
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn status_says_accounted_for_then_names_what_needs_a_human(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        db.deliver(id).await;
+    }
+    db.deliver("evt_1").await; // a provider retry
+    passes(&db).await;
+
+    let status = db.hookctl(&["status"]).await;
+    ok(&status);
+    assert!(
+        status
+            .stdout
+            .starts_with("VERDICT: every event accounted for\n"),
+        "{}",
+        status.stdout
+    );
+    let pay_row = status
+        .stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("pay "))
+        .unwrap_or_else(|| panic!("no row for source pay: {}", status.stdout));
+    let cells: Vec<&str> = pay_row.split_whitespace().collect();
+    assert_eq!(cells[1], "acme", "{pay_row}");
+    assert!(
+        status
+            .stdout
+            .contains("QUEUE         depth 0, oldest pending 0 s, past the 15 min SLA 0"),
+        "{}",
+        status.stdout
+    );
+    let json = db.hookctl(&["status", "--json"]).await;
+    ok(&json);
+    let report = json.json();
+    assert_eq!(report["verdict"], "accounted_for");
+    assert_eq!(report["findings"], serde_json::json!([]));
+    assert_eq!(report["sources"][0]["source_id"], "pay");
+    assert_eq!(report["sources"][0]["events_last_day"], 3);
+    assert_eq!(report["sources"][0]["duplicates_last_day"], 1);
+    let reconcile = report["passes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["job"] == "reconcile")
+        .unwrap();
+    assert_eq!(reconcile["status"], "completed");
+    assert_eq!(reconcile["stopped"], false);
+
+    // A poison event: the drain dead-letters it, and status names it and the next command.
+    let body = db.poison("evt_4").await;
+    ok(&db.hookctl(&["drain"]).await);
+    let status = db.hookctl(&["status"]).await;
+    assert_eq!(status.code, Some(1), "{}", status.stdout);
+    assert!(
+        status
+            .stdout
+            .starts_with("VERDICT: NOT accounted for: 1 finding(s) need a human\n"),
+        "{}",
+        status.stdout
+    );
+    assert!(
+        status
+            .stdout
+            .contains("  - 1 open dead letter(s): replay or discard each\n      next: hookctl dead-letters list"),
+        "{}",
+        status.stdout
+    );
+    let report = db.hookctl(&["status", "--json"]).await.json();
+    assert_eq!(report["verdict"], "needs_attention");
+    assert_eq!(report["findings"][0]["kind"], "open_dead_letters");
+    assert_eq!(report["open_dead_letters"], 1);
+
+    // The letter, listed, filtered and shown.
+    let list = db.hookctl(&["dead-letters", "list"]).await;
+    ok(&list);
+    assert!(list.stdout.contains("evt_4"), "{}", list.stdout);
+    let letters = db.hookctl(&["dead-letters", "list", "--json"]).await.json();
+    let id = letters["dead_letters"][0]["dead_letter_id"]
+        .as_i64()
+        .unwrap();
+    let none = db
+        .hookctl(&["dead-letters", "list", "--event-type", "invoice.paid"])
+        .await;
+    assert_eq!(none.stdout, "no open dead letters\n");
+    let filtered = db
+        .hookctl(&[
+            "dead-letters",
+            "list",
+            "--tenant",
+            "acme",
+            "--error-contains",
+            "PURGED",
+            "--json",
+        ])
+        .await
+        .json();
+    assert_eq!(filtered["dead_letters"].as_array().unwrap().len(), 1);
+    let show = db.hookctl(&["dead-letters", "show", &id.to_string()]).await;
+    ok(&show);
+    assert!(
+        show.stdout.contains("reason       fatal"),
+        "{}",
+        show.stdout
+    );
+    assert!(
+        show.stdout.contains("payload was purged by retention"),
+        "{}",
+        show.stdout
+    );
+    let missing = db.hookctl(&["dead-letters", "show", "999999"]).await;
+    assert_eq!(missing.code, Some(2));
+    assert!(
+        missing.stderr.contains("no dead letter 999999"),
+        "{}",
+        missing.stderr
+    );
+
+    // Replaying before the data is fixed fails again (exit 1); after, it lands (exit 0).
+    let again = db
+        .hookctl(&["dead-letters", "replay", "--id", &id.to_string()])
+        .await;
+    assert_eq!(again.code, Some(1), "{}{}", again.stdout, again.stderr);
+    assert_eq!(
+        again.stdout,
+        "selected 1, replayed 0, failed again 1, skipped 0\n"
+    );
+    db.fix("evt_4", &body).await;
+    let replayed = db.hookctl(&["dead-letters", "replay"]).await;
+    ok(&replayed);
+    assert_eq!(
+        replayed.stdout,
+        "selected 1, replayed 1, failed again 0, skipped 0\n"
+    );
+    assert!(
+        !replayed.stderr.contains("replaying"),
+        "no progress bar when piped: {}",
+        replayed.stderr
+    );
+    ok(&db.hookctl(&["status"]).await);
+
+    // A letter nobody wants: discarded.
+    db.poison("evt_5").await;
+    ok(&db.hookctl(&["drain"]).await);
+    let letters = db.hookctl(&["dead-letters", "list", "--json"]).await.json();
+    let id = letters["dead_letters"][0]["dead_letter_id"]
+        .as_i64()
+        .unwrap();
+    let discard = db
+        .hookctl(&["dead-letters", "discard", &id.to_string()])
+        .await;
+    ok(&discard);
+    assert_eq!(discard.stdout, format!("dead letter {id} discarded\n"));
+
+    // The anomaly checks saw dead letters in the last hour: status says so until they age out.
+    ok(&db.hookctl(&["anomaly"]).await);
+    let status = db.hookctl(&["status"]).await;
+    assert_eq!(status.code, Some(1));
+    assert!(
+        status
+            .stdout
+            .contains("anomaly check(s) outside their range: dead_letters_last_hour"),
+        "{}",
+        status.stdout
+    );
+    let checks = db.hookctl(&["checks", "list"]).await;
+    ok(&checks);
+    let first_row = checks.stdout.lines().nth(2).unwrap_or_default();
+    assert!(
+        first_row.trim_start().starts_with("dead_letters_last_hour")
+            && first_row.contains("BREACH"),
+        "breaching first: {}",
+        checks.stdout
+    );
+    let breached = db
+        .hookctl(&["checks", "list", "--breached", "--json"])
+        .await
+        .json();
+    let breached = breached["checks"].as_array().unwrap();
+    assert!(
+        breached.iter().all(|c| c["breached"] == true),
+        "{breached:?}"
+    );
+    // The replayed letter counts as a retried event too (retry_rate_last_day).
+    assert!(
+        breached
+            .iter()
+            .any(|c| c["check_name"] == "dead_letters_last_hour"),
+        "{breached:?}"
+    );
+
+    // Runs, tombstones, gaps.
+    let runs = db.hookctl(&["runs", "list", "--job", "reconcile"]).await;
+    ok(&runs);
+    assert!(
+        runs.stdout.lines().skip(1).all(|l| l.contains("reconcile"))
+            && runs.stdout.contains("completed"),
+        "{}",
+        runs.stdout
+    );
+    let bad_job = db.hookctl(&["runs", "list", "--job", "vacuum"]).await;
+    assert_eq!(bad_job.code, Some(2));
+    assert!(
+        bad_job.stderr.contains("job \"vacuum\""),
+        "{}",
+        bad_job.stderr
+    );
+    let add = [
+        "tombstones",
+        "add",
+        "--tenant",
+        "acme",
+        "--source",
+        "pay",
+        "--id",
+        "evt_gone",
+        "--reason",
+        "deleted in the dashboard",
+        "--operator",
+        "alice",
+    ];
+    let added = db.hookctl(&add).await;
+    ok(&added);
+    assert_eq!(added.stdout, "tombstoned evt_gone\n");
+    assert_eq!(
+        db.hookctl(&add).await.stdout,
+        "evt_gone was already tombstoned\n"
+    );
+    let listed = db.hookctl(&["tombstones", "list", "--source", "pay"]).await;
+    ok(&listed);
+    assert!(
+        listed.stdout.contains("evt_gone") && listed.stdout.contains("operator:alice"),
+        "{}",
+        listed.stdout
+    );
+    let gaps = db.hookctl(&["gaps", "list"]).await;
+    ok(&gaps);
+    assert_eq!(gaps.stdout, "no open gaps\n");
+}
+
+#[tokio::test]
+async fn status_exits_2_when_it_cannot_tell() {
+    let down = run(
+        &["status"],
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")],
+    )
+    .await;
+    assert_eq!(down.code, Some(2), "{down:?}");
+    assert!(
+        down.stderr.contains("database unavailable"),
+        "{}",
+        down.stderr
+    );
+    let unset = run(&["status"], &[]).await;
+    assert_eq!(unset.code, Some(2));
+    assert!(unset.stderr.contains("DATABASE_URL"), "{}", unset.stderr);
+    let bad = run(&["dead-letters", "list", "--since", "yesterday"], &[]).await;
+    assert_eq!(bad.code, Some(2));
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn a_replay_of_many_goes_in_chunks_and_counts_them_all(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let mut bodies = Vec::new();
+    for n in 0..60 {
+        let id = format!("evt_{n}");
+        bodies.push((id.clone(), db.poison(&id).await));
+    }
+    ok(&db.hookctl(&["drain"]).await);
+    for (id, body) in &bodies {
+        db.fix(id, body).await;
+    }
+    let replayed = db.hookctl(&["dead-letters", "replay", "--json"]).await;
+    ok(&replayed);
+    assert_eq!(
+        replayed.json(),
+        serde_json::json!({"selected": 60, "replayed": 60, "failed": 0, "skipped": 0})
+    );
+    let left = db.hookctl(&["dead-letters", "list"]).await;
+    assert_eq!(left.stdout, "no open dead letters\n");
+}
+
+// ---- Through the operator function -----------------------------------------------------------
+
+#[derive(Clone)]
+struct StandIn {
+    pool: PgPool,
+    registry: Arc<shared::effects::EffectRegistry>,
+    invoked: Arc<Mutex<Vec<String>>>,
+}
+
+/// `POST /2015-03-31/functions/{name}/invocations`: the Lambda Invoke API, answered by the real
+/// operator handler. A handler error is answered as Lambda does: 200, `X-Amz-Function-Error`,
+/// and the error's type and message as the payload.
+async fn invoke(State(s): State<StandIn>, Path(name): Path<String>, body: Bytes) -> Response {
+    s.invoked.lock().unwrap().push(name);
+    let payload: Value = match serde_json::from_slice(&body) {
+        Ok(v) => v,
+        Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
+    };
+    let event = lambda_runtime::LambdaEvent::new(payload, lambda_runtime::Context::default());
+    match operator::handler(event, &s.pool, &s.registry).await {
+        Ok(response) => (StatusCode::OK, axum::Json(response)).into_response(),
+        Err(diagnostic) => (
+            StatusCode::OK,
+            [("X-Amz-Function-Error", "Unhandled")],
+            axum::Json(serde_json::json!({
+                "errorType": diagnostic.error_type,
+                "errorMessage": diagnostic.error_message,
+            })),
+        )
+            .into_response(),
+    }
+}
+
+async fn stand_in(pool: PgPool) -> (String, Arc<Mutex<Vec<String>>>) {
+    let invoked = Arc::new(Mutex::new(Vec::new()));
+    let state = StandIn {
+        pool,
+        registry: Arc::new(shared::effects::EffectRegistry::standard()),
+        invoked: invoked.clone(),
+    };
+    let app = axum::Router::new()
+        .route(
+            "/2015-03-31/functions/{name}/invocations",
+            axum::routing::post(invoke),
+        )
+        .with_state(state);
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}", listener.local_addr().unwrap());
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    (url, invoked)
+}
+
+/// `hookctl --function`, with credentials and region as the AWS CLI would find them and no
+/// database at all.
+async fn through(endpoint: &str, args: &[&str]) -> Out {
+    let mut all = vec!["--function", "webhooks-operator"];
+    all.extend_from_slice(args);
+    run(
+        &all,
+        &[
+            ("HOOKCTL_LAMBDA_ENDPOINT", endpoint),
+            ("AWS_REGION", "eu-west-1"),
+            ("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE"),
+            (
+                "AWS_SECRET_ACCESS_KEY",
+                "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
+            ),
+            ("AWS_EC2_METADATA_DISABLED", "true"),
+        ],
+    )
+    .await
+}
+
+#[sqlx::test(migrations = "../migrations")]
+async fn every_command_answers_through_the_operator_function(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    db.deliver("evt_1").await;
+    passes(&db).await;
+    let (endpoint, invoked) = stand_in(db.pool.clone()).await;
+
+    // The same verdict, the same report, whichever way it is read.
+    let remote = through(&endpoint, &["status"]).await;
+    ok(&remote);
+    assert!(
+        remote
+            .stdout
+            .starts_with("VERDICT: every event accounted for\n")
+    );
+    let direct = db.hookctl(&["status", "--json"]).await.json();
+    let remote = through(&endpoint, &["status", "--json"]).await.json();
+    assert_eq!(remote["verdict"], direct["verdict"]);
+    assert_eq!(remote["sources"], direct["sources"]);
+    assert_eq!(remote["findings"], direct["findings"]);
+
+    db.poison("evt_2").await;
+    ok(&db.hookctl(&["drain"]).await);
+    let status = through(&endpoint, &["status"]).await;
+    assert_eq!(status.code, Some(1), "{}", status.stdout);
+    assert!(status.stdout.contains("1 open dead letter(s)"));
+
+    let letters = through(&endpoint, &["dead-letters", "list", "--json"])
+        .await
+        .json();
+    let id = letters["dead_letters"][0]["dead_letter_id"]
+        .as_i64()
+        .unwrap();
+    assert_eq!(letters["dead_letters"][0]["external_id"], "evt_2");
+    let show = through(&endpoint, &["dead-letters", "show", &id.to_string()]).await;
+    ok(&show);
+    assert!(
+        show.stdout.contains("payload was purged"),
+        "{}",
+        show.stdout
+    );
+    let replay = through(&endpoint, &["dead-letters", "replay"]).await;
+    assert_eq!(replay.code, Some(1));
+    assert_eq!(
+        replay.stdout,
+        "selected 1, replayed 0, failed again 1, skipped 0\n"
+    );
+    ok(&through(&endpoint, &["dead-letters", "discard", &id.to_string()]).await);
+    ok(&through(&endpoint, &["status"]).await);
+
+    ok(&through(&endpoint, &["runs", "list", "--job", "anomaly"]).await);
+    let checks = through(&endpoint, &["checks", "list", "--json"])
+        .await
+        .json();
+    assert!(checks["checks"].as_array().unwrap().len() >= 30);
+    assert_eq!(
+        through(&endpoint, &["gaps", "list"]).await.stdout,
+        "no open gaps\n"
+    );
+    let added = through(
+        &endpoint,
+        &[
+            "tombstones",
+            "add",
+            "--tenant",
+            "acme",
+            "--source",
+            "pay",
+            "--id",
+            "evt_x",
+            "--reason",
+            "test event",
+            "--operator",
+            "bob",
+        ],
+    )
+    .await;
+    ok(&added);
+    let listed = through(&endpoint, &["tombstones", "list", "--json"])
+        .await
+        .json();
+    assert_eq!(listed["tombstones"][0]["created_by"], "operator:bob");
+    let raw = through(&endpoint, &["operator", r#"{"action":"list_gaps"}"#]).await;
+    ok(&raw);
+    assert_eq!(raw.json(), serde_json::json!({"gaps": []}));
+
+    // Refused by the function: exit 2 with its reason.
+    let refused = through(&endpoint, &["dead-letters", "show", "424242"]).await;
+    assert_eq!(refused.code, Some(2));
+    assert!(
+        refused.stderr.contains("no dead letter 424242"),
+        "{}",
+        refused.stderr
+    );
+    assert!(
+        invoked
+            .lock()
+            .unwrap()
+            .iter()
+            .all(|name| name == "webhooks-operator")
+    );
+
+    // No function there: could not tell.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let gone = format!("http://{}", listener.local_addr().unwrap());
+    drop(listener);
+    let unreachable = through(&gone, &["status"]).await;
+    assert_eq!(unreachable.code, Some(2), "{unreachable:?}");
+    assert!(
+        unreachable.stderr.contains("invoking webhooks-operator"),
+        "{}",
+        unreachable.stderr
+    );
+}

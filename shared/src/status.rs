@@ -1,0 +1,362 @@
+//! The operator's one question, "did we lose anything?", answered from the database: a verdict
+//! first (every event accounted for, or the list of what is not), then the evidence per source,
+//! the queue and the maintenance passes. The operator function and `hookctl` both call
+//! [`report`], so a verdict read through the deployed function and one read directly are the
+//! same computation; the CLI only renders it.
+
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+
+use crate::store::anomaly::{SourceFlow, StoredResult};
+use crate::store::maintenance_runs::LatestRun;
+use crate::store::outbox::OutboxCounts;
+use crate::store::webhook_events::SourceActivity;
+use crate::store::{self, StoreError};
+
+/// What counts as "needs a human". The defaults match the reconciler's SLA and the anomaly
+/// checks' machinery ranges, so `status` and the alarms agree.
+#[derive(Debug, Clone)]
+pub struct StatusSettings {
+    /// An event waiting longer than this is pending past its SLA (reconcile's `pending_sla`).
+    pub pending_sla: Duration,
+    /// How long after its grace period a gap may stay open while backfill works on it.
+    pub gap_allowance: Duration,
+    /// An outbox message waiting longer than this is overdue (the `outbox_overdue_rows` check).
+    pub outbox_overdue: Duration,
+    /// Per job, how long since its last completed run before it has stopped running: three
+    /// schedule periods, the ranges of the `last_*_age_seconds` checks.
+    pub pass_max_age: Vec<(&'static str, Duration)>,
+}
+
+impl Default for StatusSettings {
+    fn default() -> Self {
+        Self {
+            pending_sla: Duration::from_secs(15 * 60),
+            gap_allowance: Duration::from_secs(15 * 60),
+            outbox_overdue: Duration::from_secs(60 * 60),
+            pass_max_age: vec![
+                ("reconcile", Duration::from_secs(45 * 60)),
+                ("backfill", Duration::from_secs(30 * 60)),
+                ("retention", Duration::from_secs(3 * 3600)),
+                ("anomaly", Duration::from_secs(30 * 60)),
+            ],
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// Every event accounted for: nothing waits on a human.
+    AccountedFor,
+    /// Something needs a human: see the findings.
+    NeedsAttention,
+}
+
+/// What keeps the verdict from "accounted for".
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FindingKind {
+    PendingPastSla,
+    OpenDeadLetters,
+    OpenGaps,
+    BreachingChecks,
+    FailedOutbox,
+    OverdueOutbox,
+    PassStopped,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub count: i64,
+    /// What it is, in a sentence.
+    pub detail: String,
+    /// The command that shows more or acts on it.
+    pub next: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SourceStatus {
+    #[serde(flatten)]
+    pub activity: SourceActivity,
+    /// Signed deliveries refused in the last day (400: unreadable, no id, unusable field).
+    pub refused_last_day: i64,
+    /// The last complete hour against the same hour of the week in the source's own history
+    /// (from the anomaly views; `None` when the views have no row for it yet).
+    pub usual_hour: Option<SourceFlow>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct QueueStatus {
+    pub depth: i64,
+    pub oldest_pending_age_seconds: f64,
+    pub pending_past_sla: i64,
+    pub pending_sla_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct PassStatus {
+    #[serde(flatten)]
+    pub latest: LatestRun,
+    /// Whether this pass has work here (backfill only with a source that has gap detection).
+    pub expected: bool,
+    pub max_age_seconds: f64,
+    pub stopped: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StatusReport {
+    pub verdict: Verdict,
+    pub findings: Vec<Finding>,
+    pub sources: Vec<SourceStatus>,
+    pub queue: QueueStatus,
+    pub outbox: OutboxCounts,
+    pub open_dead_letters: i64,
+    /// Open gaps past their grace period and allowance, and those still being handled.
+    pub open_gaps: i64,
+    pub gaps_in_grace: i64,
+    pub passes: Vec<PassStatus>,
+    /// The checks that breached in the latest anomaly run.
+    pub breaching_checks: Vec<StoredResult>,
+    /// When the latest anomaly run measured (`None`: never).
+    pub checks_measured_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+impl StatusReport {
+    /// The process exit code `hookctl status` gives: 0 accounted for, 1 needs a human.
+    pub fn exit_code(&self) -> u8 {
+        match self.verdict {
+            Verdict::AccountedFor => 0,
+            Verdict::NeedsAttention => 1,
+        }
+    }
+}
+
+/// Reads everything `status` shows and decides the verdict.
+#[tracing::instrument(skip_all, err)]
+pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusReport, StoreError> {
+    let sla = settings.pending_sla.as_secs_f64();
+    let (depth, oldest) = store::event_queue::backlog(pool).await?;
+    let queue = QueueStatus {
+        depth,
+        oldest_pending_age_seconds: oldest,
+        pending_past_sla: store::reconcile::pending_past_sla(pool, sla).await?,
+        pending_sla_seconds: sla,
+    };
+    let outbox = store::outbox::counts(pool, settings.outbox_overdue.as_secs_f64()).await?;
+    let open_dead_letters = store::dead_letters::count_open(pool).await?;
+    let (open_gaps, gaps_in_grace) =
+        store::gaps::count_open_past_grace(pool, settings.gap_allowance.as_secs_f64()).await?;
+    let checks = store::anomaly::latest_results(pool).await?;
+    let checks_measured_at = checks.first().map(|c| c.measured_at);
+    let breaching_checks: Vec<StoredResult> = checks.into_iter().filter(|c| c.breached).collect();
+
+    let refused = store::ingest_anomalies::refused_last_day_by_source(pool).await?;
+    let flows = store::anomaly::source_flow(pool).await?;
+    let sources: Vec<SourceStatus> = store::webhook_events::activity_by_source(pool)
+        .await?
+        .into_iter()
+        .map(|activity| SourceStatus {
+            refused_last_day: refused
+                .iter()
+                .find(|(id, _)| *id == activity.source_id)
+                .map_or(0, |(_, n)| *n),
+            usual_hour: flows
+                .iter()
+                .find(|f| f.source_id == activity.source_id)
+                .cloned(),
+            activity,
+        })
+        .collect();
+
+    let has_gap_sources = store::sources::list(pool)
+        .await?
+        .iter()
+        .any(|s| s.enabled && s.gaps.is_some());
+    let running_for = store::sources::oldest_age_seconds(pool).await?;
+    let passes: Vec<PassStatus> = store::maintenance_runs::latest_by_job(pool)
+        .await?
+        .into_iter()
+        .map(|latest| {
+            let max_age = settings
+                .pass_max_age
+                .iter()
+                .find(|(job, _)| *job == latest.job)
+                .map_or(f64::INFINITY, |(_, d)| d.as_secs_f64());
+            let expected = latest.job != "backfill" || has_gap_sources;
+            // Never completed: stopped once the system has been up longer than the allowance.
+            let age = latest.completed_age_seconds.or(running_for);
+            let stopped = expected && age.is_some_and(|a| a > max_age);
+            PassStatus {
+                latest,
+                expected,
+                max_age_seconds: max_age,
+                stopped,
+            }
+        })
+        .collect();
+
+    let findings = findings(
+        &queue,
+        &outbox,
+        open_dead_letters,
+        open_gaps,
+        &passes,
+        &breaching_checks,
+    );
+    Ok(StatusReport {
+        verdict: if findings.is_empty() {
+            Verdict::AccountedFor
+        } else {
+            Verdict::NeedsAttention
+        },
+        findings,
+        sources,
+        queue,
+        outbox,
+        open_dead_letters,
+        open_gaps,
+        gaps_in_grace,
+        passes,
+        breaching_checks,
+        checks_measured_at,
+    })
+}
+
+/// What needs a human, most urgent first. Pure: the verdict is a function of the counts.
+pub fn findings(
+    queue: &QueueStatus,
+    outbox: &OutboxCounts,
+    open_dead_letters: i64,
+    open_gaps: i64,
+    passes: &[PassStatus],
+    breaching: &[StoredResult],
+) -> Vec<Finding> {
+    let mut out = Vec::new();
+    let mut add = |kind, count: i64, detail: String, next: &str| {
+        if count > 0 {
+            out.push(Finding {
+                kind,
+                count,
+                detail,
+                next: next.to_owned(),
+            });
+        }
+    };
+    add(
+        FindingKind::PendingPastSla,
+        queue.pending_past_sla,
+        format!(
+            "{} event(s) waiting longer than the {:.0} s SLA (oldest {:.0} s)",
+            queue.pending_past_sla, queue.pending_sla_seconds, queue.oldest_pending_age_seconds
+        ),
+        "hookctl runs list --job reconcile",
+    );
+    add(
+        FindingKind::OpenDeadLetters,
+        open_dead_letters,
+        format!("{open_dead_letters} open dead letter(s): replay or discard each"),
+        "hookctl dead-letters list",
+    );
+    add(
+        FindingKind::OpenGaps,
+        open_gaps,
+        format!("{open_gaps} event(s) the provider sent that backfill has not recovered"),
+        "hookctl gaps list",
+    );
+    let names: Vec<String> = breaching
+        .iter()
+        .map(|c| {
+            if c.subject.is_empty() {
+                c.check_name.clone()
+            } else {
+                format!("{}:{}", c.check_name, c.subject)
+            }
+        })
+        .collect();
+    add(
+        FindingKind::BreachingChecks,
+        breaching.len() as i64,
+        format!(
+            "{} anomaly check(s) outside their range: {}",
+            breaching.len(),
+            names.join(", ")
+        ),
+        "hookctl checks list",
+    );
+    add(
+        FindingKind::FailedOutbox,
+        outbox.failed,
+        format!(
+            "{} outbox message(s) failed for good: their side effect never reached the target",
+            outbox.failed
+        ),
+        "hookctl runs list --job reconcile",
+    );
+    add(
+        FindingKind::OverdueOutbox,
+        outbox.overdue,
+        format!(
+            "{} outbox message(s) undelivered for over an hour",
+            outbox.overdue
+        ),
+        "hookctl runs list --job reconcile",
+    );
+    let stopped: Vec<&str> = passes
+        .iter()
+        .filter(|p| p.stopped)
+        .map(|p| p.latest.job.as_str())
+        .collect();
+    add(
+        FindingKind::PassStopped,
+        stopped.len() as i64,
+        format!(
+            "maintenance pass(es) not completed within three schedule periods: {}",
+            stopped.join(", ")
+        ),
+        "hookctl runs list",
+    );
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn queue(past_sla: i64) -> QueueStatus {
+        QueueStatus {
+            depth: past_sla,
+            oldest_pending_age_seconds: 0.0,
+            pending_past_sla: past_sla,
+            pending_sla_seconds: 900.0,
+        }
+    }
+
+    #[test]
+    fn nothing_outstanding_is_no_finding_and_each_count_is_one() {
+        let none = findings(&queue(0), &OutboxCounts::default(), 0, 0, &[], &[]);
+        assert!(none.is_empty());
+        let outbox = OutboxCounts {
+            pending: 3,
+            overdue: 1,
+            failed: 2,
+        };
+        let kinds: Vec<FindingKind> = findings(&queue(4), &outbox, 1, 5, &[], &[])
+            .into_iter()
+            .map(|f| f.kind)
+            .collect();
+        assert_eq!(
+            kinds,
+            [
+                FindingKind::PendingPastSla,
+                FindingKind::OpenDeadLetters,
+                FindingKind::OpenGaps,
+                FindingKind::FailedOutbox,
+                FindingKind::OverdueOutbox
+            ]
+        );
+    }
+}
