@@ -161,6 +161,22 @@ fn show<T: serde::Serialize>(json: bool, value: &T, table: impl FnOnce(&T) -> St
     }
 }
 
+/// One read action answered: shown as a table or JSON, exit 0; or its failure's exit code.
+async fn answer<T: serde::de::DeserializeOwned + serde::Serialize>(
+    backend: &Backend,
+    json: bool,
+    request: OperatorRequest,
+    table: impl FnOnce(&T) -> String,
+) -> Exit {
+    match backend.call::<T>(&request).await {
+        Ok(value) => {
+            show(json, &value, table);
+            0
+        }
+        Err(e) => fail(e),
+    }
+}
+
 fn fail(error: CallError) -> Exit {
     eprintln!("hookctl: {error}");
     2
@@ -318,16 +334,16 @@ pub async fn tombstones(backend: &Backend, json: bool, action: TombstonesAction)
                 });
                 0
             }),
-        TombstonesAction::List { source, limit } => backend
-            .call::<Tombstones>(&OperatorRequest::ListTombstones {
+        TombstonesAction::List { source, limit } => {
+            let request = OperatorRequest::ListTombstones {
                 source_id: source,
                 limit: Some(limit),
+            };
+            return answer(backend, json, request, |t: &Tombstones| {
+                render::tombstones(&t.tombstones)
             })
-            .await
-            .map(|t| {
-                show(json, &t, |t| render::tombstones(&t.tombstones));
-                0
-            }),
+            .await;
+        }
     };
     result.unwrap_or_else(fail)
 }
@@ -339,17 +355,11 @@ struct Gaps {
 
 pub async fn gaps(backend: &Backend, json: bool, action: GapsAction) -> Exit {
     let GapsAction::List { source, limit } = action;
-    backend
-        .call::<Gaps>(&OperatorRequest::ListGaps {
-            source_id: source,
-            limit: Some(limit),
-        })
-        .await
-        .map(|g| {
-            show(json, &g, |g| render::gaps(&g.gaps));
-            0
-        })
-        .unwrap_or_else(fail)
+    let request = OperatorRequest::ListGaps {
+        source_id: source,
+        limit: Some(limit),
+    };
+    answer(backend, json, request, |g: &Gaps| render::gaps(&g.gaps)).await
 }
 
 #[derive(Deserialize, serde::Serialize)]
@@ -359,17 +369,11 @@ struct Runs {
 
 pub async fn runs(backend: &Backend, json: bool, action: RunsAction) -> Exit {
     let RunsAction::List { job, limit } = action;
-    backend
-        .call::<Runs>(&OperatorRequest::ListRuns {
-            job,
-            limit: Some(limit),
-        })
-        .await
-        .map(|r| {
-            show(json, &r, |r| render::runs(&r.runs));
-            0
-        })
-        .unwrap_or_else(fail)
+    let request = OperatorRequest::ListRuns {
+        job,
+        limit: Some(limit),
+    };
+    answer(backend, json, request, |r: &Runs| render::runs(&r.runs)).await
 }
 
 #[derive(Deserialize, serde::Serialize)]
@@ -379,14 +383,11 @@ struct Checks {
 
 pub async fn checks(backend: &Backend, json: bool, action: ChecksAction) -> Exit {
     let ChecksAction::List { breached } = action;
-    backend
-        .call::<Checks>(&OperatorRequest::ListChecks {
-            breached_only: breached,
-        })
-        .await
-        .map(|c| {
-            show(json, &c, |c| render::checks(&c.checks));
-            0
-        })
-        .unwrap_or_else(fail)
+    let request = OperatorRequest::ListChecks {
+        breached_only: breached,
+    };
+    answer(backend, json, request, |c: &Checks| {
+        render::checks(&c.checks)
+    })
+    .await
 }

@@ -48,41 +48,56 @@ pg_bindir() {
   return 1
 }
 
-# Starts a throwaway cluster (trust auth, fsync off, deleted on exit) and exports DATABASE_URL.
-start_throwaway_postgres() {
-  local bindir
-  bindir=$(pg_bindir) || { apt_install postgresql || die "PostgreSQL's initdb/pg_ctl are missing and could not be installed; install PostgreSQL or set DATABASE_URL"; bindir=$(pg_bindir) || die "initdb not found after installing postgresql"; }
-  local dir port run=()
-  dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg.XXXXXX")
-  port=$(free_port 55432)
+# PostgreSQL's binaries, installing Debian's postgresql when they are missing.
+pg_bindir_or_install() {
+  pg_bindir && return 0
+  apt_install postgresql || die "PostgreSQL's initdb/pg_ctl are missing and could not be installed; install PostgreSQL or set DATABASE_URL"
+  pg_bindir || die "initdb not found after installing postgresql"
+}
+
+# Initialises and starts a throwaway cluster in DIR on PORT (trust auth, fsync off) with the
+# extra server settings SETTINGS and, when given, the pg_hba.conf lines HBA; stopped and
+# deleted on exit. initdb refuses to run as root: as root the cluster runs as the unprivileged
+# postgres user. Exports PG_BINDIR.
+start_cluster() {
+  local label=$1 dir=$2 port=$3 settings=$4 hba=${5:-} bindir run=()
+  bindir=$(pg_bindir_or_install) || exit 1
   if [ "$(id -u)" = 0 ]; then
-    # initdb refuses to run as root: run the cluster as the unprivileged postgres user.
     id postgres >/dev/null 2>&1 || useradd --system --home-dir "$dir" --shell /usr/sbin/nologin postgres
-    chown postgres "$dir"
+    chown -R postgres "$dir"
     run=(runuser -u postgres --)
   fi
-  say "starting a throwaway PostgreSQL ($bindir) on 127.0.0.1:$port in $dir"
-  "${run[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$STATE_DIR/initdb.log" 2>&1 \
-    || { cat "$STATE_DIR/initdb.log" >&2; die "initdb failed"; }
+  say "starting $label ($bindir) on 127.0.0.1:$port in $dir"
+  "${run[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$dir.initdb.log" 2>&1 \
+    || { cat "$dir.initdb.log" >&2; die "initdb failed ($label)"; }
+  rm -f "$dir.initdb.log"
+  [ -z "$hba" ] || printf '%s\n' "$hba" | "${run[@]}" tee "$dir/data/pg_hba.conf" >/dev/null
   "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=300" \
-    start >/dev/null || { cat "$dir/postgres.log" >&2; die "the throwaway PostgreSQL did not start"; }
+    -o "-p $port -k $dir -c fsync=off -c synchronous_commit=off -c full_page_writes=off $settings" \
+    start >/dev/null || { cat "$dir/postgres.log" >&2; die "$label did not start"; }
   CLEANUPS+=("${run[*]} '$bindir/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1; rm -rf '$dir'")
-  export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
   export PG_BINDIR="$bindir"
+}
+
+# Starts a throwaway cluster and exports DATABASE_URL.
+start_throwaway_postgres() {
+  local dir port
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg.XXXXXX")
+  port=$(free_port 55432)
+  start_cluster "a throwaway PostgreSQL" "$dir" "$port" \
+    "-c listen_addresses=127.0.0.1 -c max_connections=300"
+  export DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
 }
 
 # Starts a second throwaway cluster that speaks TLS only, as RDS does with rds.force_ssl=1: its
 # own private CA signs the server certificate (for 127.0.0.1 and localhost; it also listens on
 # 127.0.0.2, a name the certificate does not hold), pg_hba.conf admits hostssl and nothing else,
-# so a plaintext connection is refused. Exports TLS_DATABASE_URL
-# (verify-full against that CA) and TLS_TEST_DIR, which also holds untrusted-ca.pem, a CA that
-# signed nothing the server presents.
+# so a plaintext connection is refused. Exports TLS_DATABASE_URL (verify-full against that CA)
+# and TLS_TEST_DIR, which also holds untrusted-ca.pem, a CA that signed nothing the server
+# presents.
 start_tls_postgres() {
   command -v openssl >/dev/null || apt_install openssl || die "openssl is needed for the TLS test server"
-  local bindir
-  bindir=$(pg_bindir) || { apt_install postgresql || die "PostgreSQL's initdb/pg_ctl are missing and could not be installed"; bindir=$(pg_bindir) || die "initdb not found after installing postgresql"; }
-  local dir port run=()
+  local dir port
   dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg-tls.XXXXXX")
   chmod 755 "$dir"
   port=$(free_port 56432)
@@ -98,20 +113,9 @@ start_tls_postgres() {
       -extfile server.ext -out server.pem
     chmod 600 server.key
   ) >"$STATE_DIR/tls-certs.log" 2>&1 || { cat "$STATE_DIR/tls-certs.log" >&2; die "could not make the TLS test certificates"; }
-  if [ "$(id -u)" = 0 ]; then
-    id postgres >/dev/null 2>&1 || useradd --system --home-dir "$dir" --shell /usr/sbin/nologin postgres
-    chown -R postgres "$dir"
-    run=(runuser -u postgres --)
-  fi
-  say "starting a TLS-only PostgreSQL ($bindir) on 127.0.0.1:$port in $dir"
-  "${run[@]}" "$bindir/initdb" -D "$dir/data" -U postgres -A trust -E UTF8 --no-sync >"$STATE_DIR/initdb-tls.log" 2>&1 \
-    || { cat "$STATE_DIR/initdb-tls.log" >&2; die "initdb (TLS) failed"; }
-  printf 'local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostssl all all ::1/128 trust\n' \
-    | "${run[@]}" tee "$dir/data/pg_hba.conf" >/dev/null
-  "${run[@]}" "$bindir/pg_ctl" -D "$dir/data" -l "$dir/postgres.log" -w -t 60 \
-    -o "-p $port -k $dir -c listen_addresses=127.0.0.1,127.0.0.2 -c fsync=off -c synchronous_commit=off -c full_page_writes=off -c max_connections=100 -c ssl=on -c ssl_cert_file=$dir/server.pem -c ssl_key_file=$dir/server.key" \
-    start >/dev/null || { cat "$dir/postgres.log" >&2; die "the TLS-only PostgreSQL did not start"; }
-  CLEANUPS+=("${run[*]} '$bindir/pg_ctl' -D '$dir/data' -m immediate stop >/dev/null 2>&1; rm -rf '$dir'")
+  start_cluster "a TLS-only PostgreSQL" "$dir" "$port" \
+    "-c listen_addresses=127.0.0.1,127.0.0.2 -c max_connections=100 -c ssl=on -c ssl_cert_file=$dir/server.pem -c ssl_key_file=$dir/server.key" \
+    "$(printf 'local all all trust\nhostssl all all 127.0.0.0/8 trust\nhostssl all all ::1/128 trust')"
   export TLS_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres?sslmode=verify-full&sslrootcert=$dir/ca.pem"
   export TLS_TEST_DIR="$dir"
 }
