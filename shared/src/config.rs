@@ -351,8 +351,8 @@ impl DatabaseSettings {
         &self,
         aws: &AwsSecretsSettings,
     ) -> Result<PgConnectOptions, ConfigError> {
-        // Boxed: the AWS SDK's future is deep enough to overflow the compiler's layout query
-        // depth in the functions' `main` otherwise (seen in the operator's release build).
+        // Boxed: keeps the AWS SDK's deep future out of every caller's future (the compiler's
+        // layout query depth has been hit by the functions' `main` in release builds).
         let (options, explicit) = Box::pin(self.located_options(aws)).await?;
         let options = match &self.host_override {
             Some(host) => options.host(host),
