@@ -158,6 +158,7 @@ async fn run_store_only(
                         payload_sha256: [7; 32],
                         headers: serde_json::json!({"content-type": "application/json"}),
                         verified_with: "current",
+                        provider_retries: 0,
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
@@ -191,6 +192,7 @@ fn pgbench_script(level: usize) -> String {
         format!("'\\x{digest}'::bytea"),
         format!("'{headers}'::jsonb"),
         "'current'".to_owned(),
+        "0".to_owned(),
     ];
     let sql = webhook_events::upsert_sql();
     let mut out = String::new();

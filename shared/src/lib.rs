@@ -15,6 +15,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod outbox;
+pub mod protocol;
 pub mod provider_api;
 pub mod reconcile;
 pub mod retention;

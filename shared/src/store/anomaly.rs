@@ -239,6 +239,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         Some(0.05),
     ),
     check(
+        "provider_retry_rate_last_day",
+        "flow",
+        "SELECT (sum(provider_retries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.05),
+    ),
+    check(
         "backfill_rate_last_day",
         "flow",
         "SELECT (sum(backfilled)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",

@@ -22,6 +22,8 @@ pub struct NewEvent<'a> {
     pub headers: serde_json::Value,
     /// `current` or `previous` (the secret that verified the delivery), or [`PROVIDER_API`].
     pub verified_with: &'a str,
+    /// 1 when the provider marked this delivery as its own retry (Slack's `X-Slack-Retry-Num`).
+    pub provider_retries: i32,
 }
 
 impl<'a> NewEvent<'a> {
@@ -47,6 +49,7 @@ impl<'a> NewEvent<'a> {
             payload_sha256: sha2::Sha256::digest(payload).into(),
             headers,
             verified_with,
+            provider_retries: 0,
         }
     }
 }
@@ -92,11 +95,12 @@ const UPSERT: &str = r#"
 WITH delivered AS (
     INSERT INTO webhook_events AS stored (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
-        provider_sequence, payload, payload_sha256, headers, verified_with,
+        provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
         received_at, first_received_at, last_seen_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now(), now(), now())
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), now(), now())
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
         delivery_count = stored.delivery_count + 1,
+        provider_retries = stored.provider_retries + EXCLUDED.provider_retries,
         last_seen_at = now(),
         last_delivery_outcome = CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
                                      THEN 'duplicate' ELSE 'conflict' END,
@@ -174,6 +178,7 @@ pub async fn upsert(
         .bind(&event.payload_sha256[..])
         .bind(&event.headers)
         .bind(event.verified_with)
+        .bind(event.provider_retries)
         .fetch_one(executor)
         .await?;
     let outcome = match row.last_delivery_outcome.as_str() {
