@@ -132,3 +132,65 @@ async fn assert_breached(pool: &PgPool, check: &str) {
         report.breaches
     );
 }
+
+// ---- 4. Bytes PostgreSQL cannot store -----------------------------------------------------
+
+/// A NUL (`\u0000`) in a signed field: PostgreSQL's text cannot hold it. The delivery is
+/// unusable as sent, so it is 400 with an `invalid_field` anomaly, never a 500 the provider
+/// retries forever.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_nul_in_a_signed_field_is_400_invalid_field_not_500(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let stripe = Scheme::Stripe;
+    let nul_type = br#"{"id":"evt_nul_type","object":"event","type":"charge.succeeded\u0000","data":{"object":{"id":"ch_1"}}}"#;
+    let nul_entity = br#"{"id":"evt_nul_entity","object":"event","type":"charge.succeeded","data":{"object":{"id":"ch_\u0000"}}}"#;
+    let mut cases = Vec::new();
+    for body in [&nul_type[..], &nul_entity[..]] {
+        cases.push((
+            "stripe",
+            resign(
+                stripe,
+                &secret_of(stripe),
+                "",
+                now(),
+                HeaderMap::new(),
+                body.to_vec(),
+            ),
+        ));
+    }
+    let shopify = delivery(
+        Scheme::Shopify,
+        &secret_of(Scheme::Shopify),
+        "wh_nul",
+        now(),
+        json!({"admin_graphql_api_id": "gid://shopify/Order/1\u{0}", "id": "1\u{0}"}),
+    );
+    cases.push(("shopify", shopify));
+    let slack = slack_signed(
+        br#"{"type":"event_callback","event_id":"Ev0NUL","event":{"type":"mess\u0000age"}}"#,
+        now(),
+    );
+    cases.push(("slack", slack));
+
+    for (source, d) in cases {
+        let reply = app.post(source, d.headers, &d.body).await;
+        assert_eq!(
+            reply.status,
+            StatusCode::BAD_REQUEST,
+            "{source}: {:?}",
+            reply.json
+        );
+        assert!(
+            reply.json["error"].as_str().unwrap_or("").contains("NUL"),
+            "{source}: {:?}",
+            reply.json
+        );
+    }
+    assert!(events(&app.pool).await.is_empty());
+    let kinds: Vec<String> = anomalies(&app.pool)
+        .await
+        .into_iter()
+        .map(|a| a.kind)
+        .collect();
+    assert_eq!(kinds, ["invalid_field"; 4]);
+}

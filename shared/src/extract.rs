@@ -247,6 +247,12 @@ impl Reader<'_> {
             Some(t) if t.len() > MAX_FIELD_LEN => {
                 Err(invalid(field, locator, "longer than 255 bytes"))
             }
+            // PostgreSQL's text cannot hold a NUL: storing it would fail every time.
+            Some(t) if t.contains('\0') => Err(invalid(
+                field,
+                locator,
+                "contains a NUL character, which cannot be stored",
+            )),
             other => Ok(other),
         }
     }
@@ -356,6 +362,14 @@ mod tests {
             .anomaly_kind(),
             "invalid_field"
         );
+        for nul in [
+            &br#"{"id":"e\u0000","type":"x"}"#[..],
+            br#"{"id":"e","type":"x\u0000"}"#,
+            br#"{"id":"e","type":"x","data":{"object":{"id":"\u0000"}}}"#,
+        ] {
+            let err = extract(&stripe, &HeaderMap::new(), nul).unwrap_err();
+            assert_eq!(err.anomaly_kind(), "invalid_field", "{err}");
+        }
         let mut with_sequence = stripe.clone();
         with_sequence.sequence = Some(FieldLocator::json("/seq"));
         assert!(
