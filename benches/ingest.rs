@@ -159,6 +159,7 @@ async fn run_store_only(
                         headers: serde_json::json!({"content-type": "application/json"}),
                         verified_with: "current",
                         provider_retries: 0,
+                        id_outside_signature: false,
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
@@ -193,6 +194,7 @@ fn pgbench_script(level: usize) -> String {
         format!("'{headers}'::jsonb"),
         "'current'".to_owned(),
         "0".to_owned(),
+        "false".to_owned(),
     ];
     let sql = webhook_events::upsert_sql();
     let mut out = String::new();

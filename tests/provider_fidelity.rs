@@ -194,3 +194,95 @@ async fn a_nul_in_a_signed_field_is_400_invalid_field_not_500(pool: PgPool) {
         .collect();
     assert_eq!(kinds, ["invalid_field"; 4]);
 }
+
+// ---- 3. A signed body replayed under a new id ---------------------------------------------
+
+/// GitHub and Shopify sign only the body: their id and event type headers are outside the HMAC.
+/// Whoever holds one signed delivery can replay it under fresh ids; each replay is answered
+/// `duplicate`, stored once, and recorded.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    for (scheme, id_header, type_header) in [
+        (Scheme::Github, "x-github-delivery", "x-github-event"),
+        (Scheme::Shopify, "x-shopify-webhook-id", "x-shopify-topic"),
+    ] {
+        let original = delivery(
+            scheme,
+            &secret_of(scheme),
+            &format!("{scheme}-original"),
+            now(),
+            json!({}),
+        );
+        let reply = app
+            .post(scheme.as_str(), original.headers.clone(), &original.body)
+            .await;
+        assert_eq!(reply.outcome(), "accepted", "{scheme}: {:?}", reply.json);
+        for n in 0..3 {
+            let mut replay = original.headers.clone();
+            set(&mut replay, id_header, &format!("{scheme}-replay-{n}"));
+            if n == 2 {
+                set(&mut replay, type_header, "member");
+            }
+            let reply = app.post(scheme.as_str(), replay, &original.body).await;
+            assert_eq!(
+                (reply.status, reply.outcome()),
+                (StatusCode::OK, "duplicate"),
+                "{scheme} replay {n}: {:?}",
+                reply.json
+            );
+        }
+    }
+
+    let rows = events(&app.pool).await;
+    let ids: Vec<&str> = rows.iter().map(|r| r.external_id.as_str()).collect();
+    assert_eq!(ids, ["github-original", "shopify-original"], "stored once");
+    assert!(rows.iter().all(|r| r.delivery_count == 1));
+    assert_eq!(pipeline_tests::drain::queue_len(&app.pool).await, 2);
+    let found = anomalies(&app.pool).await;
+    assert_eq!(found.len(), 6, "{found:?}");
+    for a in &found {
+        assert_eq!(a.kind, "replayed_body");
+        assert!(
+            a.external_id
+                .as_deref()
+                .is_some_and(|id| id.contains("-replay-"))
+        );
+        assert!(a.detail.contains("-original"), "{}", a.detail);
+    }
+    assert_breached(&app.pool, "replayed_bodies_last_day").await;
+}
+
+/// Replays racing each other on real connections: one is stored, every other is a duplicate.
+#[sqlx::test(migrations = "../migrations")]
+async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let original = delivery(
+        Scheme::Github,
+        &secret_of(Scheme::Github),
+        "race-0",
+        now(),
+        json!({}),
+    );
+    let tasks: Vec<_> = (0..8)
+        .map(|n| {
+            let (ingestor, mut headers, body) = (
+                app.ingestor.clone(),
+                original.headers.clone(),
+                original.body.clone(),
+            );
+            set(&mut headers, "x-github-delivery", &format!("race-{n}"));
+            tokio::spawn(async move { post_to(&ingestor, "github", headers, &body).await })
+        })
+        .collect();
+    let mut outcomes = Vec::new();
+    for t in tasks {
+        let reply = t.await.unwrap();
+        assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+        outcomes.push(reply.outcome().to_owned());
+    }
+    outcomes.sort();
+    assert_eq!(outcomes, [vec!["accepted"], vec!["duplicate"; 7]].concat());
+    assert_eq!(events(&app.pool).await.len(), 1);
+    assert_eq!(anomalies(&app.pool).await.len(), 7);
+}

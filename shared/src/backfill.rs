@@ -325,6 +325,7 @@ async fn store_fetched(
         serde_json::json!({}),
         webhook_events::PROVIDER_API,
     );
+    // The API's copy carries its id in the body it was fetched by: never a replayed body.
     webhook_events::upsert(pool, &event).await?;
     Ok(())
 }

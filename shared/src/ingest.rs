@@ -15,15 +15,15 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
-use crate::domain::{ExternalId, SourceId};
+use crate::domain::{ExternalId, FieldLocator, SourceId};
 use crate::extract::{self, ExtractError};
 use crate::protocol;
 use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::StoreError;
-use crate::store::ingest_anomalies::{self, UnreadableDelivery};
-use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent};
+use crate::store::ingest_anomalies::{self, Original, UnreadableDelivery};
+use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, Upsert, Upserted};
 
 /// One HTTP delivery, as received.
 #[derive(Debug, Clone, Copy)]
@@ -242,7 +242,25 @@ impl Ingestor {
         );
         event.provider_retries =
             i32::from(protocol::is_provider_retry(source.scheme, delivery.headers));
-        let stored = webhook_events::upsert(&self.pool, &event).await?;
+        event.id_outside_signature = match &source.fields.external_id {
+            FieldLocator::Header(name) => !verified.signs_header(name.as_str()),
+            FieldLocator::Json(_) => false,
+        };
+        let stored = match self.upsert(&event).await? {
+            Stored::Event(stored) => stored,
+            Stored::Replay(original) => {
+                span.record("outcome", "duplicate");
+                tracing::warn!(
+                    original = %original.external_id,
+                    "replayed body: the signed body of a stored event under another id; not stored"
+                );
+                return Ok(Received::Stored(Receipt {
+                    outcome: DeliveryOutcome::Duplicate,
+                    external_id: fields.external_id,
+                    delivery_count: original.delivery_count,
+                }));
+            }
+        };
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
         if stored.outcome == DeliveryOutcome::Conflict {
@@ -257,6 +275,42 @@ impl Ingestor {
             external_id: fields.external_id,
             delivery_count: stored.delivery_count,
         }))
+    }
+}
+
+/// What storing a delivery came to.
+enum Stored {
+    Event(Upserted),
+    /// The body is already stored as this event; the replay is recorded.
+    Replay(Original),
+}
+
+impl Ingestor {
+    /// The upsert; a replayed body is recorded with the event it replays. Should that event
+    /// vanish in between (retention purged it), the delivery is stored after all.
+    async fn upsert(&self, event: &NewEvent<'_>) -> Result<Stored, StoreError> {
+        for _ in 0..3 {
+            match webhook_events::upsert(&self.pool, event).await? {
+                Upsert::Stored(stored) => return Ok(Stored::Event(stored)),
+                Upsert::ReplayedBody => {
+                    if let Some(original) = ingest_anomalies::record_replayed_body(
+                        &self.pool,
+                        event.tenant_id,
+                        event.source_id,
+                        event.external_id,
+                        &event.payload_sha256,
+                    )
+                    .await?
+                    {
+                        return Ok(Stored::Replay(original));
+                    }
+                }
+            }
+        }
+        Err(StoreError::Corrupt {
+            what: "replayed body",
+            reason: "the stored body it replays keeps changing under it".into(),
+        })
     }
 }
 

@@ -184,6 +184,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     check(
+        "replayed_bodies_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'replayed_body' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "amount_mismatches_last_day",
         "integrity",
         "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('amount_mismatch', 'currency_mismatch') \

@@ -24,6 +24,10 @@ pub struct NewEvent<'a> {
     pub verified_with: &'a str,
     /// 1 when the provider marked this delivery as its own retry (Slack's `X-Slack-Retry-Num`).
     pub provider_retries: i32,
+    /// The event id was read from a header the signature does not cover (GitHub's
+    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`): the source stores this body once,
+    /// and the same bytes under another id are a replay ([`Upsert::ReplayedBody`]).
+    pub id_outside_signature: bool,
 }
 
 impl<'a> NewEvent<'a> {
@@ -50,6 +54,7 @@ impl<'a> NewEvent<'a> {
             headers,
             verified_with,
             provider_retries: 0,
+            id_outside_signature: false,
         }
     }
 }
@@ -76,6 +81,16 @@ impl DeliveryOutcome {
     }
 }
 
+/// What the upsert statement did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upsert {
+    Stored(Upserted),
+    /// Nothing was written: the source already stores these exact bytes under another event id,
+    /// and this event's id came from outside the signature (`webhook_events_body_once`). A
+    /// replay of a signed body under a fresh id; the caller records it.
+    ReplayedBody,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upserted {
     pub outcome: DeliveryOutcome,
@@ -96,8 +111,8 @@ WITH delivered AS (
     INSERT INTO webhook_events AS stored (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
         provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-        received_at, first_received_at, last_seen_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, now(), now(), now())
+        id_outside_signature, received_at, first_received_at, last_seen_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now(), now(), now())
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
         delivery_count = stored.delivery_count + 1,
         provider_retries = stored.provider_retries + EXCLUDED.provider_retries,
@@ -159,14 +174,19 @@ struct UpsertRow {
     holds_delivery: bool,
 }
 
+/// The unique index that stores a body once per source when its event id is unsigned.
+const BODY_ONCE: &str = "webhook_events_body_once";
+
 /// Stores a verified delivery exactly once. Returns only after the statement committed (when
-/// the executor is a pool connection) or as part of the caller's transaction.
+/// the executor is a pool connection) or as part of the caller's transaction. A replayed body
+/// ([`Upsert::ReplayedBody`]) fails the statement: in a caller's transaction, that transaction
+/// is then aborted.
 #[tracing::instrument(skip_all, fields(tenant_id = event.tenant_id, external_id = event.external_id), err)]
 pub async fn upsert(
     executor: impl PgExecutor<'_>,
     event: &NewEvent<'_>,
-) -> Result<Upserted, StoreError> {
-    let row: UpsertRow = sqlx::query_as(UPSERT)
+) -> Result<Upsert, StoreError> {
+    let row: Result<UpsertRow, sqlx::Error> = sqlx::query_as(UPSERT)
         .bind(event.tenant_id)
         .bind(event.external_id)
         .bind(event.source_id)
@@ -179,8 +199,15 @@ pub async fn upsert(
         .bind(&event.headers)
         .bind(event.verified_with)
         .bind(event.provider_retries)
+        .bind(event.id_outside_signature)
         .fetch_one(executor)
-        .await?;
+        .await;
+    let row = match row {
+        Err(sqlx::Error::Database(db)) if db.constraint() == Some(BODY_ONCE) => {
+            return Ok(Upsert::ReplayedBody);
+        }
+        other => other?,
+    };
     let outcome = match row.last_delivery_outcome.as_str() {
         "accepted" => DeliveryOutcome::Accepted,
         "duplicate" => DeliveryOutcome::Duplicate,
@@ -192,10 +219,10 @@ pub async fn upsert(
             });
         }
     };
-    Ok(Upserted {
+    Ok(Upsert::Stored(Upserted {
         outcome,
         delivery_count: row.delivery_count,
         status: row.status,
         holds_delivery: row.holds_delivery,
-    })
+    }))
 }
