@@ -286,3 +286,189 @@ async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
     assert_eq!(events(&app.pool).await.len(), 1);
     assert_eq!(anomalies(&app.pool).await.len(), 7);
 }
+
+// ---- 7. Two sources of one tenant never collide -------------------------------------------
+
+/// Two endpoints of one tenant receiving the same event id: GitHub gives every hook subscribed
+/// to an event the same `X-GitHub-Delivery` (a repository hook and its organisation's hook), and
+/// two Stripe accounts can number alike. The second source's delivery is an anomaly kept with
+/// its bytes; the first source's row is never replaced.
+#[sqlx::test(migrations = "../migrations")]
+async fn an_event_id_stored_under_another_source_of_the_tenant_is_an_anomaly_never_a_replacement(
+    pool: PgPool,
+) {
+    let stripe = Scheme::Stripe;
+    let github = Scheme::Github;
+    let list = [
+        source("stripe-eu", TENANT, stripe, "secret/stripe"),
+        source("stripe-us", TENANT, stripe, "secret/stripe"),
+        source("github-repo", TENANT, github, "secret/github"),
+        source("github-org", TENANT, github, "secret/github"),
+    ];
+    let app = TestApp::new(pool, &list, secrets_for_every_scheme()).await;
+    let eu = delivery(
+        stripe,
+        &secret_of(stripe),
+        "evt_same",
+        now(),
+        json!({"account": "eu"}),
+    );
+    let us = delivery(
+        stripe,
+        &secret_of(stripe),
+        "evt_same",
+        now(),
+        json!({"account": "us"}),
+    );
+    let hook = delivery(
+        github,
+        &secret_of(github),
+        "58474f00-b361-11eb-836d-0e4f3503ccbe",
+        now(),
+        json!({}),
+    );
+
+    assert_eq!(
+        app.post("stripe-eu", eu.headers, &eu.body).await.outcome(),
+        "accepted"
+    );
+    assert_eq!(
+        app.post("github-repo", hook.headers.clone(), &hook.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    let other_account = app.post("stripe-us", us.headers, &us.body).await;
+    let org_hook = app.post("github-org", hook.headers, &hook.body).await;
+
+    assert_eq!(
+        (other_account.status, other_account.outcome()),
+        (StatusCode::OK, "conflict"),
+        "{:?}",
+        other_account.json
+    );
+    assert_eq!(
+        (org_hook.status, org_hook.outcome()),
+        (StatusCode::OK, "duplicate"),
+        "{:?}",
+        org_hook.json
+    );
+    let kept = event(&app.pool, TENANT, "evt_same").await.unwrap();
+    assert_eq!(
+        (
+            kept.source_id.as_str(),
+            kept.payload.as_deref(),
+            kept.status.as_str()
+        ),
+        ("stripe-eu", Some(&eu.body[..]), "pending"),
+        "the pending row of the first source kept its own payload"
+    );
+    assert_eq!((kept.delivery_count, kept.conflict_count), (1, 0));
+    let hook_row = event(&app.pool, TENANT, "58474f00-b361-11eb-836d-0e4f3503ccbe")
+        .await
+        .unwrap();
+    assert_eq!(
+        (hook_row.source_id.as_str(), hook_row.delivery_count),
+        ("github-repo", 1)
+    );
+
+    let found = anomalies(&app.pool).await;
+    let seen: Vec<(&str, &str, Option<&str>)> = found
+        .iter()
+        .map(|a| {
+            (
+                a.kind.as_str(),
+                a.source_id.as_str(),
+                a.external_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            ("source_collision", "stripe-us", Some("evt_same")),
+            (
+                "source_collision",
+                "github-org",
+                Some("58474f00-b361-11eb-836d-0e4f3503ccbe")
+            ),
+        ]
+    );
+    assert_eq!(
+        found[0].payload.as_deref(),
+        Some(&us.body[..]),
+        "the delivered bytes are kept"
+    );
+    assert_eq!(found[0].payload_replaced, Some(false));
+    assert!(found[0].detail.contains("stripe-eu"), "{}", found[0].detail);
+    assert_eq!(pipeline_tests::drain::queue_len(&app.pool).await, 2);
+    assert_breached(&app.pool, "source_collisions_last_day").await;
+}
+
+/// `hookctl sources apply` refuses two sequence sources of one tenant whose IDs follow the same
+/// template: their numbers would name each other's events.
+#[sqlx::test(migrations = "../migrations")]
+async fn sources_apply_refuses_two_sequence_sources_of_a_tenant_with_one_id_template(pool: PgPool) {
+    let dir =
+        std::env::temp_dir().join(format!("fidelity-sources-{}-{}", std::process::id(), now()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let write = |name: &str, text: &str| {
+        let path = dir.join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    };
+    let seq = |id: &str, tenant: &str, template: &str| {
+        format!(
+            "[[source]]\nid = '{id}'\ntenant = '{tenant}'\nscheme = 'stripe'\nsecret_ref = 's'\n\
+             [source.fields]\nsequence = 'json:/sequence'\n[source.gaps]\nstrategy = 'sequence'\n\
+             id_template = '{template}'\napi_base_url = 'http://127.0.0.1:9'\napi_secret_ref = 'k'\n"
+        )
+    };
+    let apply = |path: std::path::PathBuf| {
+        let pool = pool.clone();
+        async move {
+            let list = shared::sources::read_sources_file(&path).map_err(|e| e.to_string())?;
+            shared::sources::apply(&pool, &list)
+                .await
+                .map_err(|e| e.to_string())
+        }
+    };
+
+    let both = write(
+        "both.toml",
+        &(seq("seq-a", "acme", "evt_{seq}") + &seq("seq-b", "acme", "evt_{seq}")),
+    );
+    let refused = apply(both).await.unwrap_err();
+    assert!(
+        refused.contains("seq-a") && refused.contains("seq-b") && refused.contains("evt_{seq}"),
+        "{refused}"
+    );
+    assert_eq!(
+        pipeline_tests::drain::scalar(&pool, "SELECT count(*) FROM sources").await,
+        0,
+        "nothing applied"
+    );
+
+    apply(write("a.toml", &seq("seq-a", "acme", "evt_{seq}")))
+        .await
+        .unwrap();
+    let later = apply(write("b.toml", &seq("seq-b", "acme", "evt_{seq}")))
+        .await
+        .unwrap_err();
+    assert!(later.contains("seq-a"), "{later}");
+    // Another tenant, or another template, is fine; so is re-applying the same source.
+    apply(write(
+        "c.toml",
+        &(seq("seq-c", "globex", "evt_{seq}") + &seq("seq-d", "acme", "ord_{seq}")),
+    ))
+    .await
+    .unwrap();
+    apply(write("a2.toml", &seq("seq-a", "acme", "evt_{seq}")))
+        .await
+        .unwrap();
+    assert_eq!(
+        pipeline_tests::drain::scalar(&pool, "SELECT count(*) FROM sources").await,
+        3
+    );
+    std::fs::remove_dir_all(&dir).ok();
+}

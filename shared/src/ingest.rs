@@ -263,7 +263,12 @@ impl Ingestor {
         };
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
-        if stored.outcome == DeliveryOutcome::Conflict {
+        if let Some(other) = &stored.collided_with {
+            tracing::warn!(
+                stored_under = %other,
+                "source collision: the event id is stored under another source of the tenant; recorded, not stored"
+            );
+        } else if stored.outcome == DeliveryOutcome::Conflict {
             tracing::warn!(
                 payload_replaced = stored.holds_delivery,
                 status = %stored.status,

@@ -272,13 +272,46 @@ pub fn read_sources_file(path: &Path) -> Result<Vec<Source>, SourcesFileError> {
         .collect()
 }
 
-/// Writes sources to the database: inserted, or updated in place.
-pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
+/// Why a set of sources was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Two sequence sources of one tenant would number the same event ids: each one's gap
+    /// detection would take the other's events for its own, and their deliveries would collide.
+    #[error(
+        "sequence sources {} of tenant {tenant} share the id template {id_template:?}: their \
+         numbers would name each other's events; give each its own template (or tenant)",
+        sources.join(", ")
+    )]
+    SharedIdTemplate {
+        tenant: String,
+        id_template: String,
+        sources: Vec<String>,
+    },
+}
+
+/// Writes sources to the database: inserted, or updated in place. All or nothing: the set is
+/// refused when, with the sources already stored, two sequence sources of one tenant would share
+/// an id template. Applies run one at a time (the check sees every other apply's sources).
+pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> {
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    store::sources::lock_for_apply(&mut *tx).await?;
     for source in sources {
         store::sources::upsert(&mut *tx, source).await?;
     }
-    tx.commit().await?;
+    if let Some(clash) = store::sources::shared_id_templates(&mut *tx)
+        .await?
+        .into_iter()
+        .next()
+    {
+        return Err(ApplyError::SharedIdTemplate {
+            tenant: clash.tenant_id,
+            id_template: clash.id_template,
+            sources: clash.source_ids,
+        });
+    }
+    tx.commit().await.map_err(StoreError::from)?;
     Ok(())
 }
 

@@ -191,6 +191,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     check(
+        "source_collisions_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'source_collision' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "amount_mismatches_last_day",
         "integrity",
         "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('amount_mismatch', 'currency_mismatch') \

@@ -167,3 +167,30 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .await?;
     Ok(())
 }
+
+/// Makes applies of sources take turns, for the rest of the caller's transaction; readers (the
+/// ingest path) are not blocked.
+pub async fn lock_for_apply(executor: impl PgExecutor<'_>) -> Result<(), StoreError> {
+    sqlx::query("LOCK TABLE sources IN SHARE ROW EXCLUSIVE MODE")
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Sequence sources of one tenant sharing an id template.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SharedIdTemplate {
+    pub tenant_id: String,
+    pub id_template: String,
+    pub source_ids: Vec<String>,
+}
+
+/// Every (tenant, id template) that more than one sequence source uses, enabled or not.
+pub async fn shared_id_templates(
+    executor: impl PgExecutor<'_>,
+) -> Result<Vec<SharedIdTemplate>, StoreError> {
+    const SQL: &str = "SELECT tenant_id, id_template, array_agg(source_id ORDER BY source_id) AS source_ids \
+         FROM sources WHERE gap_strategy = 'sequence' \
+         GROUP BY tenant_id, id_template HAVING count(*) > 1 ORDER BY tenant_id, id_template";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
+}

@@ -98,13 +98,24 @@ pub struct Upserted {
     pub status: String,
     /// The row now holds this delivery's payload.
     pub holds_delivery: bool,
+    /// The event id is stored under this other source of the tenant: its row was left as it
+    /// is, and the delivery was recorded as a `source_collision`.
+    pub collided_with: Option<String>,
 }
 
-/// One statement decides accepted / duplicate / conflict and, for a conflict, records the
-/// anomaly: an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` counts the delivery,
-/// compares digests against the stored row (locked by the upsert itself), and replaces the
-/// payload only when the row is still pending and the delivery is not an older entity version.
-/// The conflict record, and for a new event its place in `event_queue`, are written by
+/// One statement decides accepted / duplicate / conflict and records what raised a question:
+/// an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` compares the delivery against
+/// the stored row (locked by the upsert itself).
+///
+/// - The row belongs to another source of the tenant (`c.ours` false): nothing of it changes;
+///   the delivery is answered `duplicate` (same bytes) or `conflict` and recorded, with its
+///   bytes, as a `source_collision`.
+/// - Same source, same digest: `duplicate`, counted.
+/// - Same source, another digest: `conflict`, counted and recorded as a `digest_conflict`; the
+///   payload is replaced only when the row is still pending and the delivery is not an older
+///   entity version.
+///
+/// The anomalies, and for a new event its place in `event_queue`, are written by
 /// data-modifying CTEs of the same statement.
 const UPSERT: &str = r#"
 WITH delivered AS (
@@ -114,51 +125,70 @@ WITH delivered AS (
         id_outside_signature, received_at, first_received_at, last_seen_at)
     VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now(), now(), now())
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
-        delivery_count = stored.delivery_count + 1,
-        provider_retries = stored.provider_retries + EXCLUDED.provider_retries,
-        last_seen_at = now(),
-        last_delivery_outcome = CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
-                                     THEN 'duplicate' ELSE 'conflict' END,
-        conflict_count = stored.conflict_count
-            + CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256 THEN 0 ELSE 1 END,
-        (event_type, entity_id, entity_version, provider_sequence, payload, payload_sha256,
+        (delivery_count, last_seen_at, last_delivery_outcome, conflict_count, provider_retries,
+         event_type, entity_id, entity_version, provider_sequence, payload, payload_sha256,
          headers, verified_with, received_at, superseded_sha256) = (
             SELECT
-                CASE WHEN r.take THEN EXCLUDED.event_type ELSE stored.event_type END,
-                CASE WHEN r.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
-                CASE WHEN r.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
-                CASE WHEN r.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
-                CASE WHEN r.take THEN EXCLUDED.payload ELSE stored.payload END,
-                CASE WHEN r.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
-                CASE WHEN r.take THEN EXCLUDED.headers ELSE stored.headers END,
-                CASE WHEN r.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
-                CASE WHEN r.take THEN EXCLUDED.received_at ELSE stored.received_at END,
-                CASE WHEN r.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
-            FROM (SELECT stored.status = 'pending'
-                     AND stored.payload_sha256 <> EXCLUDED.payload_sha256
-                     AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
-                          OR EXCLUDED.entity_version >= stored.entity_version) AS take) AS r)
-    RETURNING last_delivery_outcome, delivery_count, status, payload_sha256, superseded_sha256
+                stored.delivery_count + k.ours::int,
+                CASE WHEN k.ours THEN now() ELSE stored.last_seen_at END,
+                CASE WHEN k.ours THEN k.outcome ELSE stored.last_delivery_outcome END,
+                stored.conflict_count + (k.ours AND k.outcome = 'conflict')::int,
+                stored.provider_retries + CASE WHEN k.ours THEN EXCLUDED.provider_retries ELSE 0 END,
+                CASE WHEN k.take THEN EXCLUDED.event_type ELSE stored.event_type END,
+                CASE WHEN k.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
+                CASE WHEN k.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
+                CASE WHEN k.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
+                CASE WHEN k.take THEN EXCLUDED.payload ELSE stored.payload END,
+                CASE WHEN k.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
+                CASE WHEN k.take THEN EXCLUDED.headers ELSE stored.headers END,
+                CASE WHEN k.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
+                CASE WHEN k.take THEN EXCLUDED.received_at ELSE stored.received_at END,
+                CASE WHEN k.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
+            FROM (SELECT c.ours, c.outcome,
+                         c.ours AND c.outcome = 'conflict' AND stored.status = 'pending'
+                         AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
+                              OR EXCLUDED.entity_version >= stored.entity_version) AS take
+                  FROM (SELECT stored.source_id = EXCLUDED.source_id AS ours,
+                               CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
+                                    THEN 'duplicate' ELSE 'conflict' END AS outcome) AS c) AS k)
+    RETURNING source_id, last_delivery_outcome, delivery_count, status, payload_sha256,
+              superseded_sha256
+), judged AS (
+    SELECT d.*, d.source_id = $3 AS ours,
+           CASE WHEN d.source_id = $3 THEN d.last_delivery_outcome
+                WHEN d.payload_sha256 = $9 THEN 'duplicate' ELSE 'conflict' END AS outcome
+    FROM delivered AS d
 ), conflict AS (
     INSERT INTO ingest_anomalies (
         tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
         superseded_sha256, payload_replaced, payload, detail)
-    SELECT $1, $3, 'digest_conflict', $2, $9, d.payload_sha256,
-           CASE WHEN d.payload_sha256 = $9 THEN d.superseded_sha256 END,
-           d.payload_sha256 = $9,
-           CASE WHEN d.payload_sha256 = $9 THEN NULL ELSE $8 END,
-           CASE WHEN d.payload_sha256 = $9
+    SELECT $1, $3, 'digest_conflict', $2, $9, j.payload_sha256,
+           CASE WHEN j.payload_sha256 = $9 THEN j.superseded_sha256 END,
+           j.payload_sha256 = $9,
+           CASE WHEN j.payload_sha256 = $9 THEN NULL ELSE $8 END,
+           CASE WHEN j.payload_sha256 = $9
                 THEN 'same event id, different payload: the unprocessed row took the newer payload'
                 ELSE 'same event id, different payload: the stored payload was kept (row is '
-                     || d.status || ')' END
-    FROM delivered AS d
-    WHERE d.last_delivery_outcome = 'conflict'
+                     || j.status || ')' END
+    FROM judged AS j
+    WHERE j.ours AND j.outcome = 'conflict'
+), collision AS (
+    INSERT INTO ingest_anomalies (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        payload_replaced, payload, detail)
+    SELECT $1, $3, 'source_collision', $2, $9, j.payload_sha256, false, $8,
+           'the event id is already stored under source ' || j.source_id
+           || ' of the same tenant: that row was left as it is and this delivery is kept here, '
+           || 'not stored as an event (' || j.outcome || ')'
+    FROM judged AS j
+    WHERE NOT j.ours
 ), queued AS (
     INSERT INTO event_queue (tenant_id, external_id)
-    SELECT $1, $2 FROM delivered WHERE last_delivery_outcome = 'accepted'
+    SELECT $1, $2 FROM judged AS j WHERE j.ours AND j.outcome = 'accepted'
 )
-SELECT last_delivery_outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery
-FROM delivered
+SELECT outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery,
+       CASE WHEN NOT ours THEN source_id END AS collided_with
+FROM judged
 "#;
 
 /// The statement text, for benchmarks that run it outside this crate (pgbench).
@@ -168,10 +198,11 @@ pub fn upsert_sql() -> &'static str {
 
 #[derive(sqlx::FromRow)]
 struct UpsertRow {
-    last_delivery_outcome: String,
+    outcome: String,
     delivery_count: i32,
     status: String,
     holds_delivery: bool,
+    collided_with: Option<String>,
 }
 
 /// The unique index that stores a body once per source when its event id is unsigned.
@@ -208,7 +239,7 @@ pub async fn upsert(
         }
         other => other?,
     };
-    let outcome = match row.last_delivery_outcome.as_str() {
+    let outcome = match row.outcome.as_str() {
         "accepted" => DeliveryOutcome::Accepted,
         "duplicate" => DeliveryOutcome::Duplicate,
         "conflict" => DeliveryOutcome::Conflict,
@@ -224,5 +255,6 @@ pub async fn upsert(
         delivery_count: row.delivery_count,
         status: row.status,
         holds_delivery: row.holds_delivery,
+        collided_with: row.collided_with,
     }))
 }
