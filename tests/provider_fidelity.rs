@@ -472,3 +472,79 @@ async fn sources_apply_refuses_two_sequence_sources_of_a_tenant_with_one_id_temp
     );
     std::fs::remove_dir_all(&dir).ok();
 }
+
+// ---- 6. A backfilled event's late delivery is not a conflict ------------------------------
+
+/// Stripe's API renders an event differently from the delivery (`pending_webhooks`, and
+/// `request` in the API version of the call, not the endpoint's): an event backfilled during an
+/// outage, then delivered when Stripe's retry finally gets through, is the same event. Its
+/// delivery is a duplicate, never a digest conflict.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_backfilled_event_delivered_late_is_a_duplicate_not_a_conflict(pool: PgPool) {
+    use pipeline_tests::gaps::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let provider = provider(60, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "by-listing",
+            shared::sources::GapStrategy::ListApi,
+            &base,
+            Duration::ZERO,
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(simulator::DeliveryPlan {
+        duplicate_rate: 0.0,
+        drop_rate: 0.0,
+        reorder_window: 1,
+        seed: 1,
+        signed_at: now(),
+    });
+    // An outage: events 41..=50 never got through; Stripe keeps retrying them.
+    let (outage, arrived): (Vec<_>, Vec<_>) = deliveries.into_iter().partition(|d| {
+        let n: u64 = d.id.trim_start_matches("evt_").parse().unwrap();
+        (41..=50).contains(&n)
+    });
+    deliver_all(&app, "by-listing", arrived).await;
+    let pass = backfiller(&pool).run_once("test").await.unwrap();
+    assert!(
+        matches!(&pass, shared::backfill::BackfillRun::Completed { outcome, .. } if outcome.backfilled == 10),
+        "{pass:?}"
+    );
+    let api_copy = event(&pool, TENANT, "evt_45").await.unwrap();
+    let late = outage.iter().find(|d| d.id == "evt_45").unwrap();
+    assert_eq!(api_copy.verified_with, "provider_api");
+    assert_ne!(
+        api_copy.payload.as_deref(),
+        Some(&late.body[..]),
+        "the simulator's API copy differs from the delivery, as Stripe's does"
+    );
+
+    for d in outage {
+        let reply = app.post("by-listing", d.headers, &d.body).await;
+        assert_eq!(
+            (reply.status, reply.outcome()),
+            (StatusCode::OK, "duplicate"),
+            "{}: {:?}",
+            d.id,
+            reply.json
+        );
+    }
+
+    assert!(
+        anomalies(&pool).await.is_empty(),
+        "{:?}",
+        anomalies(&pool).await
+    );
+    let counts: (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), sum(delivery_count), sum(conflict_count) FROM webhook_events WHERE verified_with = 'provider_api'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counts, (10, 20, 0));
+}

@@ -1,7 +1,13 @@
 //! A webhook provider, simulated: it numbers its events, signs and delivers them (Stripe
 //! scheme) with configurable duplicates, reorders and drops, and serves a Stripe-style API:
-//! `GET /v1/events` (cursor-paged, filtered by creation time) and `GET /v1/events/{id}`, which
-//! answers 404 for IDs that never existed. Tests and local runs use it as "the provider".
+//! `GET /v1/events` (cursor-paged, filtered by creation time and `types[]`) and
+//! `GET /v1/events/{id}`, which answers 404 for IDs that never existed. Tests and local runs use
+//! it as "the provider".
+//!
+//! As Stripe's, the API's copy of an event is not the delivered bytes: the delivery is rendered
+//! in the endpoint's API version with the webhooks pending when it was sent
+//! (`"pending_webhooks": 1`, `"request": "req_…"`), the API's copy in the account's version with
+//! none pending (`"pending_webhooks": 0`, `"request": {"id": "req_…", "idempotency_key": null}`).
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -38,7 +44,18 @@ pub struct ProviderEvent {
     pub sequence: u64,
     pub id: String,
     pub created: i64,
+    /// The event as delivered to the webhook endpoint.
     pub body: Value,
+}
+
+impl ProviderEvent {
+    /// The event as the API serves it: the same event, other bytes (see the module docs).
+    pub fn api_body(&self) -> Value {
+        let mut body = self.body.clone();
+        body["pending_webhooks"] = json!(0);
+        body["request"] = json!({"id": format!("req_{}", self.sequence), "idempotency_key": null});
+        body
+    }
 }
 
 pub fn event_id(sequence: u64) -> String {
@@ -97,7 +114,7 @@ impl Provider {
                     created,
                     body: json!({
                         "id": event_id(n), "object": "event", "type": "item.updated", "created": created,
-                        "sequence": n,
+                        "sequence": n, "pending_webhooks": 1, "request": format!("req_{n}"),
                         "data": {"object": {"id": entity, "object": "item", "version": n, "label": format!("{entity} at {n}")}}
                     }),
                 }
@@ -274,7 +291,7 @@ async fn fetch(
     }
     p.fetched.lock().unwrap().push(id.clone());
     match p.events.get(&id) {
-        Some(e) => axum::Json(e.body.clone()).into_response(),
+        Some(e) => axum::Json(e.api_body()).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"error": {"type": "invalid_request_error", "code": "resource_missing", "message": format!("No such event: '{id}'")}})),
@@ -319,7 +336,7 @@ async fn list(
     let data: Vec<Value> = window
         .into_iter()
         .take(limit)
-        .map(|e| e.body.clone())
+        .map(ProviderEvent::api_body)
         .collect();
     axum::Json(json!({"object": "list", "data": data, "has_more": has_more, "url": "/v1/events"}))
         .into_response()

@@ -111,6 +111,11 @@ pub struct Upserted {
 ///   the delivery is answered `duplicate` (same bytes) or `conflict` and recorded, with its
 ///   bytes, as a `source_collision`.
 /// - Same source, same digest: `duplicate`, counted.
+/// - Same source, one of the two fetched from the provider's API by backfill and the other a
+///   signed delivery, and both name the same type, entity, version and sequence: `duplicate`.
+///   The API renders an event in other bytes than the delivery (Stripe's `pending_webhooks`,
+///   `request` in another API version), so an event backfilled during an outage whose delivery
+///   finally arrives is the same event, not a conflict. The stored copy is kept.
 /// - Same source, another digest: `conflict`, counted and recorded as a `digest_conflict`; the
 ///   payload is replaced only when the row is still pending and the delivery is not an older
 ///   entity version.
@@ -150,7 +155,17 @@ WITH delivered AS (
                               OR EXCLUDED.entity_version >= stored.entity_version) AS take
                   FROM (SELECT stored.source_id = EXCLUDED.source_id AS ours,
                                CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
-                                    THEN 'duplicate' ELSE 'conflict' END AS outcome) AS c) AS k)
+                                    THEN 'duplicate'
+                                    WHEN (stored.verified_with = 'provider_api')
+                                             <> (EXCLUDED.verified_with = 'provider_api')
+                                         AND stored.event_type = EXCLUDED.event_type
+                                         AND stored.entity_id IS NOT DISTINCT FROM EXCLUDED.entity_id
+                                         AND stored.entity_version
+                                             IS NOT DISTINCT FROM EXCLUDED.entity_version
+                                         AND stored.provider_sequence
+                                             IS NOT DISTINCT FROM EXCLUDED.provider_sequence
+                                    THEN 'duplicate'
+                                    ELSE 'conflict' END AS outcome) AS c) AS k)
     RETURNING source_id, last_delivery_outcome, delivery_count, status, payload_sha256,
               superseded_sha256
 ), judged AS (
