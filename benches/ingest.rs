@@ -153,6 +153,7 @@ async fn run_store_only(
                         event_type: "payment_intent.succeeded",
                         entity_id: Some("pi_bench"),
                         entity_version: None,
+                        version_tiebreak: None,
                         sequence: None,
                         payload: &body,
                         payload_sha256: [7; 32],
@@ -195,6 +196,7 @@ fn pgbench_script(level: usize) -> String {
         "'current'".to_owned(),
         "0".to_owned(),
         "false".to_owned(),
+        "NULL::bigint".to_owned(),
     ];
     let sql = webhook_events::upsert_sql();
     let mut out = String::new();

@@ -548,3 +548,262 @@ async fn a_backfilled_event_delivered_late_is_a_duplicate_not_a_conflict(pool: P
     .unwrap();
     assert_eq!(counts, (10, 20, 0));
 }
+
+// ---- 2. Shopify deletes and versions ------------------------------------------------------
+
+/// A Shopify delivery as Shopify sends it: the id, topic and trigger time in headers.
+fn shopify(webhook_id: &str, topic: &str, triggered_at: &str, body: serde_json::Value) -> Delivery {
+    let mut headers = HeaderMap::new();
+    set(&mut headers, "x-shopify-webhook-id", webhook_id);
+    set(
+        &mut headers,
+        "x-shopify-event-id",
+        &format!("event-{webhook_id}"),
+    );
+    set(&mut headers, "x-shopify-topic", topic);
+    set(&mut headers, "x-shopify-triggered-at", triggered_at);
+    set(&mut headers, "x-shopify-shop-domain", "acme.myshopify.com");
+    resign(
+        Scheme::Shopify,
+        &secret_of(Scheme::Shopify),
+        webhook_id,
+        now(),
+        headers,
+        serde_json::to_vec(&body).unwrap(),
+    )
+}
+
+fn product(id: i64, title: &str, updated_at: &str) -> serde_json::Value {
+    json!({"id": id, "admin_graphql_api_id": format!("gid://shopify/Product/{id}"), "title": title, "updated_at": updated_at})
+}
+
+/// Delivers one at a time and drains after each, so the drain sees them in this order.
+async fn deliver_in_order(app: &TestApp, deliveries: Vec<Delivery>) {
+    let drainer = pipeline_tests::drain::standard_drainer(&app.pool);
+    for d in deliveries {
+        let reply = app.post("shopify", d.headers, &d.body).await;
+        assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+        pipeline_tests::drain::drain_all(&drainer, &app.pool, std::time::Duration::from_secs(10))
+            .await;
+    }
+}
+
+/// (type, id) → (title, deleted) of every projected entity.
+async fn entities(pool: &PgPool) -> Vec<(String, String, Option<String>, bool)> {
+    sqlx::query_as(
+        "SELECT entity_type, entity_id, state->>'title', deleted FROM entities ORDER BY entity_type, entity_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A `products/delete` body is only `{"id": N}`: no GraphQL id, no `updated_at`. It lands on the
+/// entity its updates land on, versioned by `X-Shopify-Triggered-At`, and a late update never
+/// resurrects it.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_shopify_delete_lands_on_the_entity_of_its_updates(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let update = shopify(
+        "wh-upd",
+        "products/update",
+        "2026-11-30T15:00:05.200000000Z",
+        product(632910392, "Hoodie", "2026-11-30T10:00:05-05:00"),
+    );
+    let delete = shopify(
+        "wh-del",
+        "products/delete",
+        "2026-11-30T15:07:00.000000000Z",
+        json!({"id": 632910392}),
+    );
+
+    // The delete overtakes the update.
+    deliver_in_order(&app, vec![delete, update]).await;
+
+    assert_eq!(
+        entities(&app.pool).await,
+        [("products".into(), "632910392".into(), None, true)],
+        "one entity, deleted, not resurrected by the late update"
+    );
+    let rows: Vec<(String, Option<String>, Option<i64>)> = sqlx::query_as(
+        "SELECT external_id, entity_id, entity_version FROM webhook_events ORDER BY external_id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            (
+                "wh-del".into(),
+                Some("632910392".into()),
+                Some(1_796_051_220_000_000)
+            ),
+            (
+                "wh-upd".into(),
+                Some("632910392".into()),
+                Some(1_796_050_805_000_000)
+            ),
+        ]
+    );
+}
+
+/// `updated_at` has one-second precision. Two updates in one second carry one version; the
+/// later trigger time decides, whatever order they are processed in.
+#[sqlx::test(migrations = "../migrations")]
+async fn two_shopify_updates_in_one_second_keep_the_later(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let second = "2026-11-30T10:00:05-05:00";
+    let first_change = |id: i64| {
+        shopify(
+            &format!("wh-{id}-a"),
+            "products/update",
+            "2026-11-30T15:00:05.100000000Z",
+            product(id, "first", second),
+        )
+    };
+    let second_change = |id: i64| {
+        shopify(
+            &format!("wh-{id}-b"),
+            "products/update",
+            "2026-11-30T15:00:05.700000000Z",
+            product(id, "second", second),
+        )
+    };
+    deliver_in_order(&app, vec![first_change(1), second_change(1)]).await;
+    deliver_in_order(&app, vec![second_change(2), first_change(2)]).await;
+
+    assert_eq!(
+        entities(&app.pool).await,
+        [
+            ("products".into(), "1".into(), Some("second".into()), false),
+            ("products".into(), "2".into(), Some("second".into()), false),
+        ]
+    );
+    assert!(
+        anomalies(&app.pool).await.is_empty(),
+        "the trigger time orders them: nothing ambiguous"
+    );
+    let report = shared::anomaly::run_once(&app.pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    assert!(
+        !report
+            .breaches
+            .iter()
+            .any(|b| b == "semantic_duplicates_last_day"),
+        "two changes in one second are not the same change: {:?}",
+        report.breaches
+    );
+}
+
+/// Two different changes with one version and one trigger time: nothing says which is later.
+/// The same one wins in any processing order (the greater event id), and it is recorded.
+#[sqlx::test(migrations = "../migrations")]
+async fn two_changes_nothing_orders_are_settled_alike_and_recorded(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let second = "2026-11-30T10:00:05-05:00";
+    let at = "2026-11-30T15:00:05.500000000Z";
+    let change = |id: i64, tag: &str| {
+        shopify(
+            &format!("wh-{id}-{tag}"),
+            "products/update",
+            at,
+            product(id, tag, second),
+        )
+    };
+    deliver_in_order(&app, vec![change(1, "a"), change(1, "b")]).await;
+    deliver_in_order(&app, vec![change(2, "b"), change(2, "a")]).await;
+
+    assert_eq!(
+        entities(&app.pool).await,
+        [
+            ("products".into(), "1".into(), Some("b".into()), false),
+            ("products".into(), "2".into(), Some("b".into()), false),
+        ],
+        "the same change wins in both orders"
+    );
+    let found = anomalies(&app.pool).await;
+    let kinds: Vec<(&str, Option<&str>)> = found
+        .iter()
+        .map(|a| (a.kind.as_str(), a.external_id.as_deref()))
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            ("ambiguous_version", Some("wh-1-b")),
+            ("ambiguous_version", Some("wh-2-a"))
+        ]
+    );
+    assert!(found[0].detail.contains("wh-1-a"), "{}", found[0].detail);
+    assert_breached(&app.pool, "ambiguous_versions_last_day").await;
+}
+
+/// A Shopify source applied before deletes could project, with products already projected under
+/// their GraphQL ids: the migration moves the source to the numeric id and the version fallback,
+/// and re-keys what it stored, so the next delete lands on the entity its updates made.
+#[sqlx::test(migrations = false)]
+async fn shopify_sources_applied_before_keep_one_entity_per_resource(pool: PgPool) {
+    let migrator = &shared::store::MIGRATOR;
+    migrator.run_to(20261201000022, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, external_id_from, event_type_from, \
+             entity_id_from, entity_version_from) \
+         VALUES ('shopify', $1, 'shopify', 'secret/shopify', 'header:x-shopify-webhook-id', 'header:x-shopify-topic', \
+             'json:/admin_graphql_api_id', 'json:/updated_at')",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, entity_id, entity_version, \
+             payload, payload_sha256, verified_with, received_at, first_received_at, last_seen_at, status, processed_at, expects) \
+         VALUES ($1, 'wh-old', 'shopify', 'products/update', 'gid://shopify/Product/77', 1796050805000000, \
+             '{}', sha256('old'), 'current', now(), now(), now(), 'processed', now(), 'projection')",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO entities (tenant_id, entity_type, entity_id, version, state, last_event_id) \
+         VALUES ($1, 'products', 'gid://shopify/Product/77', 1796050805000000, '{\"title\": \"Cap\"}', 'wh-old')",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    migrator.run(&pool).await.unwrap();
+
+    let stored = shared::store::sources::find(&pool, &shared::SourceId::parse("shopify").unwrap())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        stored.fields,
+        shared::extract::FieldMap::defaults_for(Scheme::Shopify)
+    );
+    let app = TestApp::new(pool.clone(), &[], secrets_for_every_scheme()).await;
+    deliver_in_order(
+        &app,
+        vec![shopify(
+            "wh-del-77",
+            "products/delete",
+            "2026-11-30T16:00:00Z",
+            json!({"id": 77}),
+        )],
+    )
+    .await;
+    assert_eq!(
+        entities(&pool).await,
+        [("products".into(), "77".into(), Some("Cap".into()), true)]
+    );
+    let entity_ids: Vec<Option<String>> =
+        sqlx::query_scalar("SELECT entity_id FROM webhook_events ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(entity_ids, [Some("77".into()), Some("77".into())]);
+}

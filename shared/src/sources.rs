@@ -95,6 +95,9 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
 /// enabled = true                 # optional
 /// [source.fields]                # optional, per-field overrides of the scheme's defaults
 /// entity_id = "json:/repository/id"
+/// entity_version = "json:/updated_at"
+/// entity_version_fallback = "header:x-shopify-triggered-at"   # when entity_version finds none
+/// version_tiebreak = "header:x-shopify-triggered-at"          # orders events of one version
 /// [source.gaps]                  # optional: gap detection and backfill
 /// strategy = "sequence"          # or "list_api"
 /// id_template = "evt_{seq}"      # sequence only
@@ -184,6 +187,8 @@ pub struct FieldOverrides {
     event_type: Option<crate::FieldLocator>,
     entity_id: Option<crate::FieldLocator>,
     entity_version: Option<crate::FieldLocator>,
+    entity_version_fallback: Option<crate::FieldLocator>,
+    version_tiebreak: Option<crate::FieldLocator>,
     sequence: Option<crate::FieldLocator>,
 }
 
@@ -231,6 +236,10 @@ impl SourceSpec {
             event_type: o.event_type.unwrap_or(defaults.event_type),
             entity_id: o.entity_id.or(defaults.entity_id),
             entity_version: o.entity_version.or(defaults.entity_version),
+            entity_version_fallback: o
+                .entity_version_fallback
+                .or(defaults.entity_version_fallback),
+            version_tiebreak: o.version_tiebreak.or(defaults.version_tiebreak),
             sequence: o.sequence.or(defaults.sequence),
         };
         let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;

@@ -185,7 +185,7 @@ pub fn delivery(
         Scheme::Shopify => {
             set(&mut headers, "x-shopify-webhook-id", id);
             set(&mut headers, "x-shopify-topic", "orders/updated");
-            serde_json::json!({"admin_graphql_api_id": "gid://shopify/Order/1", "updated_at": "2026-11-30T10:00:00Z"})
+            serde_json::json!({"id": 1, "admin_graphql_api_id": "gid://shopify/Order/1", "updated_at": "2026-11-30T10:00:00Z"})
         }
         Scheme::Slack => {
             serde_json::json!({"type": "event_callback", "event_id": id, "event": {"type": "message"}})

@@ -198,6 +198,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     check(
+        "ambiguous_versions_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'ambiguous_version' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "amount_mismatches_last_day",
         "integrity",
         "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('amount_mismatch', 'currency_mismatch') \
@@ -233,7 +240,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "integrity",
         "SELECT count(*)::float8 FROM (SELECT 1 FROM webhook_events WHERE first_received_at > now() - interval '1 day' \
            AND entity_id IS NOT NULL AND entity_version IS NOT NULL \
-           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version HAVING count(*) > 1) AS same_change",
+           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version, version_tiebreak HAVING count(*) > 1) AS same_change",
         ZERO.0,
         ZERO.1,
     ),

@@ -20,6 +20,8 @@ struct SourceRow {
     event_type_from: String,
     entity_id_from: Option<String>,
     entity_version_from: Option<String>,
+    entity_version_fallback_from: Option<String>,
+    version_tiebreak_from: Option<String>,
     sequence_from: Option<String>,
     enabled: bool,
     gap_strategy: Option<String>,
@@ -51,6 +53,8 @@ impl TryFrom<SourceRow> for Source {
                 event_type: locator(&row.event_type_from)?,
                 entity_id: optional(&row.entity_id_from)?,
                 entity_version: optional(&row.entity_version_from)?,
+                entity_version_fallback: optional(&row.entity_version_fallback_from)?,
+                version_tiebreak: optional(&row.version_tiebreak_from)?,
                 sequence: optional(&row.sequence_from)?,
             },
             enabled: row.enabled,
@@ -91,7 +95,8 @@ macro_rules! source_columns {
     () => {
         "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
-         gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window"
+         gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
+         entity_version_fallback_from, version_tiebreak_from"
     };
 }
 
@@ -129,8 +134,9 @@ pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<Source>, StoreErr
 pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<(), StoreError> {
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
-             gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+             gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
+             entity_version_fallback_from, version_tiebreak_from) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -138,7 +144,9 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
              entity_version_from = EXCLUDED.entity_version_from, sequence_from = EXCLUDED.sequence_from, \
              enabled = EXCLUDED.enabled, gap_strategy = EXCLUDED.gap_strategy, id_template = EXCLUDED.id_template, \
              api_base_url = EXCLUDED.api_base_url, api_secret_ref = EXCLUDED.api_secret_ref, \
-             gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, updated_at = now()";
+             gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, \
+             entity_version_fallback_from = EXCLUDED.entity_version_fallback_from, \
+             version_tiebreak_from = EXCLUDED.version_tiebreak_from, updated_at = now()";
     let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
     sqlx::query(SQL)
         .bind(source.source_id.as_str())
@@ -163,6 +171,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
             i32::try_from(g.grace.as_secs()).unwrap_or(i32::MAX)
         }))
         .bind(source.gaps.as_ref().map_or(100_000, |g| g.window))
+        .bind(text(&source.fields.entity_version_fallback))
+        .bind(text(&source.fields.version_tiebreak))
         .execute(executor)
         .await?;
     Ok(())

@@ -16,6 +16,7 @@ pub struct NewEvent<'a> {
     pub event_type: &'a str,
     pub entity_id: Option<&'a str>,
     pub entity_version: Option<i64>,
+    pub version_tiebreak: Option<i64>,
     pub sequence: Option<i64>,
     pub payload: &'a [u8],
     pub payload_sha256: [u8; 32],
@@ -48,6 +49,7 @@ impl<'a> NewEvent<'a> {
             event_type: &fields.event_type,
             entity_id: fields.entity_id.as_deref(),
             entity_version: fields.entity_version,
+            version_tiebreak: fields.version_tiebreak,
             sequence: fields.sequence,
             payload,
             payload_sha256: sha2::Sha256::digest(payload).into(),
@@ -127,12 +129,12 @@ WITH delivered AS (
     INSERT INTO webhook_events AS stored (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
         provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-        id_outside_signature, received_at, first_received_at, last_seen_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, now(), now(), now())
+        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now(), now(), now())
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
         (delivery_count, last_seen_at, last_delivery_outcome, conflict_count, provider_retries,
-         event_type, entity_id, entity_version, provider_sequence, payload, payload_sha256,
-         headers, verified_with, received_at, superseded_sha256) = (
+         event_type, entity_id, entity_version, version_tiebreak, provider_sequence, payload,
+         payload_sha256, headers, verified_with, received_at, superseded_sha256) = (
             SELECT
                 stored.delivery_count + k.ours::int,
                 CASE WHEN k.ours THEN now() ELSE stored.last_seen_at END,
@@ -142,6 +144,7 @@ WITH delivered AS (
                 CASE WHEN k.take THEN EXCLUDED.event_type ELSE stored.event_type END,
                 CASE WHEN k.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
                 CASE WHEN k.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
+                CASE WHEN k.take THEN EXCLUDED.version_tiebreak ELSE stored.version_tiebreak END,
                 CASE WHEN k.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
                 CASE WHEN k.take THEN EXCLUDED.payload ELSE stored.payload END,
                 CASE WHEN k.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
@@ -246,6 +249,7 @@ pub async fn upsert(
         .bind(event.verified_with)
         .bind(event.provider_retries)
         .bind(event.id_outside_signature)
+        .bind(event.version_tiebreak)
         .fetch_one(executor)
         .await;
     let row = match row {
