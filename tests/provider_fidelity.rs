@@ -807,3 +807,212 @@ async fn shopify_sources_applied_before_keep_one_entity_per_resource(pool: PgPoo
             .unwrap();
     assert_eq!(entity_ids, [Some("77".into()), Some("77".into())]);
 }
+
+// ---- 5. List backfill lists what the endpoint subscribed to -------------------------------
+
+/// One Stripe account, three event types, two endpoints: billing subscribed to `invoice.paid`,
+/// crm to `customer.updated`; nobody to `charge.refunded`. Each source lists only its own types:
+/// it backfills its own drops, never the other endpoint's events or ones nobody subscribed to.
+#[sqlx::test(migrations = "../migrations")]
+async fn list_backfill_asks_only_for_the_types_the_endpoint_subscribed_to(pool: PgPool) {
+    use pipeline_tests::gaps::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let provider = typed_provider(90, &["invoice.paid", "customer.updated", "charge.refunded"]);
+    let base = Arc::clone(&provider).serve().await;
+    let typed = |id: &str, types: &[&str]| {
+        let mut s = provider_source(
+            id,
+            shared::sources::GapStrategy::ListApi,
+            &base,
+            Duration::ZERO,
+        );
+        if let Some(gaps) = s.gaps.as_mut() {
+            gaps.event_types = Some(types.iter().map(|t| t.to_string()).collect());
+        }
+        s
+    };
+    let app = app(
+        pool.clone(),
+        &[
+            typed("billing", &["invoice.paid"]),
+            typed("crm", &["customer.updated"]),
+        ],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(simulator::DeliveryPlan {
+        duplicate_rate: 0.0,
+        drop_rate: 0.0,
+        reorder_window: 1,
+        seed: 2,
+        signed_at: now(),
+    });
+    let type_of = |d: &simulator::Delivery| {
+        serde_json::from_slice::<serde_json::Value>(&d.body).unwrap()["type"]
+            .as_str()
+            .unwrap()
+            .to_owned()
+    };
+    let mut dropped = Vec::new();
+    for (source_id, event_type) in [("billing", "invoice.paid"), ("crm", "customer.updated")] {
+        let (mine, _): (Vec<_>, Vec<_>) = deliveries
+            .iter()
+            .cloned()
+            .partition(|d| type_of(d) == event_type);
+        // Every fifth of the endpoint's own events never arrived.
+        let (lost, arrived): (Vec<_>, Vec<_>) =
+            mine.into_iter().enumerate().partition(|(i, _)| i % 5 == 0);
+        dropped.extend(lost.into_iter().map(|(_, d)| (source_id, d.id)));
+        deliver_all(
+            &app,
+            source_id,
+            arrived.into_iter().map(|(_, d)| d).collect(),
+        )
+        .await;
+    }
+
+    let run = backfiller(&pool).run_once("test").await.unwrap();
+
+    let shared::backfill::BackfillRun::Completed { outcome, .. } = run else {
+        panic!("{run:?}")
+    };
+    assert_eq!(
+        (outcome.backfilled as usize, outcome.errors),
+        (dropped.len(), 0),
+        "{outcome:?}"
+    );
+    let mut fetched = provider.fetched();
+    fetched.sort();
+    let mut expected: Vec<String> = dropped.iter().map(|(_, id)| id.clone()).collect();
+    expected.sort();
+    assert_eq!(
+        fetched, expected,
+        "only the endpoints' own drops were fetched"
+    );
+    let stored: Vec<(String, String, i64)> = sqlx::query_as(
+        "SELECT source_id, event_type, count(*) FROM webhook_events GROUP BY 1, 2 ORDER BY 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        stored,
+        [
+            ("billing".into(), "invoice.paid".into(), 30),
+            ("crm".into(), "customer.updated".into(), 30)
+        ]
+    );
+    let mut asked = provider.listed_types();
+    asked.sort();
+    asked.dedup();
+    assert_eq!(
+        asked,
+        [
+            vec!["customer.updated".to_owned()],
+            vec!["invoice.paid".to_owned()]
+        ]
+    );
+}
+
+/// A listing longer than `BACKFILL_MAX_LIST_PAGES` is cut: what was listed is still used, and
+/// the cut is recorded in the pass and breaches a check (it used to fail the source quietly).
+#[sqlx::test(migrations = "../migrations")]
+async fn a_listing_past_its_page_limit_is_recorded_and_trips_a_check(pool: PgPool) {
+    use pipeline_tests::gaps::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let provider = provider(250, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "by-listing",
+            shared::sources::GapStrategy::ListApi,
+            &base,
+            Duration::ZERO,
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(simulator::DeliveryPlan {
+        duplicate_rate: 0.0,
+        drop_rate: 0.0,
+        reorder_window: 1,
+        seed: 3,
+        signed_at: now(),
+    });
+    // The newest and the oldest of the window never arrived.
+    deliver_all(
+        &app,
+        "by-listing",
+        deliveries
+            .into_iter()
+            .filter(|d| d.id != "evt_240" && d.id != "evt_10")
+            .collect(),
+    )
+    .await;
+    let settings = shared::backfill::BackfillSettings {
+        max_list_pages: 2,
+        ..Default::default()
+    };
+
+    let run = backfiller_with(&pool, settings)
+        .run_once("test")
+        .await
+        .unwrap();
+
+    let shared::backfill::BackfillRun::Completed { outcome, run_id } = run else {
+        panic!("{run:?}")
+    };
+    assert_eq!(outcome.truncated_listings, ["by-listing"], "{outcome:?}");
+    assert!(outcome.failed_sources.is_empty(), "{outcome:?}");
+    assert_eq!(
+        provider.fetched(),
+        ["evt_240"],
+        "the newest pages were listed and used"
+    );
+    let recorded: serde_json::Value = sqlx::query_scalar(
+        "SELECT found->'truncated_listings' FROM maintenance_runs WHERE run_id = $1",
+    )
+    .bind(run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, json!(["by-listing"]));
+    assert_breached(&pool, "truncated_gap_listings").await;
+}
+
+/// Stripe's `types[]` takes up to 20 types: an endpoint subscribed to more is listed in groups.
+#[sqlx::test(migrations = "../migrations")]
+async fn more_than_twenty_subscribed_types_are_listed_in_groups(pool: PgPool) {
+    use pipeline_tests::gaps::*;
+    use std::sync::Arc;
+    use std::time::Duration;
+
+    let types: Vec<String> = (0..25).map(|n| format!("thing_{n:02}.updated")).collect();
+    let names: Vec<&str> = types.iter().map(String::as_str).collect();
+    let provider = typed_provider(50, &names);
+    let base = Arc::clone(&provider).serve().await;
+    let mut source = provider_source(
+        "many",
+        shared::sources::GapStrategy::ListApi,
+        &base,
+        Duration::ZERO,
+    );
+    if let Some(gaps) = source.gaps.as_mut() {
+        gaps.event_types = Some(types.clone());
+    }
+    let _app = app(pool.clone(), &[source]).await;
+
+    let run = backfiller(&pool).run_once("test").await.unwrap();
+
+    let shared::backfill::BackfillRun::Completed { outcome, .. } = run else {
+        panic!("{run:?}")
+    };
+    assert_eq!((outcome.backfilled, outcome.errors), (50, 0), "{outcome:?}");
+    assert_eq!(
+        provider.listed_types(),
+        [types[..20].to_vec(), types[20..].to_vec()]
+    );
+}

@@ -61,6 +61,9 @@ pub struct BackfillOutcome {
     pub errors: u64,
     /// Source-level failures (API down, bad credentials), by source id.
     pub failed_sources: Vec<String>,
+    /// Sources whose listing went past `max_list_pages`: the oldest part of their window was not
+    /// examined (the `truncated_gap_listings` check breaches).
+    pub truncated_listings: Vec<String>,
 }
 
 impl RunCounts for BackfillOutcome {
@@ -167,12 +170,27 @@ impl Backfiller {
             }
             GapStrategy::ListApi => {
                 let now = chrono::Utc::now().timestamp();
-                let ids = api
-                    .list_ids(now - config.window, now + 1, self.settings.max_list_pages)
+                let listing = api
+                    .list_ids(
+                        now - config.window,
+                        now + 1,
+                        self.settings.max_list_pages,
+                        config.event_types.as_deref(),
+                    )
                     .await
                     .map_err(SourceFailure::Provider)?;
+                if listing.truncated {
+                    tracing::warn!(
+                        source_id,
+                        max_pages = self.settings.max_list_pages,
+                        listed = listing.ids.len(),
+                        "listing cut at the page limit: the oldest part of the window was not examined; narrow gaps.window or raise BACKFILL_MAX_LIST_PAGES"
+                    );
+                    outcome.truncated_listings.push(source_id.to_owned());
+                }
                 outcome.new_candidates +=
-                    gaps::add_listed_candidates(&self.pool, tenant, source_id, &ids).await?;
+                    gaps::add_listed_candidates(&self.pool, tenant, source_id, &listing.ids)
+                        .await?;
             }
         }
         if matches!(config.strategy, GapStrategy::ListApi) {

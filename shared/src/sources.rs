@@ -49,6 +49,10 @@ pub struct GapConfig {
     /// Sequence: numbers examined per window (a pass examines up to `BACKFILL_MAX_WINDOWS` of
     /// them above what it examined before). List: seconds listed back.
     pub window: i64,
+    /// The event types the endpoint subscribes to: a listing asks only for those (Stripe's
+    /// `types[]`), so events of other types (another endpoint's on the same account) are never
+    /// taken for gaps. `None`: every type (an endpoint enabled for all events).
+    pub event_types: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -105,6 +109,7 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
 /// api_secret_ref = "webhooks/example-api-key"
 /// grace_seconds = 600            # optional, default 600
 /// window = 100000                # optional: numbers per window examined, or seconds listed back
+/// event_types = ["invoice.paid"] # list_api: the types the endpoint subscribes to, or ["*"]
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -132,6 +137,49 @@ pub struct GapSpec {
     api_secret_ref: String,
     grace_seconds: Option<u32>,
     window: Option<i64>,
+    event_types: Option<Vec<String>>,
+}
+
+/// The longest event type name accepted in `gaps.event_types`.
+pub const MAX_EVENT_TYPE_LEN: usize = 255;
+
+/// The endpoint's event types as a sources file gives them: required for a listing strategy
+/// (`["*"]` for an endpoint enabled for every event), refused elsewhere.
+fn event_types(
+    strategy: &GapStrategy,
+    given: Option<Vec<String>>,
+) -> Result<Option<Vec<String>>, String> {
+    match (strategy, given) {
+        (GapStrategy::Sequence { .. }, None) => Ok(None),
+        (GapStrategy::Sequence { .. }, Some(_)) => {
+            Err("gaps.event_types applies to list_api only: a sequence lists nothing".into())
+        }
+        (GapStrategy::ListApi, None) => Err(
+            "gaps.strategy = \"list_api\" needs event_types: the event types the endpoint \
+             subscribes to (the listing asks only for those), or [\"*\"] for every type"
+                .into(),
+        ),
+        (GapStrategy::ListApi, Some(types)) if types == ["*"] => Ok(None),
+        (GapStrategy::ListApi, Some(types)) => {
+            if types.is_empty() {
+                return Err("gaps.event_types is empty".into());
+            }
+            for t in &types {
+                let plain = !t.is_empty()
+                    && t.len() <= MAX_EVENT_TYPE_LEN
+                    && t.chars().all(|c| c.is_ascii_graphic() && c != '*');
+                if !plain {
+                    return Err(format!(
+                        "gaps.event_types: {t:?} is not an event type name (\"*\" only alone, for every type)"
+                    ));
+                }
+            }
+            let mut types = types;
+            types.sort();
+            types.dedup();
+            Ok(Some(types))
+        }
+    }
 }
 
 impl GapSpec {
@@ -155,6 +203,7 @@ impl GapSpec {
                 ));
             }
         };
+        let event_types_given = self.event_types;
         if !(self.api_base_url.starts_with("http://") || self.api_base_url.starts_with("https://"))
         {
             return Err(format!(
@@ -166,12 +215,14 @@ impl GapSpec {
         if window <= 0 {
             return Err("gaps.window must be positive".into());
         }
+        let event_types = event_types(&strategy, event_types_given)?;
         Ok(GapConfig {
             strategy,
             api_base_url: self.api_base_url.trim_end_matches('/').to_owned(),
             api_secret_ref: self.api_secret_ref,
             grace: Duration::from_secs(self.grace_seconds.unwrap_or(600).into()),
             window,
+            event_types,
         })
     }
 }
@@ -439,6 +490,32 @@ mod tests {
             spec("strategy='list_api'\napi_base_url='x'\napi_secret_ref='k'")
                 .unwrap_err()
                 .contains("http")
+        );
+        let listing = |types: &str| {
+            spec(&format!(
+                "strategy='list_api'\napi_base_url='http://x'\napi_secret_ref='k'\n{types}"
+            ))
+            .map(|s| s.gaps.unwrap().event_types)
+        };
+        assert!(listing("").unwrap_err().contains("event_types"));
+        assert_eq!(listing("event_types=['*']").unwrap(), None);
+        assert_eq!(
+            listing("event_types=['invoice.paid','charge.refunded','invoice.paid']").unwrap(),
+            Some(vec!["charge.refunded".into(), "invoice.paid".into()])
+        );
+        for bad in [
+            "[]",
+            "['charge.*']",
+            "['*','invoice.paid']",
+            "['']",
+            "['a b']",
+        ] {
+            assert!(listing(&format!("event_types={bad}")).is_err(), "{bad}");
+        }
+        assert!(
+            spec("strategy='sequence'\nid_template='evt_{seq}'\napi_base_url='http://x'\napi_secret_ref='k'\nevent_types=['a']")
+                .unwrap_err()
+                .contains("list_api")
         );
     }
 

@@ -36,6 +36,8 @@ pub struct ProviderConfig {
     pub first_created: i64,
     pub signing_secret: String,
     pub api_key: String,
+    /// Event n has type `event_types[n % len]`; empty: every event is `item.updated`.
+    pub event_types: Vec<String>,
 }
 
 /// One event as the provider knows it.
@@ -98,6 +100,8 @@ pub struct Provider {
     ordered: Vec<ProviderEvent>,
     /// Fetch-by-ID requests served, by ID (tests check what was fetched).
     fetched: std::sync::Mutex<Vec<String>>,
+    /// The `types[]` of every list request served.
+    listed_types: std::sync::Mutex<Vec<Vec<String>>>,
 }
 
 impl Provider {
@@ -108,12 +112,16 @@ impl Provider {
             .map(|n| {
                 let created = config.first_created + n as i64;
                 let entity = format!("item-{}", n % config.entities.max(1));
+                let event_type = match config.event_types.len() {
+                    0 => "item.updated".to_owned(),
+                    len => config.event_types[(n % len as u64) as usize].clone(),
+                };
                 ProviderEvent {
                     sequence: n,
                     id: event_id(n),
                     created,
                     body: json!({
-                        "id": event_id(n), "object": "event", "type": "item.updated", "created": created,
+                        "id": event_id(n), "object": "event", "type": event_type, "created": created,
                         "sequence": n, "pending_webhooks": 1, "request": format!("req_{n}"),
                         "data": {"object": {"id": entity, "object": "item", "version": n, "label": format!("{entity} at {n}")}}
                     }),
@@ -126,6 +134,7 @@ impl Provider {
             events,
             ordered,
             fetched: Default::default(),
+            listed_types: Default::default(),
         })
     }
 
@@ -145,6 +154,11 @@ impl Provider {
 
     pub fn fetched(&self) -> Vec<String> {
         self.fetched.lock().unwrap().clone()
+    }
+
+    /// The `types[]` each list request asked for (empty: every type), in order.
+    pub fn listed_types(&self) -> Vec<Vec<String>> {
+        self.listed_types.lock().unwrap().clone()
     }
 
     /// Signs every event, then duplicates, reorders and drops them according to `plan`.
@@ -319,12 +333,27 @@ async fn list(
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(10)
         .clamp(1, 100);
+    // Stripe's `types[]`: up to 20 event types; only events of those types are listed.
+    let types: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "types[]")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if types.len() > 20 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "types[] takes up to 20 event types",
+        )
+            .into_response();
+    }
+    p.listed_types.lock().unwrap().push(types.clone());
     // Newest first, as Stripe lists.
     let mut window: Vec<&ProviderEvent> = p
         .ordered
         .iter()
         .rev()
         .filter(|e| e.created >= gte && e.created < lt)
+        .filter(|e| types.is_empty() || types.iter().any(|t| e.body["type"] == t.as_str()))
         .collect();
     if let Some(after) = param("starting_after") {
         match window.iter().position(|e| e.id == after) {
@@ -354,6 +383,7 @@ mod tests {
             first_created: 1_700_000_000,
             signing_secret: "whsec_sim".into(),
             api_key: "sk_test".into(),
+            event_types: vec![],
         })
     }
 

@@ -333,6 +333,14 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     check(
+        "truncated_gap_listings",
+        "machinery",
+        "SELECT COALESCE(jsonb_array_length(found->'truncated_listings'), 0)::float8 FROM maintenance_runs \
+         WHERE job = 'backfill' AND status = 'completed' ORDER BY run_id DESC LIMIT 1",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "queue_dead_tuples",
         "machinery",
         "SELECT n_dead_tup::float8 FROM pg_stat_user_tables WHERE relname = 'event_queue' AND schemaname = current_schema()",

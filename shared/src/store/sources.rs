@@ -30,6 +30,7 @@ struct SourceRow {
     api_secret_ref: Option<String>,
     gap_grace_seconds: i32,
     gap_window: i64,
+    gap_event_types: Option<Vec<String>>,
 }
 
 impl TryFrom<SourceRow> for Source {
@@ -79,6 +80,7 @@ impl TryFrom<SourceRow> for Source {
                     api_secret_ref,
                     grace: Duration::from_secs(u64::try_from(row.gap_grace_seconds).unwrap_or(0)),
                     window: row.gap_window,
+                    event_types: row.gap_event_types,
                 }),
                 _ => {
                     return Err(StoreError::Corrupt {
@@ -96,7 +98,7 @@ macro_rules! source_columns {
         "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-         entity_version_fallback_from, version_tiebreak_from"
+         entity_version_fallback_from, version_tiebreak_from, gap_event_types"
     };
 }
 
@@ -135,8 +137,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-             entity_version_fallback_from, version_tiebreak_from) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) \
+             entity_version_fallback_from, version_tiebreak_from, gap_event_types) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -146,7 +148,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
              api_base_url = EXCLUDED.api_base_url, api_secret_ref = EXCLUDED.api_secret_ref, \
              gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, \
              entity_version_fallback_from = EXCLUDED.entity_version_fallback_from, \
-             version_tiebreak_from = EXCLUDED.version_tiebreak_from, updated_at = now()";
+             version_tiebreak_from = EXCLUDED.version_tiebreak_from, \
+             gap_event_types = EXCLUDED.gap_event_types, updated_at = now()";
     let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
     sqlx::query(SQL)
         .bind(source.source_id.as_str())
@@ -173,6 +176,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .bind(source.gaps.as_ref().map_or(100_000, |g| g.window))
         .bind(text(&source.fields.entity_version_fallback))
         .bind(text(&source.fields.version_tiebreak))
+        .bind(source.gaps.as_ref().and_then(|g| g.event_types.as_deref()))
         .execute(executor)
         .await?;
     Ok(())
