@@ -1016,3 +1016,312 @@ async fn more_than_twenty_subscribed_types_are_listed_in_groups(pool: PgPool) {
         [types[..20].to_vec(), types[20..].to_vec()]
     );
 }
+
+// ---- 8. GitHub backfill: list the hook's deliveries, ask for the failed ones again ---------
+
+mod github {
+    use std::sync::Arc;
+
+    use chrono::TimeDelta;
+    use pipeline_tests::*;
+    use shared::backfill::{BackfillOutcome, BackfillRun, BackfillSettings, Backfiller};
+    use shared::domain::Scheme;
+    use shared::secrets::{SecretSet, SecretStore};
+    use simulator::github::{GithubHook, HookAuth, HookConfig, guid};
+    use sqlx::PgPool;
+
+    const TOKEN: &str = "ghp_simulated_token";
+
+    /// The local runner over HTTP: GitHub delivers and redelivers to it as to the real endpoint.
+    async fn runner(app: &TestApp) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let address = listener.local_addr().unwrap();
+        let runner = hookctl::serve::Runner {
+            ingestor: Arc::clone(&app.ingestor),
+            registry: Arc::new(shared::effects::EffectRegistry::standard()),
+        };
+        tokio::spawn(hookctl::serve::serve(
+            listener,
+            hookctl::serve::router(runner, MAX_BODY),
+        ));
+        format!("http://{address}")
+    }
+
+    /// Applies a sources file as `hookctl sources apply` does.
+    async fn apply_sources(pool: &PgPool, toml: &str) {
+        let path = std::env::temp_dir().join(format!(
+            "fidelity-github-{}-{}.toml",
+            std::process::id(),
+            now()
+        ));
+        std::fs::write(&path, toml).unwrap();
+        let read = shared::sources::read_sources_file(&path);
+        std::fs::remove_file(&path).ok();
+        shared::sources::apply(pool, &read.unwrap()).await.unwrap();
+    }
+
+    fn github_source(id: &str, tenant: &str, hook: &str, base: &str, extra: &str) -> String {
+        format!(
+            "[[source]]\nid = '{id}'\ntenant = '{tenant}'\nscheme = 'github'\nsecret_ref = 'github-signing'\n\
+             [source.gaps]\nstrategy = 'github_deliveries'\nhook = '{hook}'\napi_base_url = '{base}'\n\
+             api_secret_ref = '{id}-api'\ngrace_seconds = 0\nwindow = 86400\n{extra}\n"
+        )
+    }
+
+    async fn pass(backfiller: &Backfiller) -> BackfillOutcome {
+        match backfiller.run_once("test").await.unwrap() {
+            BackfillRun::Completed { outcome, .. } => outcome,
+            other => panic!("{other:?}"),
+        }
+    }
+
+    async fn stored_guids(pool: &PgPool, source_id: &str) -> Vec<String> {
+        sqlx::query_scalar(
+            "SELECT external_id FROM webhook_events WHERE source_id = $1 ORDER BY external_id",
+        )
+        .bind(source_id)
+        .fetch_all(pool)
+        .await
+        .unwrap()
+    }
+
+    /// A repository hook whose receiver was down for ten deliveries: GitHub never retries them.
+    /// Backfill lists the hook's deliveries (two pages, followed through `Link`), asks GitHub to
+    /// redeliver each failed event by its newest delivery id, and GitHub's signed redeliveries
+    /// land through ingest under the same GUID. One delivery GitHub no longer keeps is
+    /// tombstoned. A second pass finds nothing to do.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn github_failed_deliveries_are_redelivered_through_ingest(pool: PgPool) {
+        let signing = secret_of(Scheme::Github);
+        let hook = GithubHook::new(HookConfig {
+            path: "/repos/acme/api/hooks/42".into(),
+            signing_secret: signing.clone(),
+            auth: HookAuth::Token(TOKEN.into()),
+            events: 150,
+        });
+        let api = Arc::clone(&hook).serve().await;
+        let secrets = || {
+            SecretStore::memory([
+                (
+                    "github-signing".to_owned(),
+                    SecretSet::new(signing.clone(), None),
+                ),
+                ("gh-repo-api".to_owned(), SecretSet::new(TOKEN, None)),
+            ])
+        };
+        let app = TestApp::new(pool.clone(), &[], secrets()).await;
+        apply_sources(
+            &pool,
+            &github_source("gh-repo", TENANT, "/repos/acme/api/hooks/42", &api, ""),
+        )
+        .await;
+        let url = format!("{}/webhooks/gh-repo", runner(&app).await);
+        let failed = |n: u64| n.is_multiple_of(15);
+        hook.deliver(&url, TimeDelta::minutes(30), failed).await;
+        hook.expire(&guid(150));
+        assert_eq!(stored_guids(&pool, "gh-repo").await.len(), 140);
+        let backfiller = Backfiller::new(
+            pool.clone(),
+            Arc::new(secrets()),
+            BackfillSettings::default(),
+        );
+
+        let first = pass(&backfiller).await;
+        let second = pass(&backfiller).await;
+
+        assert_eq!(
+            (
+                first.new_candidates,
+                first.redeliveries_requested,
+                first.tombstoned,
+                first.errors
+            ),
+            (10, 9, 1, 0),
+            "{first:?}"
+        );
+        assert_eq!(
+            (
+                second.new_candidates,
+                second.redeliveries_requested,
+                second.tombstoned
+            ),
+            (0, 0, 0),
+            "{second:?}"
+        );
+        let mut expected: Vec<String> = (1..=149).map(guid).collect();
+        expected.sort();
+        assert_eq!(
+            stored_guids(&pool, "gh-repo").await,
+            expected,
+            "every event but the expired one, once"
+        );
+        let redelivered: Vec<(String, String, i32)> = sqlx::query_as(
+            "SELECT external_id, verified_with, delivery_count FROM webhook_events \
+             WHERE external_id = ANY($1) ORDER BY external_id",
+        )
+        .bind((1..=9).map(|k| guid(15 * k)).collect::<Vec<_>>())
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(redelivered.len(), 9);
+        assert!(
+            redelivered
+                .iter()
+                .all(|(_, verified, count)| verified == "current" && *count == 1),
+            "{redelivered:?}"
+        );
+        // Each redelivery was asked for by the failed delivery's own id.
+        let failed_ids: Vec<(i64, String)> = hook
+            .deliveries()
+            .into_iter()
+            .filter(|d| !d.redelivery && d.status_code == 502)
+            .map(|d| (d.id, d.guid))
+            .collect();
+        assert_eq!(hook.redeliveries(), failed_ids);
+        assert_eq!(
+            hook.cursors().iter().filter(|c| c.is_some()).count(),
+            2,
+            "{:?}",
+            hook.cursors()
+        );
+        let statuses: Vec<(String, i64)> = sqlx::query_as(
+            "SELECT status, count(*) FROM gap_candidates GROUP BY status ORDER BY status",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            statuses,
+            [("redelivered".into(), 9), ("tombstoned".into(), 1)]
+        );
+        let reason: String =
+            sqlx::query_scalar("SELECT reason FROM tombstones WHERE external_id = $1")
+                .bind(guid(150))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        assert!(
+            reason.contains("GitHub no longer has this delivery"),
+            "{reason}"
+        );
+    }
+
+    /// A GitHub App's hook (`/app/hook`) answers only to a JSON Web Token the App signs with its
+    /// private key; an organisation hook to a token. One pass backfills both.
+    #[sqlx::test(migrations = "../migrations")]
+    async fn github_app_and_organisation_hooks_are_backfilled(pool: PgPool) {
+        let dir =
+            std::env::temp_dir().join(format!("fidelity-app-key-{}-{}", std::process::id(), now()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key = dir.join("app.pem");
+        let openssl = |args: &[&str]| {
+            let out = std::process::Command::new("openssl")
+                .args(args)
+                .output()
+                .expect("openssl");
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        };
+        // GitHub hands out PKCS#1 PEM keys.
+        openssl(&[
+            "genrsa",
+            "-traditional",
+            "-out",
+            key.to_str().unwrap(),
+            "2048",
+        ]);
+        let public = dir.join("app.pub.der");
+        openssl(&[
+            "rsa",
+            "-in",
+            key.to_str().unwrap(),
+            "-RSAPublicKey_out",
+            "-outform",
+            "DER",
+            "-out",
+            public.to_str().unwrap(),
+        ]);
+        let private_pem = std::fs::read_to_string(&key).unwrap();
+        let public_der = std::fs::read(&public).unwrap();
+        std::fs::remove_dir_all(&dir).ok();
+
+        let signing = secret_of(Scheme::Github);
+        let app_hook = GithubHook::new(HookConfig {
+            path: "/app/hook".into(),
+            signing_secret: signing.clone(),
+            auth: HookAuth::App {
+                app_id: "4242".into(),
+                public_key: public_der,
+            },
+            events: 30,
+        });
+        let org_hook = GithubHook::new(HookConfig {
+            path: "/orgs/globex/hooks/7".into(),
+            signing_secret: signing.clone(),
+            auth: HookAuth::Token(TOKEN.into()),
+            events: 30,
+        });
+        let app_api = Arc::clone(&app_hook).serve().await;
+        let org_api = Arc::clone(&org_hook).serve().await;
+        let secrets = || {
+            SecretStore::memory([
+                (
+                    "github-signing".to_owned(),
+                    SecretSet::new(signing.clone(), None),
+                ),
+                (
+                    "gh-app-api".to_owned(),
+                    SecretSet::new(private_pem.clone(), None),
+                ),
+                ("gh-org-api".to_owned(), SecretSet::new(TOKEN, None)),
+            ])
+        };
+        let app = TestApp::new(pool.clone(), &[], secrets()).await;
+        apply_sources(
+            &pool,
+            &(github_source("gh-app", TENANT, "/app/hook", &app_api, "app_id = '4242'")
+                + &github_source("gh-org", "globex", "/orgs/globex/hooks/7", &org_api, "")),
+        )
+        .await;
+        let base = runner(&app).await;
+        app_hook
+            .deliver(
+                &format!("{base}/webhooks/gh-app"),
+                TimeDelta::minutes(5),
+                |n| n % 10 == 3,
+            )
+            .await;
+        org_hook
+            .deliver(
+                &format!("{base}/webhooks/gh-org"),
+                TimeDelta::minutes(5),
+                |n| n == 30,
+            )
+            .await;
+        let backfiller = Backfiller::new(
+            pool.clone(),
+            Arc::new(secrets()),
+            BackfillSettings::default(),
+        );
+
+        let outcome = pass(&backfiller).await;
+
+        assert_eq!(
+            (
+                outcome.new_candidates,
+                outcome.redeliveries_requested,
+                outcome.errors,
+                outcome.failed_sources.len()
+            ),
+            (4, 4, 0, 0),
+            "{outcome:?}"
+        );
+        assert_eq!(stored_guids(&pool, "gh-app").await.len(), 30);
+        assert_eq!(stored_guids(&pool, "gh-org").await.len(), 30);
+        assert_eq!(app_hook.redeliveries().len(), 3);
+        assert_eq!(org_hook.redeliveries(), [(1029, guid(30))]);
+    }
+}

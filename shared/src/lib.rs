@@ -10,6 +10,7 @@ pub mod domain;
 pub mod drain;
 pub mod effects;
 pub mod extract;
+pub mod github_api;
 pub mod ingest;
 pub mod maintenance;
 pub mod metrics;

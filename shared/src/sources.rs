@@ -16,6 +16,7 @@ use sqlx::PgPool;
 
 use crate::domain::{Scheme, SourceId, TenantId};
 use crate::extract::FieldMap;
+use crate::github_api::HookPath;
 use crate::store::{self, StoreError};
 
 /// The default timestamp tolerance, both directions.
@@ -62,6 +63,15 @@ pub enum GapStrategy {
     Sequence { id_template: String },
     /// The provider lists its events over a time window (`GET /v1/events`, cursor-paged).
     ListApi,
+    /// GitHub: the hook's deliveries are listed (`{hook}/deliveries`), and an event whose GUID
+    /// was never stored is redelivered by GitHub on request (`.../deliveries/{id}/attempts`); it
+    /// then arrives through ingest like any delivery. GitHub never retries on its own.
+    GithubDeliveries {
+        hook: HookPath,
+        /// A GitHub App's id (or client id), for an App's hook (`/app/hook`): the issuer of the
+        /// JSON Web Token signed with the App's private key (the API secret).
+        app_id: Option<String>,
+    },
 }
 
 impl GapStrategy {
@@ -69,6 +79,34 @@ impl GapStrategy {
         match self {
             GapStrategy::Sequence { .. } => "sequence",
             GapStrategy::ListApi => "list_api",
+            GapStrategy::GithubDeliveries { .. } => "github_deliveries",
+        }
+    }
+
+    /// GitHub's deliveries from a hook path and an App id, as a sources file or the `sources`
+    /// table gives them.
+    pub fn github_deliveries(hook: &str, app_id: Option<String>) -> Result<Self, String> {
+        let hook = HookPath::parse(hook)?;
+        match (hook.is_app(), app_id) {
+            (true, Some(id))
+                if !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_graphic()) =>
+            {
+                Ok(GapStrategy::GithubDeliveries {
+                    hook,
+                    app_id: Some(id),
+                })
+            }
+            (true, _) => Err(
+                "gaps.hook = \"/app/hook\" needs app_id: the GitHub App's id, the issuer of its \
+                 token (api_secret_ref then holds the App's private key)"
+                    .into(),
+            ),
+            (false, Some(_)) => Err(
+                "gaps.app_id is for a GitHub App's hook (/app/hook) only; a repository or \
+                 organisation hook's api_secret_ref holds a token"
+                    .into(),
+            ),
+            (false, None) => Ok(GapStrategy::GithubDeliveries { hook, app_id: None }),
         }
     }
 }
@@ -110,6 +148,8 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
 /// grace_seconds = 600            # optional, default 600
 /// window = 100000                # optional: numbers per window examined, or seconds listed back
 /// event_types = ["invoice.paid"] # list_api: the types the endpoint subscribes to, or ["*"]
+/// # strategy = "github_deliveries", with hook = "/repos/acme/api/hooks/12345"
+/// # (or "/orgs/acme/hooks/7", or "/app/hook" with app_id = "123456")
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -138,6 +178,8 @@ pub struct GapSpec {
     grace_seconds: Option<u32>,
     window: Option<i64>,
     event_types: Option<Vec<String>>,
+    hook: Option<String>,
+    app_id: Option<String>,
 }
 
 /// The longest event type name accepted in `gaps.event_types`.
@@ -151,16 +193,19 @@ fn event_types(
 ) -> Result<Option<Vec<String>>, String> {
     match (strategy, given) {
         (GapStrategy::Sequence { .. }, None) => Ok(None),
-        (GapStrategy::Sequence { .. }, Some(_)) => {
-            Err("gaps.event_types applies to list_api only: a sequence lists nothing".into())
-        }
+        (GapStrategy::Sequence { .. }, Some(_)) => Err(
+            "gaps.event_types applies to list_api and github_deliveries only: a sequence lists nothing"
+                .into(),
+        ),
         (GapStrategy::ListApi, None) => Err(
             "gaps.strategy = \"list_api\" needs event_types: the event types the endpoint \
              subscribes to (the listing asks only for those), or [\"*\"] for every type"
                 .into(),
         ),
-        (GapStrategy::ListApi, Some(types)) if types == ["*"] => Ok(None),
-        (GapStrategy::ListApi, Some(types)) => {
+        // A hook lists only its own deliveries: event types narrow them further, if given.
+        (GapStrategy::GithubDeliveries { .. }, None) => Ok(None),
+        (_, Some(types)) if types == ["*"] => Ok(None),
+        (_, Some(types)) => {
             if types.is_empty() {
                 return Err("gaps.event_types is empty".into());
             }
@@ -184,6 +229,7 @@ fn event_types(
 
 impl GapSpec {
     fn into_config(self, fields: &FieldMap) -> Result<GapConfig, String> {
+        let hook_given = self.hook.is_some();
         let strategy = match (self.strategy.as_str(), self.id_template) {
             ("sequence", Some(t)) if t.contains("{seq}") => {
                 if fields.sequence.is_none() {
@@ -197,12 +243,22 @@ impl GapSpec {
                 );
             }
             ("list_api", _) => GapStrategy::ListApi,
+            ("github_deliveries", _) => {
+                let hook = self.hook.ok_or(
+                    "gaps.strategy = \"github_deliveries\" needs hook: /repos/{owner}/{repo}/hooks/{hook_id}, \
+                     /orgs/{org}/hooks/{hook_id} or /app/hook",
+                )?;
+                GapStrategy::github_deliveries(&hook, self.app_id)?
+            }
             (other, _) => {
                 return Err(format!(
-                    "gaps.strategy {other:?} is neither sequence nor list_api"
+                    "gaps.strategy {other:?} is none of sequence, list_api, github_deliveries"
                 ));
             }
         };
+        if !matches!(strategy, GapStrategy::GithubDeliveries { .. }) && hook_given {
+            return Err("gaps.hook is for strategy = \"github_deliveries\" only".into());
+        }
         let event_types_given = self.event_types;
         if !(self.api_base_url.starts_with("http://") || self.api_base_url.starts_with("https://"))
         {

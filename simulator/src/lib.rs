@@ -9,6 +9,8 @@
 //! (`"pending_webhooks": 1`, `"request": "req_…"`), the API's copy in the account's version with
 //! none pending (`"pending_webhooks": 0`, `"request": {"id": "req_…", "idempotency_key": null}`).
 
+pub mod github;
+
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 

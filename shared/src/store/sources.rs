@@ -31,6 +31,8 @@ struct SourceRow {
     gap_grace_seconds: i32,
     gap_window: i64,
     gap_event_types: Option<Vec<String>>,
+    github_hook: Option<String>,
+    github_app_id: Option<String>,
 }
 
 impl TryFrom<SourceRow> for Source {
@@ -69,6 +71,14 @@ impl TryFrom<SourceRow> for Source {
                     strategy: match (strategy, row.id_template) {
                         ("sequence", Some(id_template)) => GapStrategy::Sequence { id_template },
                         ("list_api", _) => GapStrategy::ListApi,
+                        ("github_deliveries", _) => GapStrategy::github_deliveries(
+                            row.github_hook.as_deref().unwrap_or_default(),
+                            row.github_app_id,
+                        )
+                        .map_err(|reason| StoreError::Corrupt {
+                            what: "source",
+                            reason: format!("{}: {reason}", row.source_id),
+                        })?,
                         (other, _) => {
                             return Err(StoreError::Corrupt {
                                 what: "source",
@@ -98,7 +108,7 @@ macro_rules! source_columns {
         "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-         entity_version_fallback_from, version_tiebreak_from, gap_event_types"
+         entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id"
     };
 }
 
@@ -137,8 +147,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-             entity_version_fallback_from, version_tiebreak_from, gap_event_types) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20) \
+             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -149,7 +159,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
              gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, \
              entity_version_fallback_from = EXCLUDED.entity_version_fallback_from, \
              version_tiebreak_from = EXCLUDED.version_tiebreak_from, \
-             gap_event_types = EXCLUDED.gap_event_types, updated_at = now()";
+             gap_event_types = EXCLUDED.gap_event_types, github_hook = EXCLUDED.github_hook, \
+             github_app_id = EXCLUDED.github_app_id, updated_at = now()";
     let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
     sqlx::query(SQL)
         .bind(source.source_id.as_str())
@@ -166,7 +177,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .bind(source.gaps.as_ref().map(|g| g.strategy.as_str()))
         .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
             GapStrategy::Sequence { id_template } => Some(id_template.as_str()),
-            GapStrategy::ListApi => None,
+            GapStrategy::ListApi | GapStrategy::GithubDeliveries { .. } => None,
         }))
         .bind(source.gaps.as_ref().map(|g| g.api_base_url.as_str()))
         .bind(source.gaps.as_ref().map(|g| g.api_secret_ref.as_str()))
@@ -177,6 +188,14 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .bind(text(&source.fields.entity_version_fallback))
         .bind(text(&source.fields.version_tiebreak))
         .bind(source.gaps.as_ref().and_then(|g| g.event_types.as_deref()))
+        .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
+            GapStrategy::GithubDeliveries { hook, .. } => Some(hook.as_str()),
+            _ => None,
+        }))
+        .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
+            GapStrategy::GithubDeliveries { app_id, .. } => app_id.as_deref(),
+            _ => None,
+        }))
         .execute(executor)
         .await?;
     Ok(())
