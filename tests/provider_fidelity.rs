@@ -625,6 +625,18 @@ async fn a_shopify_delete_lands_on_the_entity_of_its_updates(pool: PgPool) {
         [("products".into(), "632910392".into(), None, true)],
         "one entity, deleted, not resurrected by the late update"
     );
+    let delete = event(&app.pool, TENANT, "wh-del").await.unwrap();
+    assert_eq!(
+        (
+            &delete.headers["x-shopify-event-id"],
+            &delete.headers["x-shopify-triggered-at"]
+        ),
+        (
+            &json!("event-wh-del"),
+            &json!("2026-11-30T15:07:00.000000000Z")
+        ),
+        "the shop event id and trigger time are kept with the delivery"
+    );
     let rows: Vec<(String, Option<String>, Option<i64>)> = sqlx::query_as(
         "SELECT external_id, entity_id, entity_version FROM webhook_events ORDER BY external_id",
     )

@@ -61,7 +61,21 @@ pub fn is_provider_retry(scheme: Scheme, headers: &HeaderMap) -> bool {
 pub fn kept_headers(scheme: Scheme) -> &'static [&'static str] {
     match scheme {
         Scheme::Slack => &[SLACK_RETRY_NUM, SLACK_RETRY_REASON],
-        _ => &[],
+        // The shop event every subscription's webhook of it shares, when it was triggered, and
+        // for which shop and API version it was rendered.
+        Scheme::Shopify => &[
+            "x-shopify-event-id",
+            "x-shopify-triggered-at",
+            "x-shopify-shop-domain",
+            "x-shopify-api-version",
+        ],
+        // Which hook delivered it (a repository's, an organisation's, an App's).
+        Scheme::Github => &[
+            "x-github-hook-id",
+            "x-github-hook-installation-target-type",
+            "x-github-hook-installation-target-id",
+        ],
+        Scheme::Stripe | Scheme::StandardWebhooks => &[],
     }
 }
 
