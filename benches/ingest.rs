@@ -153,11 +153,14 @@ async fn run_store_only(
                         event_type: "payment_intent.succeeded",
                         entity_id: Some("pi_bench"),
                         entity_version: None,
+                        version_tiebreak: None,
                         sequence: None,
                         payload: &body,
                         payload_sha256: [7; 32],
                         headers: serde_json::json!({"content-type": "application/json"}),
                         verified_with: "current",
+                        provider_retries: 0,
+                        id_outside_signature: false,
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);
@@ -191,6 +194,9 @@ fn pgbench_script(level: usize) -> String {
         format!("'\\x{digest}'::bytea"),
         format!("'{headers}'::jsonb"),
         "'current'".to_owned(),
+        "0".to_owned(),
+        "false".to_owned(),
+        "NULL::bigint".to_owned(),
     ];
     let sql = webhook_events::upsert_sql();
     let mut out = String::new();

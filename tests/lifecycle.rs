@@ -126,6 +126,7 @@ fn provider_source(api_base_url: &str) -> Source {
         api_secret_ref: "provider-api".into(),
         grace: Duration::from_secs(600),
         window: 100,
+        event_types: None,
     });
     s
 }
@@ -421,6 +422,7 @@ async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
         first_created: now() - (DAYS * PER_DAY) as i64,
         signing_secret: signing.into(),
         api_key: API_KEY.into(),
+        event_types: vec![],
     };
     let provider = Provider::new(provider_config(OLD_SIGNING));
     let api_down: Arc<Mutex<HashSet<String>>> = Arc::default();

@@ -81,6 +81,8 @@ pub enum DrillError {
     Migrate(#[from] sqlx::migrate::MigrateError),
     #[error("{0}")]
     Setup(String),
+    #[error(transparent)]
+    Sources(#[from] sources::ApplyError),
 }
 
 type Result<T, E = DrillError> = std::result::Result<T, E>;
@@ -513,6 +515,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
                 api_secret_ref: "drill/provider-api".into(),
                 grace: Duration::from_secs(60),
                 window: 1000,
+                event_types: None,
             }),
         },
         Source {
@@ -583,6 +586,7 @@ impl Lab {
             first_created: unix_now() - 100_000,
             signing_secret: PROVIDER_SECRET.into(),
             api_key: PROVIDER_API_KEY.into(),
+            event_types: Vec::new(),
         });
         let (listener, api_url) = listen().await?;
         let router = provider.clone().router();

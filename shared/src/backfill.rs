@@ -9,6 +9,9 @@
 //! fetches candidates older than the grace period by ID: found → stored through the same
 //! upsert as a delivery (`verified_with = provider_api`) and drained like any event; not found
 //! → tombstoned with the reason, never flagged again; other errors → retried next pass.
+//!
+//! GitHub keeps no event API and never retries: a GitHub source lists its hook's deliveries and
+//! asks GitHub to redeliver the events it never stored (see [`crate::github_api`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -17,6 +20,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::extract;
+use crate::github_api::{self, GithubApi, Redelivery};
 use crate::maintenance::{self, Run, RunCounts};
 use crate::provider_api::{Fetched, ProviderApi};
 use crate::secrets::SecretStore;
@@ -57,10 +61,15 @@ pub struct BackfillOutcome {
     pub waiting_grace: i64,
     pub fetched: u64,
     pub backfilled: u64,
+    /// Events the provider was asked to deliver again (GitHub): they arrive through ingest.
+    pub redeliveries_requested: u64,
     pub tombstoned: u64,
     pub errors: u64,
     /// Source-level failures (API down, bad credentials), by source id.
     pub failed_sources: Vec<String>,
+    /// Sources whose listing went past `max_list_pages`: the oldest part of their window was not
+    /// examined (the `truncated_gap_listings` check breaches).
+    pub truncated_listings: Vec<String>,
 }
 
 impl RunCounts for BackfillOutcome {
@@ -68,7 +77,11 @@ impl RunCounts for BackfillOutcome {
         maintenance::json(self)
     }
     fn repaired(&self) -> serde_json::Value {
-        serde_json::json!({ "backfilled": self.backfilled, "tombstoned": self.tombstoned })
+        serde_json::json!({
+            "backfilled": self.backfilled,
+            "redeliveries_requested": self.redeliveries_requested,
+            "tombstoned": self.tombstoned,
+        })
     }
 }
 
@@ -176,6 +189,21 @@ impl Backfiller {
             .secrets(&config.api_secret_ref)
             .await
             .map_err(|e| SourceFailure::Provider(e.to_string()))?;
+        if let GapStrategy::GithubDeliveries { hook, app_id } = &config.strategy {
+            let credential = match app_id {
+                Some(app_id) => github_api::Credential::app(app_id, key.current.expose())
+                    .map_err(SourceFailure::Provider)?,
+                None => github_api::Credential::Token(key.current.expose().to_owned().into()),
+            };
+            let api = GithubApi::new(
+                &config.api_base_url,
+                hook,
+                credential,
+                self.settings.request_timeout,
+            )
+            .map_err(SourceFailure::Provider)?;
+            return self.github_source(source, config, &api, outcome).await;
+        }
         let api = ProviderApi::new(
             &config.api_base_url,
             key.current.expose(),
@@ -192,14 +220,31 @@ impl Backfiller {
                     detect_sequence_gaps(&self.pool, source, id_template, config.window, windows)
                         .await?;
             }
+            // Answered above: GitHub's deliveries have a pass of their own.
+            GapStrategy::GithubDeliveries { .. } => {}
             GapStrategy::ListApi => {
                 let now = chrono::Utc::now().timestamp();
-                let ids = api
-                    .list_ids(now - config.window, now + 1, self.settings.max_list_pages)
+                let listing = api
+                    .list_ids(
+                        now - config.window,
+                        now + 1,
+                        self.settings.max_list_pages,
+                        config.event_types.as_deref(),
+                    )
                     .await
                     .map_err(SourceFailure::Provider)?;
+                if listing.truncated {
+                    tracing::warn!(
+                        source_id,
+                        max_pages = self.settings.max_list_pages,
+                        listed = listing.ids.len(),
+                        "listing cut at the page limit: the oldest part of the window was not examined; narrow gaps.window or raise BACKFILL_MAX_LIST_PAGES"
+                    );
+                    outcome.truncated_listings.push(source_id.to_owned());
+                }
                 outcome.new_candidates +=
-                    gaps::add_listed_candidates(&self.pool, tenant, source_id, &ids).await?;
+                    gaps::add_listed_candidates(&self.pool, tenant, source_id, &listing.ids)
+                        .await?;
             }
         }
         if matches!(config.strategy, GapStrategy::ListApi) {
@@ -255,6 +300,93 @@ impl Backfiller {
                 detect_sequence_gaps(&self.pool, source, id_template, config.window, windows)
                     .await?;
         }
+        Ok(())
+    }
+}
+
+impl Backfiller {
+    /// A GitHub hook's pass: list the deliveries of the window; an event (GUID) neither stored
+    /// nor tombstoned becomes a candidate with its newest delivery; past the grace period GitHub
+    /// is asked to redeliver it (at most once per grace period), and it arrives through ingest,
+    /// signed, like any delivery, which closes the candidate as `redelivered`. A delivery GitHub
+    /// no longer keeps (404) is tombstoned with the reason.
+    async fn github_source(
+        &self,
+        source: &Source,
+        config: &GapConfig,
+        api: &GithubApi,
+        outcome: &mut BackfillOutcome,
+    ) -> Result<(), SourceFailure> {
+        let (tenant, source_id) = (source.tenant_id.as_str(), source.source_id.as_str());
+        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        let since = chrono::Utc::now() - chrono::TimeDelta::seconds(config.window);
+        let listing = api
+            .list_deliveries(
+                since,
+                self.settings.max_list_pages,
+                config.event_types.as_deref(),
+            )
+            .await
+            .map_err(SourceFailure::Provider)?;
+        if listing.truncated {
+            tracing::warn!(
+                source_id,
+                max_pages = self.settings.max_list_pages,
+                listed = listing.events.len(),
+                "deliveries listing cut at the page limit: the oldest part of the window was not examined; narrow gaps.window or raise BACKFILL_MAX_LIST_PAGES"
+            );
+            outcome.truncated_listings.push(source_id.to_owned());
+        }
+        let events: Vec<(String, i64)> = listing
+            .events
+            .into_iter()
+            .filter(|(guid, _)| crate::domain::ExternalId::parse(guid).is_ok())
+            .collect();
+        outcome.new_candidates +=
+            gaps::add_redeliverable_candidates(&self.pool, tenant, source_id, &events).await?;
+        let grace = config.grace.as_secs_f64();
+        outcome.waiting_grace += gaps::waiting_candidates(&self.pool, source_id, grace).await?;
+
+        for candidate in
+            gaps::due_redeliveries(&self.pool, source_id, grace, self.settings.fetch_limit).await?
+        {
+            let Some(delivery_id) = candidate
+                .provider_ref
+                .as_deref()
+                .and_then(|r| r.parse::<i64>().ok())
+            else {
+                continue;
+            };
+            match api.redeliver(delivery_id).await {
+                Redelivery::Requested => {
+                    gaps::mark_redelivery_requested(&self.pool, tenant, &candidate.external_id)
+                        .await?;
+                    outcome.redeliveries_requested += 1;
+                }
+                Redelivery::Gone => {
+                    let reason = "GitHub no longer has this delivery (it keeps a hook's deliveries \
+                                  for a few days): it can never be redelivered";
+                    gaps::tombstone(
+                        &self.pool,
+                        tenant,
+                        source_id,
+                        &candidate.external_id,
+                        None,
+                        reason,
+                        "backfill",
+                    )
+                    .await?;
+                    outcome.tombstoned += 1;
+                }
+                Redelivery::Failed(why) => {
+                    gaps::record_fetch_error(&self.pool, tenant, &candidate.external_id, &why)
+                        .await?;
+                    outcome.errors += 1;
+                }
+            }
+        }
+        // A redelivery answered while the pass ran has landed already.
+        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
         Ok(())
     }
 }
@@ -352,6 +484,7 @@ async fn store_fetched(
         serde_json::json!({}),
         webhook_events::PROVIDER_API,
     );
+    // The API's copy carries its id in the body it was fetched by: never a replayed body.
     webhook_events::upsert(pool, &event).await?;
     Ok(())
 }

@@ -17,6 +17,14 @@ pub struct FieldMap {
     pub entity_id: Option<FieldLocator>,
     #[serde(default)]
     pub entity_version: Option<FieldLocator>,
+    /// Where the version is read when `entity_version` finds none (Shopify's deletes carry no
+    /// `updated_at`: their version is `X-Shopify-Triggered-At`).
+    #[serde(default)]
+    pub entity_version_fallback: Option<FieldLocator>,
+    /// What orders two events of one entity that carry the same version (Shopify's `updated_at`
+    /// has one-second precision; `X-Shopify-Triggered-At` has nanoseconds).
+    #[serde(default)]
+    pub version_tiebreak: Option<FieldLocator>,
     #[serde(default)]
     pub sequence: Option<FieldLocator>,
 }
@@ -31,6 +39,8 @@ impl FieldMap {
                 event_type: L::json("/type"),
                 entity_id: Some(L::json("/data/object/id")),
                 entity_version: None,
+                entity_version_fallback: None,
+                version_tiebreak: None,
                 sequence: None,
             },
             Scheme::StandardWebhooks => Self {
@@ -38,6 +48,8 @@ impl FieldMap {
                 event_type: L::json("/type"),
                 entity_id: None,
                 entity_version: None,
+                entity_version_fallback: None,
+                version_tiebreak: None,
                 sequence: None,
             },
             Scheme::Github => Self {
@@ -45,13 +57,19 @@ impl FieldMap {
                 event_type: L::header("x-github-event"),
                 entity_id: None,
                 entity_version: None,
+                entity_version_fallback: None,
+                version_tiebreak: None,
                 sequence: None,
             },
+            // The numeric `id` is in every resource body, deletes included (`{"id": N}`): the
+            // topic's resource and this id name one entity across its create, update and delete.
             Scheme::Shopify => Self {
                 external_id: L::header("x-shopify-webhook-id"),
                 event_type: L::header("x-shopify-topic"),
-                entity_id: Some(L::json("/admin_graphql_api_id")),
+                entity_id: Some(L::json("/id")),
                 entity_version: Some(L::json("/updated_at")),
+                entity_version_fallback: Some(L::header("x-shopify-triggered-at")),
+                version_tiebreak: Some(L::header("x-shopify-triggered-at")),
                 sequence: None,
             },
             Scheme::Slack => Self {
@@ -59,6 +77,8 @@ impl FieldMap {
                 event_type: L::json("/event/type"),
                 entity_id: None,
                 entity_version: None,
+                entity_version_fallback: None,
+                version_tiebreak: None,
                 sequence: None,
             },
         }
@@ -70,6 +90,8 @@ impl FieldMap {
             .chain([
                 self.entity_id.as_ref(),
                 self.entity_version.as_ref(),
+                self.entity_version_fallback.as_ref(),
+                self.version_tiebreak.as_ref(),
                 self.sequence.as_ref(),
             ])
             .flatten()
@@ -96,6 +118,8 @@ pub struct EventFields {
     pub entity_id: Option<String>,
     /// Integer versions as sent; RFC 3339 timestamps as Unix microseconds.
     pub entity_version: Option<i64>,
+    /// Orders events of one entity and version (as `entity_version` is read).
+    pub version_tiebreak: Option<i64>,
     pub sequence: Option<i64>,
 }
 
@@ -156,21 +180,11 @@ pub fn extract(
     })?;
     let event_type = reader.required("event type", &fields.event_type)?;
     let entity_id = reader.optional("entity id", fields.entity_id.as_ref())?;
-    let entity_version = match &fields.entity_version {
-        Some(locator) => reader
-            .optional("entity version", Some(locator))?
-            .map(|raw| {
-                version_number(&raw).ok_or_else(|| {
-                    invalid(
-                        "entity version",
-                        locator,
-                        "neither an integer nor an RFC 3339 timestamp",
-                    )
-                })
-            })
-            .transpose()?,
-        None => None,
+    let entity_version = match reader.version("entity version", fields.entity_version.as_ref())? {
+        Some(version) => Some(version),
+        None => reader.version("entity version", fields.entity_version_fallback.as_ref())?,
     };
+    let version_tiebreak = reader.version("version tiebreak", fields.version_tiebreak.as_ref())?;
     let sequence = match &fields.sequence {
         Some(locator) => reader
             .optional("sequence", Some(locator))?
@@ -186,6 +200,7 @@ pub fn extract(
         event_type,
         entity_id,
         entity_version,
+        version_tiebreak,
         sequence,
     })
 }
@@ -219,6 +234,28 @@ impl Reader<'_> {
         }
     }
 
+    /// A version (an integer, or an RFC 3339 timestamp as Unix microseconds), if present.
+    fn version(
+        &self,
+        field: &'static str,
+        locator: Option<&FieldLocator>,
+    ) -> Result<Option<i64>, ExtractError> {
+        let Some(locator) = locator else {
+            return Ok(None);
+        };
+        self.read(field, locator)?
+            .map(|raw| {
+                version_number(&raw).ok_or_else(|| {
+                    invalid(
+                        field,
+                        locator,
+                        "neither an integer nor an RFC 3339 timestamp",
+                    )
+                })
+            })
+            .transpose()
+    }
+
     fn read(
         &self,
         field: &'static str,
@@ -247,6 +284,12 @@ impl Reader<'_> {
             Some(t) if t.len() > MAX_FIELD_LEN => {
                 Err(invalid(field, locator, "longer than 255 bytes"))
             }
+            // PostgreSQL's text cannot hold a NUL: storing it would fail every time.
+            Some(t) if t.contains('\0') => Err(invalid(
+                field,
+                locator,
+                "contains a NUL character, which cannot be stored",
+            )),
             other => Ok(other),
         }
     }
@@ -326,10 +369,24 @@ mod tests {
         let h = headers(&[
             ("x-shopify-webhook-id", "b54557e4"),
             ("x-shopify-topic", "orders/updated"),
+            ("x-shopify-triggered-at", "2026-11-30T15:00:00.123456789Z"),
         ]);
-        let body = br#"{"admin_graphql_api_id":"gid://shopify/Order/1","updated_at":"2026-11-30T10:00:00-05:00"}"#;
-        let got = extract(&FieldMap::defaults_for(Scheme::Shopify), &h, body).unwrap();
+        let body = br#"{"id":1,"admin_graphql_api_id":"gid://shopify/Order/1","updated_at":"2026-11-30T10:00:00-05:00"}"#;
+        let shopify = FieldMap::defaults_for(Scheme::Shopify);
+        let got = extract(&shopify, &h, body).unwrap();
+        assert_eq!(got.entity_id.as_deref(), Some("1"));
         assert_eq!(got.entity_version, Some(1_796_050_800_000_000));
+        assert_eq!(got.version_tiebreak, Some(1_796_050_800_123_456));
+        // A delete is `{"id": N}`: the same entity, versioned by when it was triggered.
+        let h = headers(&[
+            ("x-shopify-webhook-id", "c0ffee"),
+            ("x-shopify-topic", "orders/delete"),
+            ("x-shopify-triggered-at", "2026-11-30T15:05:00.5Z"),
+        ]);
+        let got = extract(&shopify, &h, br#"{"id":1}"#).unwrap();
+        assert_eq!(got.entity_id.as_deref(), Some("1"));
+        assert_eq!(got.entity_version, Some(1_796_051_100_500_000));
+        assert_eq!(got.version_tiebreak, got.entity_version);
     }
 
     #[test]
@@ -356,6 +413,14 @@ mod tests {
             .anomaly_kind(),
             "invalid_field"
         );
+        for nul in [
+            &br#"{"id":"e\u0000","type":"x"}"#[..],
+            br#"{"id":"e","type":"x\u0000"}"#,
+            br#"{"id":"e","type":"x","data":{"object":{"id":"\u0000"}}}"#,
+        ] {
+            let err = extract(&stripe, &HeaderMap::new(), nul).unwrap_err();
+            assert_eq!(err.anomaly_kind(), "invalid_field", "{err}");
+        }
         let mut with_sequence = stripe.clone();
         with_sequence.sequence = Some(FieldLocator::json("/seq"));
         assert!(

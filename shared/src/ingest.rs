@@ -1,7 +1,8 @@
 //! The ingest path: a delivery in, a durable receipt out.
 //!
 //! In order: the route's source id, the body size, the source (cached), its secrets (cached),
-//! the signature over the raw bytes, the event's fields, then one upsert statement. Nothing is
+//! the signature over the raw bytes, then either a signed handshake answered (Slack's
+//! `url_verification`, nothing stored) or the event's fields and one upsert statement. Nothing is
 //! written for a delivery that fails before the fields (401/404/413); a signed delivery whose
 //! fields cannot be read is recorded as an anomaly, never queued. A receipt is returned only
 //! after the upsert committed.
@@ -14,14 +15,15 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
-use crate::domain::{ExternalId, SourceId};
+use crate::domain::{ExternalId, FieldLocator, SourceId};
 use crate::extract::{self, ExtractError};
+use crate::protocol;
 use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::StoreError;
-use crate::store::ingest_anomalies::{self, UnreadableDelivery};
-use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent};
+use crate::store::ingest_anomalies::{self, Original, UnreadableDelivery};
+use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, Upsert, Upserted};
 
 /// One HTTP delivery, as received.
 #[derive(Debug, Clone, Copy)]
@@ -31,6 +33,16 @@ pub struct Delivery<'a> {
     pub headers: &'a HeaderMap,
     /// The raw body bytes, exactly as signed.
     pub body: &'a [u8],
+}
+
+/// What a verified delivery turned out to be.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Received {
+    /// An event, stored.
+    Stored(Receipt),
+    /// A signed handshake the provider sends to check the endpoint (Slack's
+    /// `url_verification`): answered with its challenge, nothing stored.
+    Handshake { challenge: String },
 }
 
 /// A stored delivery.
@@ -144,12 +156,15 @@ impl Ingestor {
         skip_all,
         fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
-    pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
+    pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
         let result = self.store_delivery(delivery).await;
         match &result {
-            Ok(receipt) => {
+            Ok(Received::Stored(receipt)) => {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
                 tracing::info!(delivery_count = receipt.delivery_count, "stored");
+            }
+            Ok(Received::Handshake { .. }) => {
+                tracing::info!("endpoint handshake answered; nothing stored");
             }
             Err(error) => {
                 crate::metrics::delivery_refused(error.metric_reason());
@@ -159,7 +174,7 @@ impl Ingestor {
         result
     }
 
-    async fn store_delivery(&self, delivery: Delivery<'_>) -> Result<Receipt, IngestError> {
+    async fn store_delivery(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
         let source_id =
             SourceId::parse(delivery.source_id).map_err(|_| IngestError::UnknownSource)?;
         if delivery.body.len() > self.limits.max_body_bytes {
@@ -191,6 +206,10 @@ impl Ingestor {
         )
         .map_err(IngestError::Signature)?;
 
+        if let Some(challenge) = protocol::handshake_challenge(source.scheme, delivery.body) {
+            return Ok(Received::Handshake { challenge });
+        }
+
         let fields = match extract::extract(&source.fields, delivery.headers, delivery.body) {
             Ok(fields) => fields,
             Err(error) => {
@@ -214,36 +233,99 @@ impl Ingestor {
         span.record("external_id", fields.external_id.as_str());
 
         let headers = kept_headers(&source, delivery.headers);
-        let event = NewEvent::new(
+        let mut event = NewEvent::new(
             &source,
             &fields,
             delivery.body,
             headers,
             verified.secret.as_str(),
         );
-        let stored = webhook_events::upsert(&self.pool, &event).await?;
+        event.provider_retries =
+            i32::from(protocol::is_provider_retry(source.scheme, delivery.headers));
+        event.id_outside_signature = match &source.fields.external_id {
+            FieldLocator::Header(name) => !verified.signs_header(name.as_str()),
+            FieldLocator::Json(_) => false,
+        };
+        let stored = match self.upsert(&event).await? {
+            Stored::Event(stored) => stored,
+            Stored::Replay(original) => {
+                span.record("outcome", "duplicate");
+                tracing::warn!(
+                    original = %original.external_id,
+                    "replayed body: the signed body of a stored event under another id; not stored"
+                );
+                return Ok(Received::Stored(Receipt {
+                    outcome: DeliveryOutcome::Duplicate,
+                    external_id: fields.external_id,
+                    delivery_count: original.delivery_count,
+                }));
+            }
+        };
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
-        if stored.outcome == DeliveryOutcome::Conflict {
+        if let Some(other) = &stored.collided_with {
+            tracing::warn!(
+                stored_under = %other,
+                "source collision: the event id is stored under another source of the tenant; recorded, not stored"
+            );
+        } else if stored.outcome == DeliveryOutcome::Conflict {
             tracing::warn!(
                 payload_replaced = stored.holds_delivery,
                 status = %stored.status,
                 "digest conflict: same event id delivered with a different payload"
             );
         }
-        Ok(Receipt {
+        Ok(Received::Stored(Receipt {
             outcome: stored.outcome,
             external_id: fields.external_id,
             delivery_count: stored.delivery_count,
+        }))
+    }
+}
+
+/// What storing a delivery came to.
+enum Stored {
+    Event(Upserted),
+    /// The body is already stored as this event; the replay is recorded.
+    Replay(Original),
+}
+
+impl Ingestor {
+    /// The upsert; a replayed body is recorded with the event it replays. Should that event
+    /// vanish in between (retention purged it), the delivery is stored after all.
+    async fn upsert(&self, event: &NewEvent<'_>) -> Result<Stored, StoreError> {
+        for _ in 0..3 {
+            match webhook_events::upsert(&self.pool, event).await? {
+                Upsert::Stored(stored) => return Ok(Stored::Event(stored)),
+                Upsert::ReplayedBody => {
+                    if let Some(original) = ingest_anomalies::record_replayed_body(
+                        &self.pool,
+                        event.tenant_id,
+                        event.source_id,
+                        event.external_id,
+                        &event.payload_sha256,
+                    )
+                    .await?
+                    {
+                        return Ok(Stored::Replay(original));
+                    }
+                }
+            }
+        }
+        Err(StoreError::Corrupt {
+            what: "replayed body",
+            reason: "the stored body it replays keeps changing under it".into(),
         })
     }
 }
 
-/// Headers kept beside the payload: what the signature and the fields were read from, plus
-/// content type and user agent. Nothing else (no cookies, no authorization).
+/// Headers kept beside the payload: what the signature and the fields were read from, what the
+/// provider says about the delivery (its retry marks, ...), content type and user agent.
+/// Nothing else (no cookies, no authorization).
 fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let names = signature::signature_headers(source.scheme)
         .iter()
+        .chain(protocol::kept_headers(source.scheme))
         .copied()
         .chain(["content-type", "user-agent"])
         .map(http::HeaderName::from_static)

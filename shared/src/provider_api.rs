@@ -1,6 +1,7 @@
 //! The provider's own API, as gap detection and backfill use it: Stripe-style
-//! `GET /v1/events?created[gte]=..&created[lt]=..&limit=100&starting_after=..` (newest first,
-//! `has_more` paging) and `GET /v1/events/{id}`, authenticated with a bearer API key.
+//! `GET /v1/events?created[gte]=..&created[lt]=..&limit=100&types[]=..&starting_after=..`
+//! (newest first, `has_more` paging) and `GET /v1/events/{id}`, authenticated with a bearer API
+//! key.
 
 use std::time::Duration;
 
@@ -56,22 +57,57 @@ impl ProviderApi {
         }
     }
 
-    /// IDs of events created in `[from, to)` (Unix seconds), following the cursor for at most
-    /// `max_pages` pages of 100.
+    /// IDs of events created in `[from, to)` (Unix seconds) of the given types (all types when
+    /// `None`), following the cursor for at most `max_pages` pages of 100 in all. Stripe takes up
+    /// to 20 `types[]` per listing; more are listed in groups of 20. Past `max_pages` the listing
+    /// stops and says so: the IDs listed are still good (newest first, so what is missing is the
+    /// oldest part of the window).
     pub async fn list_ids(
         &self,
         from: i64,
         to: i64,
         max_pages: usize,
-    ) -> Result<Vec<String>, String> {
-        let mut ids = Vec::new();
+        types: Option<&[String]>,
+    ) -> Result<Listing, String> {
+        let groups: Vec<&[String]> = match types {
+            Some(types) => types.chunks(MAX_TYPES_PER_LISTING).collect(),
+            None => vec![&[]],
+        };
+        let mut listing = Listing::default();
+        let mut pages = 0;
+        for group in groups {
+            let more = self
+                .list_group(from, to, group, max_pages - pages, &mut listing.ids)
+                .await?;
+            match more {
+                Some(used) => pages += used,
+                None => {
+                    listing.truncated = true;
+                    return Ok(listing);
+                }
+            }
+        }
+        Ok(listing)
+    }
+
+    /// One listing (one group of types): `Some(pages used)` when it reached its end, `None`
+    /// when `max_pages` ran out first.
+    async fn list_group(
+        &self,
+        from: i64,
+        to: i64,
+        types: &[String],
+        max_pages: usize,
+        ids: &mut Vec<String>,
+    ) -> Result<Option<usize>, String> {
         let mut after: Option<String> = None;
-        for _ in 0..max_pages {
+        for page_number in 1..=max_pages {
             let mut query = vec![
                 ("created[gte]", from.to_string()),
                 ("created[lt]", to.to_string()),
                 ("limit", "100".to_owned()),
             ];
+            query.extend(types.iter().map(|t| ("types[]", t.clone())));
             if let Some(a) = &after {
                 query.push(("starting_after", a.clone()));
             }
@@ -90,19 +126,29 @@ impl ProviderApi {
             let data = page["data"]
                 .as_array()
                 .ok_or("listing events: no data array")?;
-            ids.extend(
-                data.iter()
-                    .filter_map(|e| e["id"].as_str().map(str::to_owned)),
-            );
-            after = ids.last().cloned();
+            let listed: Vec<String> = data
+                .iter()
+                .filter_map(|e| e["id"].as_str().map(str::to_owned))
+                .collect();
+            after = listed.last().cloned();
+            ids.extend(listed);
             if page["has_more"] != Value::Bool(true) || data.is_empty() {
-                return Ok(ids);
+                return Ok(Some(page_number));
             }
         }
-        Err(format!(
-            "listing events: more than {max_pages} pages; narrow the window"
-        ))
+        Ok(None)
     }
+}
+
+/// Stripe's `types[]` takes up to 20 event types.
+pub const MAX_TYPES_PER_LISTING: usize = 20;
+
+/// What a listing found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Listing {
+    pub ids: Vec<String>,
+    /// The page limit ran out before the listing's end.
+    pub truncated: bool,
 }
 
 fn percent_encode(id: &str) -> String {

@@ -16,6 +16,7 @@ use sqlx::PgPool;
 
 use crate::domain::{Scheme, SourceId, TenantId};
 use crate::extract::FieldMap;
+use crate::github_api::HookPath;
 use crate::store::{self, StoreError};
 
 /// The default timestamp tolerance, both directions.
@@ -49,6 +50,10 @@ pub struct GapConfig {
     /// Sequence: numbers examined per window (a pass examines up to `BACKFILL_MAX_WINDOWS` of
     /// them above what it examined before). List: seconds listed back.
     pub window: i64,
+    /// The event types the endpoint subscribes to: a listing asks only for those (Stripe's
+    /// `types[]`), so events of other types (another endpoint's on the same account) are never
+    /// taken for gaps. `None`: every type (an endpoint enabled for all events).
+    pub event_types: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -58,6 +63,15 @@ pub enum GapStrategy {
     Sequence { id_template: String },
     /// The provider lists its events over a time window (`GET /v1/events`, cursor-paged).
     ListApi,
+    /// GitHub: the hook's deliveries are listed (`{hook}/deliveries`), and an event whose GUID
+    /// was never stored is redelivered by GitHub on request (`.../deliveries/{id}/attempts`); it
+    /// then arrives through ingest like any delivery. GitHub never retries on its own.
+    GithubDeliveries {
+        hook: HookPath,
+        /// A GitHub App's id (or client id), for an App's hook (`/app/hook`): the issuer of the
+        /// JSON Web Token signed with the App's private key (the API secret).
+        app_id: Option<String>,
+    },
 }
 
 impl GapStrategy {
@@ -65,6 +79,34 @@ impl GapStrategy {
         match self {
             GapStrategy::Sequence { .. } => "sequence",
             GapStrategy::ListApi => "list_api",
+            GapStrategy::GithubDeliveries { .. } => "github_deliveries",
+        }
+    }
+
+    /// GitHub's deliveries from a hook path and an App id, as a sources file or the `sources`
+    /// table gives them.
+    pub fn github_deliveries(hook: &str, app_id: Option<String>) -> Result<Self, String> {
+        let hook = HookPath::parse(hook)?;
+        match (hook.is_app(), app_id) {
+            (true, Some(id))
+                if !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_graphic()) =>
+            {
+                Ok(GapStrategy::GithubDeliveries {
+                    hook,
+                    app_id: Some(id),
+                })
+            }
+            (true, _) => Err(
+                "gaps.hook = \"/app/hook\" needs app_id: the GitHub App's id, the issuer of its \
+                 token (api_secret_ref then holds the App's private key)"
+                    .into(),
+            ),
+            (false, Some(_)) => Err(
+                "gaps.app_id is for a GitHub App's hook (/app/hook) only; a repository or \
+                 organisation hook's api_secret_ref holds a token"
+                    .into(),
+            ),
+            (false, None) => Ok(GapStrategy::GithubDeliveries { hook, app_id: None }),
         }
     }
 }
@@ -95,6 +137,9 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
 /// enabled = true                 # optional
 /// [source.fields]                # optional, per-field overrides of the scheme's defaults
 /// entity_id = "json:/repository/id"
+/// entity_version = "json:/updated_at"
+/// entity_version_fallback = "header:x-shopify-triggered-at"   # when entity_version finds none
+/// version_tiebreak = "header:x-shopify-triggered-at"          # orders events of one version
 /// [source.gaps]                  # optional: gap detection and backfill
 /// strategy = "sequence"          # or "list_api"
 /// id_template = "evt_{seq}"      # sequence only
@@ -102,6 +147,9 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
 /// api_secret_ref = "webhooks/example-api-key"
 /// grace_seconds = 600            # optional, default 600
 /// window = 100000                # optional: numbers per window examined, or seconds listed back
+/// event_types = ["invoice.paid"] # list_api: the types the endpoint subscribes to, or ["*"]
+/// # strategy = "github_deliveries", with hook = "/repos/acme/api/hooks/12345"
+/// # (or "/orgs/acme/hooks/7", or "/app/hook" with app_id = "123456")
 /// ```
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -129,10 +177,59 @@ pub struct GapSpec {
     api_secret_ref: String,
     grace_seconds: Option<u32>,
     window: Option<i64>,
+    event_types: Option<Vec<String>>,
+    hook: Option<String>,
+    app_id: Option<String>,
+}
+
+/// The longest event type name accepted in `gaps.event_types`.
+pub const MAX_EVENT_TYPE_LEN: usize = 255;
+
+/// The endpoint's event types as a sources file gives them: required for a listing strategy
+/// (`["*"]` for an endpoint enabled for every event), refused elsewhere.
+fn event_types(
+    strategy: &GapStrategy,
+    given: Option<Vec<String>>,
+) -> Result<Option<Vec<String>>, String> {
+    match (strategy, given) {
+        (GapStrategy::Sequence { .. }, None) => Ok(None),
+        (GapStrategy::Sequence { .. }, Some(_)) => Err(
+            "gaps.event_types applies to list_api and github_deliveries only: a sequence lists nothing"
+                .into(),
+        ),
+        (GapStrategy::ListApi, None) => Err(
+            "gaps.strategy = \"list_api\" needs event_types: the event types the endpoint \
+             subscribes to (the listing asks only for those), or [\"*\"] for every type"
+                .into(),
+        ),
+        // A hook lists only its own deliveries: event types narrow them further, if given.
+        (GapStrategy::GithubDeliveries { .. }, None) => Ok(None),
+        (_, Some(types)) if types == ["*"] => Ok(None),
+        (_, Some(types)) => {
+            if types.is_empty() {
+                return Err("gaps.event_types is empty".into());
+            }
+            for t in &types {
+                let plain = !t.is_empty()
+                    && t.len() <= MAX_EVENT_TYPE_LEN
+                    && t.chars().all(|c| c.is_ascii_graphic() && c != '*');
+                if !plain {
+                    return Err(format!(
+                        "gaps.event_types: {t:?} is not an event type name (\"*\" only alone, for every type)"
+                    ));
+                }
+            }
+            let mut types = types;
+            types.sort();
+            types.dedup();
+            Ok(Some(types))
+        }
+    }
 }
 
 impl GapSpec {
     fn into_config(self, fields: &FieldMap) -> Result<GapConfig, String> {
+        let hook_given = self.hook.is_some();
         let strategy = match (self.strategy.as_str(), self.id_template) {
             ("sequence", Some(t)) if t.contains("{seq}") => {
                 if fields.sequence.is_none() {
@@ -146,12 +243,23 @@ impl GapSpec {
                 );
             }
             ("list_api", _) => GapStrategy::ListApi,
+            ("github_deliveries", _) => {
+                let hook = self.hook.ok_or(
+                    "gaps.strategy = \"github_deliveries\" needs hook: /repos/{owner}/{repo}/hooks/{hook_id}, \
+                     /orgs/{org}/hooks/{hook_id} or /app/hook",
+                )?;
+                GapStrategy::github_deliveries(&hook, self.app_id)?
+            }
             (other, _) => {
                 return Err(format!(
-                    "gaps.strategy {other:?} is neither sequence nor list_api"
+                    "gaps.strategy {other:?} is none of sequence, list_api, github_deliveries"
                 ));
             }
         };
+        if !matches!(strategy, GapStrategy::GithubDeliveries { .. }) && hook_given {
+            return Err("gaps.hook is for strategy = \"github_deliveries\" only".into());
+        }
+        let event_types_given = self.event_types;
         if !(self.api_base_url.starts_with("http://") || self.api_base_url.starts_with("https://"))
         {
             return Err(format!(
@@ -163,12 +271,14 @@ impl GapSpec {
         if window <= 0 {
             return Err("gaps.window must be positive".into());
         }
+        let event_types = event_types(&strategy, event_types_given)?;
         Ok(GapConfig {
             strategy,
             api_base_url: self.api_base_url.trim_end_matches('/').to_owned(),
             api_secret_ref: self.api_secret_ref,
             grace: Duration::from_secs(self.grace_seconds.unwrap_or(600).into()),
             window,
+            event_types,
         })
     }
 }
@@ -184,6 +294,8 @@ pub struct FieldOverrides {
     event_type: Option<crate::FieldLocator>,
     entity_id: Option<crate::FieldLocator>,
     entity_version: Option<crate::FieldLocator>,
+    entity_version_fallback: Option<crate::FieldLocator>,
+    version_tiebreak: Option<crate::FieldLocator>,
     sequence: Option<crate::FieldLocator>,
 }
 
@@ -231,6 +343,10 @@ impl SourceSpec {
             event_type: o.event_type.unwrap_or(defaults.event_type),
             entity_id: o.entity_id.or(defaults.entity_id),
             entity_version: o.entity_version.or(defaults.entity_version),
+            entity_version_fallback: o
+                .entity_version_fallback
+                .or(defaults.entity_version_fallback),
+            version_tiebreak: o.version_tiebreak.or(defaults.version_tiebreak),
             sequence: o.sequence.or(defaults.sequence),
         };
         let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;
@@ -272,13 +388,46 @@ pub fn read_sources_file(path: &Path) -> Result<Vec<Source>, SourcesFileError> {
         .collect()
 }
 
-/// Writes sources to the database: inserted, or updated in place.
-pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), StoreError> {
-    let mut tx = pool.begin().await?;
+/// Why a set of sources was not applied.
+#[derive(Debug, thiserror::Error)]
+pub enum ApplyError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Two sequence sources of one tenant would number the same event ids: each one's gap
+    /// detection would take the other's events for its own, and their deliveries would collide.
+    #[error(
+        "sequence sources {} of tenant {tenant} share the id template {id_template:?}: their \
+         numbers would name each other's events; give each its own template (or tenant)",
+        sources.join(", ")
+    )]
+    SharedIdTemplate {
+        tenant: String,
+        id_template: String,
+        sources: Vec<String>,
+    },
+}
+
+/// Writes sources to the database: inserted, or updated in place. All or nothing: the set is
+/// refused when, with the sources already stored, two sequence sources of one tenant would share
+/// an id template. Applies run one at a time (the check sees every other apply's sources).
+pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> {
+    let mut tx = pool.begin().await.map_err(StoreError::from)?;
+    store::sources::lock_for_apply(&mut *tx).await?;
     for source in sources {
         store::sources::upsert(&mut *tx, source).await?;
     }
-    tx.commit().await?;
+    if let Some(clash) = store::sources::shared_id_templates(&mut *tx)
+        .await?
+        .into_iter()
+        .next()
+    {
+        return Err(ApplyError::SharedIdTemplate {
+            tenant: clash.tenant_id,
+            id_template: clash.id_template,
+            sources: clash.source_ids,
+        });
+    }
+    tx.commit().await.map_err(StoreError::from)?;
     Ok(())
 }
 
@@ -397,6 +546,32 @@ mod tests {
             spec("strategy='list_api'\napi_base_url='x'\napi_secret_ref='k'")
                 .unwrap_err()
                 .contains("http")
+        );
+        let listing = |types: &str| {
+            spec(&format!(
+                "strategy='list_api'\napi_base_url='http://x'\napi_secret_ref='k'\n{types}"
+            ))
+            .map(|s| s.gaps.unwrap().event_types)
+        };
+        assert!(listing("").unwrap_err().contains("event_types"));
+        assert_eq!(listing("event_types=['*']").unwrap(), None);
+        assert_eq!(
+            listing("event_types=['invoice.paid','charge.refunded','invoice.paid']").unwrap(),
+            Some(vec!["charge.refunded".into(), "invoice.paid".into()])
+        );
+        for bad in [
+            "[]",
+            "['charge.*']",
+            "['*','invoice.paid']",
+            "['']",
+            "['a b']",
+        ] {
+            assert!(listing(&format!("event_types={bad}")).is_err(), "{bad}");
+        }
+        assert!(
+            spec("strategy='sequence'\nid_template='evt_{seq}'\napi_base_url='http://x'\napi_secret_ref='k'\nevent_types=['a']")
+                .unwrap_err()
+                .contains("list_api")
         );
     }
 

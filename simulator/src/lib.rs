@@ -1,7 +1,15 @@
 //! A webhook provider, simulated: it numbers its events, signs and delivers them (Stripe
 //! scheme) with configurable duplicates, reorders and drops, and serves a Stripe-style API:
-//! `GET /v1/events` (cursor-paged, filtered by creation time) and `GET /v1/events/{id}`, which
-//! answers 404 for IDs that never existed. Tests and local runs use it as "the provider".
+//! `GET /v1/events` (cursor-paged, filtered by creation time and `types[]`) and
+//! `GET /v1/events/{id}`, which answers 404 for IDs that never existed. Tests and local runs use
+//! it as "the provider".
+//!
+//! As Stripe's, the API's copy of an event is not the delivered bytes: the delivery is rendered
+//! in the endpoint's API version with the webhooks pending when it was sent
+//! (`"pending_webhooks": 1`, `"request": "req_…"`), the API's copy in the account's version with
+//! none pending (`"pending_webhooks": 0`, `"request": {"id": "req_…", "idempotency_key": null}`).
+
+pub mod github;
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -30,6 +38,8 @@ pub struct ProviderConfig {
     pub first_created: i64,
     pub signing_secret: String,
     pub api_key: String,
+    /// Event n has type `event_types[n % len]`; empty: every event is `item.updated`.
+    pub event_types: Vec<String>,
 }
 
 /// One event as the provider knows it.
@@ -38,7 +48,18 @@ pub struct ProviderEvent {
     pub sequence: u64,
     pub id: String,
     pub created: i64,
+    /// The event as delivered to the webhook endpoint.
     pub body: Value,
+}
+
+impl ProviderEvent {
+    /// The event as the API serves it: the same event, other bytes (see the module docs).
+    pub fn api_body(&self) -> Value {
+        let mut body = self.body.clone();
+        body["pending_webhooks"] = json!(0);
+        body["request"] = json!({"id": format!("req_{}", self.sequence), "idempotency_key": null});
+        body
+    }
 }
 
 pub fn event_id(sequence: u64) -> String {
@@ -81,6 +102,8 @@ pub struct Provider {
     ordered: Vec<ProviderEvent>,
     /// Fetch-by-ID requests served, by ID (tests check what was fetched).
     fetched: std::sync::Mutex<Vec<String>>,
+    /// The `types[]` of every list request served.
+    listed_types: std::sync::Mutex<Vec<Vec<String>>>,
 }
 
 impl Provider {
@@ -91,13 +114,17 @@ impl Provider {
             .map(|n| {
                 let created = config.first_created + n as i64;
                 let entity = format!("item-{}", n % config.entities.max(1));
+                let event_type = match config.event_types.len() {
+                    0 => "item.updated".to_owned(),
+                    len => config.event_types[(n % len as u64) as usize].clone(),
+                };
                 ProviderEvent {
                     sequence: n,
                     id: event_id(n),
                     created,
                     body: json!({
-                        "id": event_id(n), "object": "event", "type": "item.updated", "created": created,
-                        "sequence": n,
+                        "id": event_id(n), "object": "event", "type": event_type, "created": created,
+                        "sequence": n, "pending_webhooks": 1, "request": format!("req_{n}"),
                         "data": {"object": {"id": entity, "object": "item", "version": n, "label": format!("{entity} at {n}")}}
                     }),
                 }
@@ -109,6 +136,7 @@ impl Provider {
             events,
             ordered,
             fetched: Default::default(),
+            listed_types: Default::default(),
         })
     }
 
@@ -128,6 +156,11 @@ impl Provider {
 
     pub fn fetched(&self) -> Vec<String> {
         self.fetched.lock().unwrap().clone()
+    }
+
+    /// The `types[]` each list request asked for (empty: every type), in order.
+    pub fn listed_types(&self) -> Vec<Vec<String>> {
+        self.listed_types.lock().unwrap().clone()
     }
 
     /// Signs every event, then duplicates, reorders and drops them according to `plan`.
@@ -274,7 +307,7 @@ async fn fetch(
     }
     p.fetched.lock().unwrap().push(id.clone());
     match p.events.get(&id) {
-        Some(e) => axum::Json(e.body.clone()).into_response(),
+        Some(e) => axum::Json(e.api_body()).into_response(),
         None => (
             StatusCode::NOT_FOUND,
             axum::Json(json!({"error": {"type": "invalid_request_error", "code": "resource_missing", "message": format!("No such event: '{id}'")}})),
@@ -302,12 +335,27 @@ async fn list(
         .and_then(|v| v.parse::<usize>().ok())
         .unwrap_or(10)
         .clamp(1, 100);
+    // Stripe's `types[]`: up to 20 event types; only events of those types are listed.
+    let types: Vec<String> = q
+        .iter()
+        .filter(|(k, _)| k == "types[]")
+        .map(|(_, v)| v.clone())
+        .collect();
+    if types.len() > 20 {
+        return (
+            StatusCode::BAD_REQUEST,
+            "types[] takes up to 20 event types",
+        )
+            .into_response();
+    }
+    p.listed_types.lock().unwrap().push(types.clone());
     // Newest first, as Stripe lists.
     let mut window: Vec<&ProviderEvent> = p
         .ordered
         .iter()
         .rev()
         .filter(|e| e.created >= gte && e.created < lt)
+        .filter(|e| types.is_empty() || types.iter().any(|t| e.body["type"] == t.as_str()))
         .collect();
     if let Some(after) = param("starting_after") {
         match window.iter().position(|e| e.id == after) {
@@ -319,7 +367,7 @@ async fn list(
     let data: Vec<Value> = window
         .into_iter()
         .take(limit)
-        .map(|e| e.body.clone())
+        .map(ProviderEvent::api_body)
         .collect();
     axum::Json(json!({"object": "list", "data": data, "has_more": has_more, "url": "/v1/events"}))
         .into_response()
@@ -337,6 +385,7 @@ mod tests {
             first_created: 1_700_000_000,
             signing_secret: "whsec_sim".into(),
             api_key: "sk_test".into(),
+            event_types: vec![],
         })
     }
 

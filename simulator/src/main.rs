@@ -24,6 +24,9 @@ struct Args {
     never_existed: Vec<u64>,
     #[arg(long, default_value_t = 100)]
     entities: u64,
+    /// Event types the events cycle through (comma-separated; default: all item.updated).
+    #[arg(long, value_delimiter = ',')]
+    event_types: Vec<String>,
     #[arg(long, default_value_t = 0.0)]
     drop: f64,
     #[arg(long, default_value_t = 0.0)]
@@ -60,6 +63,7 @@ async fn main() {
         first_created: now - args.events as i64 - 1,
         signing_secret: args.signing_secret.clone(),
         api_key: args.api_key.clone(),
+        event_types: args.event_types.clone(),
     });
     let listener = tokio::net::TcpListener::bind(args.listen)
         .await

@@ -185,7 +185,7 @@ pub fn delivery(
         Scheme::Shopify => {
             set(&mut headers, "x-shopify-webhook-id", id);
             set(&mut headers, "x-shopify-topic", "orders/updated");
-            serde_json::json!({"admin_graphql_api_id": "gid://shopify/Order/1", "updated_at": "2026-11-30T10:00:00Z"})
+            serde_json::json!({"id": 1, "admin_graphql_api_id": "gid://shopify/Order/1", "updated_at": "2026-11-30T10:00:00Z"})
         }
         Scheme::Slack => {
             serde_json::json!({"type": "event_callback", "event_id": id, "event": {"type": "message"}})
@@ -647,6 +647,19 @@ pub mod gaps {
     pub const API_KEY: &str = "sk_test_simulated";
 
     pub fn provider(events: u64, never_existed: Vec<u64>) -> Arc<Provider> {
+        typed_provider_of(events, never_existed, &[])
+    }
+
+    /// A provider whose events cycle through `event_types`.
+    pub fn typed_provider(events: u64, event_types: &[&str]) -> Arc<Provider> {
+        typed_provider_of(events, vec![], event_types)
+    }
+
+    fn typed_provider_of(
+        events: u64,
+        never_existed: Vec<u64>,
+        event_types: &[&str],
+    ) -> Arc<Provider> {
         Provider::new(ProviderConfig {
             events,
             never_existed,
@@ -654,6 +667,7 @@ pub mod gaps {
             first_created: now() - events as i64 - 10,
             signing_secret: SIGNING.into(),
             api_key: API_KEY.into(),
+            event_types: event_types.iter().map(|t| t.to_string()).collect(),
         })
     }
 
@@ -673,6 +687,7 @@ pub mod gaps {
             api_secret_ref: "secret/provider-api".into(),
             grace,
             window: 100_000,
+            event_types: None,
         });
         s
     }
@@ -701,11 +716,11 @@ pub mod gaps {
     }
 
     pub fn backfiller(pool: &PgPool) -> Backfiller {
-        Backfiller::new(
-            pool.clone(),
-            Arc::new(secrets()),
-            BackfillSettings::default(),
-        )
+        backfiller_with(pool, BackfillSettings::default())
+    }
+
+    pub fn backfiller_with(pool: &PgPool, settings: BackfillSettings) -> Backfiller {
+        Backfiller::new(pool.clone(), Arc::new(secrets()), settings)
     }
 
     /// Delivers through the ingest handler, several at a time; every reply must be a 200.

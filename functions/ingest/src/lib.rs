@@ -4,7 +4,7 @@
 
 use lambda_http::http::{StatusCode, header};
 use lambda_http::{Body, Request, RequestExt, Response};
-use shared::ingest::{Delivery, IngestError, Ingestor, Receipt};
+use shared::ingest::{Delivery, IngestError, Ingestor, Received};
 use shared::signature::VerifyError;
 
 /// Handles `POST /webhooks/{source_id}`. Never fails: every outcome is an HTTP response.
@@ -29,11 +29,16 @@ pub async fn handler(
 }
 
 /// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
-fn respond(result: Result<Receipt, IngestError>) -> Response<Body> {
+fn respond(result: Result<Received, IngestError>) -> Response<Body> {
     let (status, body) = match &result {
-        Ok(receipt) => (
+        Ok(Received::Stored(receipt)) => (
             StatusCode::OK,
             serde_json::json!({ "status": receipt.outcome.as_str() }),
+        ),
+        // Slack accepts the challenge as JSON (as well as plain text).
+        Ok(Received::Handshake { challenge }) => (
+            StatusCode::OK,
+            serde_json::json!({ "challenge": challenge }),
         ),
         Err(IngestError::UnknownSource) => (StatusCode::NOT_FOUND, error("unknown source")),
         Err(IngestError::PayloadTooLarge { limit, .. }) => (

@@ -46,9 +46,12 @@ impl EffectHandler for EntityProjection {
                 entity_type,
                 entity_id,
                 version,
+                version_tiebreak: event.version_tiebreak,
                 state,
                 deleted,
                 external_id: &event.external_id,
+                source_id: &event.source_id,
+                payload_sha256: &event.payload_sha256,
                 outbox_action: ENTITY_CHANGED,
                 outbox_key: &key,
             };

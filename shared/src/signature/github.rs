@@ -1,5 +1,10 @@
 //! GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 of the body keyed with the
-//! webhook secret. GitHub signs no timestamp; replays are caught by the delivery id dedup.
+//! webhook secret. Only the body is signed: no timestamp, and neither `X-GitHub-Delivery` nor
+//! `X-GitHub-Event`. Delivery-id dedup therefore does not catch replays: whoever holds one signed
+//! delivery can send its body again, at any time, under any fresh delivery id (and any event
+//! type). What catches those is the store: a body whose id came from outside the signature is
+//! stored once per source, and the same bytes under another id are answered `duplicate` and
+//! recorded as `replayed_body` (see `store::webhook_events`).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -16,6 +21,7 @@ pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
         timestamp: None,
         prefix: Vec::new(),
         candidates: vec![hex_mac(SIGNATURE, hex)?],
+        signed_headers: &[],
     })
 }
 

@@ -38,6 +38,9 @@ pub struct SignedMessage {
     pub prefix: Vec<u8>,
     /// Every signature the headers carry, decoded.
     pub candidates: Vec<[u8; MAC_LEN]>,
+    /// The headers whose values the signature covers. A value read from any other header (an
+    /// event id, say) can be changed by whoever holds one signed delivery.
+    pub signed_headers: &'static [&'static str],
 }
 
 /// Why a delivery's signature was not accepted. Each variant is a different fix for the
@@ -97,6 +100,15 @@ impl VerifyError {
 pub struct Verified {
     pub secret: SecretVersion,
     pub timestamp: Option<i64>,
+    /// The headers the signature covers (besides the body).
+    pub signed_headers: &'static [&'static str],
+}
+
+impl Verified {
+    /// Whether a value read from header `name` is covered by the signature.
+    pub fn signs_header(&self, name: &str) -> bool {
+        self.signed_headers.contains(&name)
+    }
 }
 
 /// Verifies `body` as delivered with `headers` against the source's secrets.
@@ -139,6 +151,7 @@ pub fn verify(
         Some(secret) => Ok(Verified {
             secret,
             timestamp: signed.timestamp,
+            signed_headers: signed.signed_headers,
         }),
         None => Err(VerifyError::NoMatch {
             candidates: signed.candidates.len(),
@@ -338,12 +351,19 @@ mod tests {
                 FIVE_MINUTES,
                 NOW,
             );
+            let verified = ok.unwrap_or_else(|e| panic!("{scheme}: {e}"));
             assert_eq!(
-                ok,
-                Ok(Verified {
-                    secret: SecretVersion::Current,
-                    timestamp: signs_timestamp(scheme).then_some(NOW)
-                }),
+                (verified.secret, verified.timestamp),
+                (
+                    SecretVersion::Current,
+                    signs_timestamp(scheme).then_some(NOW)
+                ),
+                "{scheme}"
+            );
+            // Only Standard Webhooks signs its id header; GitHub's and Shopify's are outside.
+            assert_eq!(
+                verified.signs_header(standard_webhooks::ID),
+                scheme == Scheme::StandardWebhooks,
                 "{scheme}"
             );
             let changed = verify(

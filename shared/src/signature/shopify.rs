@@ -1,5 +1,7 @@
 //! Shopify: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 of the body keyed with the app's
-//! client secret. No signed timestamp.
+//! client secret. Only the body is signed: no timestamp, and none of the `X-Shopify-*` headers
+//! (webhook id, event id, topic, triggered-at), so a signed body can be replayed under fresh ids
+//! (see the GitHub module and `store::webhook_events`).
 
 use http::{HeaderMap, HeaderName, HeaderValue};
 
@@ -13,6 +15,7 @@ pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
         timestamp: None,
         prefix: Vec::new(),
         candidates: vec![base64_mac(SIGNATURE, value)?],
+        signed_headers: &[],
     })
 }
 

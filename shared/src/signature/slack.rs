@@ -21,6 +21,7 @@ pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
         timestamp: Some(timestamp),
         prefix: format!("v0:{raw_ts}:").into_bytes(),
         candidates: vec![hex_mac(SIGNATURE, hex)?],
+        signed_headers: &[TIMESTAMP],
     })
 }
 

@@ -17,12 +17,17 @@ pub const SVIX_TIMESTAMP: &str = "svix-timestamp";
 pub const SVIX_SIGNATURE: &str = "svix-signature";
 
 pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
-    let (id_name, ts_name, sig_name) = if !headers.contains_key(ID) && headers.contains_key(SVIX_ID)
-    {
-        (SVIX_ID, SVIX_TIMESTAMP, SVIX_SIGNATURE)
-    } else {
-        (ID, TIMESTAMP, SIGNATURE)
-    };
+    let (id_name, ts_name, sig_name, signed_headers): (_, _, _, &'static [&'static str]) =
+        if !headers.contains_key(ID) && headers.contains_key(SVIX_ID) {
+            (
+                SVIX_ID,
+                SVIX_TIMESTAMP,
+                SVIX_SIGNATURE,
+                &[SVIX_ID, SVIX_TIMESTAMP],
+            )
+        } else {
+            (ID, TIMESTAMP, SIGNATURE, &[ID, TIMESTAMP])
+        };
     let id = header(headers, id_name)?;
     let raw_ts = header(headers, ts_name)?;
     let timestamp = unix_seconds(ts_name, raw_ts)?;
@@ -45,6 +50,7 @@ pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
         timestamp: Some(timestamp),
         prefix: format!("{id}.{raw_ts}.").into_bytes(),
         candidates,
+        signed_headers,
     })
 }
 

@@ -42,6 +42,8 @@ pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
         timestamp: Some(t),
         prefix: format!("{raw_t}.").into_bytes(),
         candidates,
+        // The timestamp signed is the one inside the signature header itself.
+        signed_headers: &[],
     })
 }
 

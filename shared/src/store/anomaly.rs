@@ -184,6 +184,27 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     check(
+        "replayed_bodies_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'replayed_body' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "source_collisions_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'source_collision' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "ambiguous_versions_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'ambiguous_version' AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
         "amount_mismatches_last_day",
         "integrity",
         "SELECT count(*)::float8 FROM payment_exceptions WHERE kind IN ('amount_mismatch', 'currency_mismatch') \
@@ -219,7 +240,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "integrity",
         "SELECT count(*)::float8 FROM (SELECT 1 FROM webhook_events WHERE first_received_at > now() - interval '1 day' \
            AND entity_id IS NOT NULL AND entity_version IS NOT NULL \
-           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version HAVING count(*) > 1) AS same_change",
+           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version, version_tiebreak HAVING count(*) > 1) AS same_change",
         ZERO.0,
         ZERO.1,
     ),
@@ -235,6 +256,13 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "retry_rate_last_day",
         "flow",
         "SELECT (sum(retried)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        Some(0.0),
+        Some(0.05),
+    ),
+    check(
+        "provider_retry_rate_last_day",
+        "flow",
+        "SELECT (sum(provider_retries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.05),
     ),
@@ -301,6 +329,14 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
            AND w.advanced_at < now() - make_interval(secs => s.gap_grace_seconds) - interval '1 hour' \
            AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.source_id = w.source_id \
                        AND e.provider_sequence > w.contiguous_through AND e.first_received_at > w.advanced_at)",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "truncated_gap_listings",
+        "machinery",
+        "SELECT COALESCE(jsonb_array_length(found->'truncated_listings'), 0)::float8 FROM maintenance_runs \
+         WHERE job = 'backfill' AND status = 'completed' ORDER BY run_id DESC LIMIT 1",
         ZERO.0,
         ZERO.1,
     ),

@@ -107,7 +107,7 @@ pub async fn claim_for_replay(
     dead_letter_id: i64,
 ) -> Result<Option<super::event_queue::ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, COALESCE(e.payload, l.payload) AS payload, e.payload_sha256, \
+                e.entity_version, e.version_tiebreak, COALESCE(e.payload, l.payload) AS payload, e.payload_sha256, \
                 e.first_received_at, e.attempts, false AS repair \
          FROM dead_letters AS l \
          JOIN webhook_events AS e ON e.tenant_id = l.tenant_id AND e.external_id = l.external_id \

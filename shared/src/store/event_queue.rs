@@ -14,6 +14,8 @@ pub struct ClaimedEvent {
     pub event_type: String,
     pub entity_id: Option<String>,
     pub entity_version: Option<i64>,
+    /// Orders events of one entity and version (see `FieldMap::version_tiebreak`).
+    pub version_tiebreak: Option<i64>,
     pub payload: Option<Vec<u8>>,
     pub payload_sha256: Vec<u8>,
     pub first_received_at: chrono::DateTime<chrono::Utc>,
@@ -29,7 +31,7 @@ pub struct ClaimedEvent {
 /// skipped, not waited for.
 pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
     const SQL: &str = "SELECT q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.payload, e.payload_sha256, e.first_received_at, e.attempts, \
+                e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, e.first_received_at, e.attempts, \
                 e.status = 'processed' AS repair \
          FROM event_queue AS q \
          JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \

@@ -274,14 +274,89 @@ pub async fn add_listed_candidates(
         .rows_affected())
 }
 
-/// Closes open candidates whose event arrived by itself meanwhile.
+/// Records the events a GitHub hook delivered (GUID, newest delivery id) that are neither stored
+/// nor tombstoned, each with the delivery to ask GitHub to redeliver; an open candidate takes
+/// the newest delivery id. Returns how many are new.
+pub async fn add_redeliverable_candidates(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    source_id: &str,
+    events: &[(String, i64)],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "WITH added AS ( \
+             INSERT INTO gap_candidates AS c (tenant_id, external_id, source_id, provider_ref) \
+             SELECT $1, l.guid, $2, l.delivery_id::text FROM unnest($3::text[], $4::bigint[]) AS l(guid, delivery_id) \
+             WHERE NOT EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = $1 AND e.external_id = l.guid) \
+               AND NOT EXISTS (SELECT 1 FROM tombstones AS t WHERE t.tenant_id = $1 AND t.external_id = l.guid) \
+             ON CONFLICT (tenant_id, external_id) DO UPDATE SET provider_ref = EXCLUDED.provider_ref \
+             WHERE c.status = 'open' AND c.source_id = EXCLUDED.source_id \
+             RETURNING xmax = 0 AS inserted) \
+         SELECT count(*) FILTER (WHERE inserted) FROM added";
+    let guids: Vec<&str> = events.iter().map(|(g, _)| g.as_str()).collect();
+    let ids: Vec<i64> = events.iter().map(|(_, id)| *id).collect();
+    let new: i64 = sqlx::query_scalar(SQL)
+        .bind(tenant_id)
+        .bind(source_id)
+        .bind(guids)
+        .bind(ids)
+        .fetch_one(executor)
+        .await?;
+    Ok(u64::try_from(new).unwrap_or(0))
+}
+
+/// Open candidates with a delivery to redeliver, past the grace period and not asked for within
+/// it, oldest first.
+pub async fn due_redeliveries(
+    executor: impl PgExecutor<'_>,
+    source_id: &str,
+    grace_seconds: f64,
+    limit: i64,
+) -> Result<Vec<Candidate>, StoreError> {
+    const SQL: &str = "SELECT tenant_id, external_id, sequence, provider_ref FROM gap_candidates \
+         WHERE source_id = $1 AND status = 'open' AND provider_ref IS NOT NULL \
+           AND first_seen_at <= now() - make_interval(secs => $2) \
+           AND (redelivery_requested_at IS NULL OR redelivery_requested_at <= now() - make_interval(secs => $2)) \
+         ORDER BY first_seen_at, external_id LIMIT $3";
+    Ok(sqlx::query_as(SQL)
+        .bind(source_id)
+        .bind(grace_seconds)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?)
+}
+
+/// The provider accepted to deliver the candidate's event again.
+pub async fn mark_redelivery_requested(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    external_id: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "UPDATE gap_candidates SET redelivery_requested_at = now(), last_checked_at = now(), \
+             attempts = attempts + 1, last_error = NULL \
+         WHERE tenant_id = $1 AND external_id = $2";
+    sqlx::query(SQL)
+        .bind(tenant_id)
+        .bind(external_id)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Closes open candidates whose event arrived meanwhile: by itself (`arrived`), or after backfill
+/// asked the provider to deliver it again (`redelivered`). A delivery kept as an anomaly instead
+/// of an event (a body replayed under this id, an id stored under another source) arrived too:
+/// asking again would bring the same answer.
 pub async fn close_arrived(
     executor: impl PgExecutor<'_>,
     source_id: &str,
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "UPDATE gap_candidates AS c SET status = 'arrived', last_checked_at = now() \
+    const SQL: &str = "UPDATE gap_candidates AS c \
+         SET status = CASE WHEN c.redelivery_requested_at IS NULL THEN 'arrived' ELSE 'redelivered' END, \
+             last_checked_at = now() \
          WHERE c.source_id = $1 AND c.status = 'open' \
-           AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = c.tenant_id AND e.external_id = c.external_id)";
+           AND (EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = c.tenant_id AND e.external_id = c.external_id) \
+                OR EXISTS (SELECT 1 FROM ingest_anomalies AS a WHERE a.tenant_id = c.tenant_id \
+                           AND a.external_id = c.external_id AND a.kind IN ('replayed_body', 'source_collision')))";
     Ok(sqlx::query(SQL)
         .bind(source_id)
         .execute(executor)
@@ -294,6 +369,8 @@ pub struct Candidate {
     pub tenant_id: String,
     pub external_id: String,
     pub sequence: Option<i64>,
+    /// What the provider acts on to fill the gap (GitHub: the delivery to redeliver).
+    pub provider_ref: Option<String>,
 }
 
 /// Open candidates older than the grace period, oldest first.
@@ -303,7 +380,7 @@ pub async fn due_candidates(
     grace_seconds: f64,
     limit: i64,
 ) -> Result<Vec<Candidate>, StoreError> {
-    const SQL: &str = "SELECT tenant_id, external_id, sequence FROM gap_candidates \
+    const SQL: &str = "SELECT tenant_id, external_id, sequence, provider_ref FROM gap_candidates \
          WHERE source_id = $1 AND status = 'open' AND first_seen_at <= now() - make_interval(secs => $2) \
          ORDER BY first_seen_at, external_id LIMIT $3";
     Ok(sqlx::query_as(SQL)

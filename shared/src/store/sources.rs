@@ -20,6 +20,8 @@ struct SourceRow {
     event_type_from: String,
     entity_id_from: Option<String>,
     entity_version_from: Option<String>,
+    entity_version_fallback_from: Option<String>,
+    version_tiebreak_from: Option<String>,
     sequence_from: Option<String>,
     enabled: bool,
     gap_strategy: Option<String>,
@@ -28,6 +30,9 @@ struct SourceRow {
     api_secret_ref: Option<String>,
     gap_grace_seconds: i32,
     gap_window: i64,
+    gap_event_types: Option<Vec<String>>,
+    github_hook: Option<String>,
+    github_app_id: Option<String>,
 }
 
 impl TryFrom<SourceRow> for Source {
@@ -51,6 +56,8 @@ impl TryFrom<SourceRow> for Source {
                 event_type: locator(&row.event_type_from)?,
                 entity_id: optional(&row.entity_id_from)?,
                 entity_version: optional(&row.entity_version_from)?,
+                entity_version_fallback: optional(&row.entity_version_fallback_from)?,
+                version_tiebreak: optional(&row.version_tiebreak_from)?,
                 sequence: optional(&row.sequence_from)?,
             },
             enabled: row.enabled,
@@ -64,6 +71,14 @@ impl TryFrom<SourceRow> for Source {
                     strategy: match (strategy, row.id_template) {
                         ("sequence", Some(id_template)) => GapStrategy::Sequence { id_template },
                         ("list_api", _) => GapStrategy::ListApi,
+                        ("github_deliveries", _) => GapStrategy::github_deliveries(
+                            row.github_hook.as_deref().unwrap_or_default(),
+                            row.github_app_id,
+                        )
+                        .map_err(|reason| StoreError::Corrupt {
+                            what: "source",
+                            reason: format!("{}: {reason}", row.source_id),
+                        })?,
                         (other, _) => {
                             return Err(StoreError::Corrupt {
                                 what: "source",
@@ -75,6 +90,7 @@ impl TryFrom<SourceRow> for Source {
                     api_secret_ref,
                     grace: Duration::from_secs(u64::try_from(row.gap_grace_seconds).unwrap_or(0)),
                     window: row.gap_window,
+                    event_types: row.gap_event_types,
                 }),
                 _ => {
                     return Err(StoreError::Corrupt {
@@ -91,7 +107,8 @@ macro_rules! source_columns {
     () => {
         "source_id, tenant_id, scheme, secret_ref, tolerance_seconds, external_id_from, \
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
-         gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window"
+         gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
+         entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id"
     };
 }
 
@@ -129,8 +146,9 @@ pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<Source>, StoreErr
 pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<(), StoreError> {
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
-             gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17) \
+             gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
+             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -138,7 +156,11 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
              entity_version_from = EXCLUDED.entity_version_from, sequence_from = EXCLUDED.sequence_from, \
              enabled = EXCLUDED.enabled, gap_strategy = EXCLUDED.gap_strategy, id_template = EXCLUDED.id_template, \
              api_base_url = EXCLUDED.api_base_url, api_secret_ref = EXCLUDED.api_secret_ref, \
-             gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, updated_at = now()";
+             gap_grace_seconds = EXCLUDED.gap_grace_seconds, gap_window = EXCLUDED.gap_window, \
+             entity_version_fallback_from = EXCLUDED.entity_version_fallback_from, \
+             version_tiebreak_from = EXCLUDED.version_tiebreak_from, \
+             gap_event_types = EXCLUDED.gap_event_types, github_hook = EXCLUDED.github_hook, \
+             github_app_id = EXCLUDED.github_app_id, updated_at = now()";
     let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
     sqlx::query(SQL)
         .bind(source.source_id.as_str())
@@ -155,7 +177,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
         .bind(source.gaps.as_ref().map(|g| g.strategy.as_str()))
         .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
             GapStrategy::Sequence { id_template } => Some(id_template.as_str()),
-            GapStrategy::ListApi => None,
+            GapStrategy::ListApi | GapStrategy::GithubDeliveries { .. } => None,
         }))
         .bind(source.gaps.as_ref().map(|g| g.api_base_url.as_str()))
         .bind(source.gaps.as_ref().map(|g| g.api_secret_ref.as_str()))
@@ -163,6 +185,17 @@ pub async fn upsert(executor: impl PgExecutor<'_>, source: &Source) -> Result<()
             i32::try_from(g.grace.as_secs()).unwrap_or(i32::MAX)
         }))
         .bind(source.gaps.as_ref().map_or(100_000, |g| g.window))
+        .bind(text(&source.fields.entity_version_fallback))
+        .bind(text(&source.fields.version_tiebreak))
+        .bind(source.gaps.as_ref().and_then(|g| g.event_types.as_deref()))
+        .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
+            GapStrategy::GithubDeliveries { hook, .. } => Some(hook.as_str()),
+            _ => None,
+        }))
+        .bind(source.gaps.as_ref().and_then(|g| match &g.strategy {
+            GapStrategy::GithubDeliveries { app_id, .. } => app_id.as_deref(),
+            _ => None,
+        }))
         .execute(executor)
         .await?;
     Ok(())
@@ -174,4 +207,31 @@ pub async fn oldest_age_seconds(executor: impl PgExecutor<'_>) -> Result<Option<
     const SQL: &str =
         "SELECT EXTRACT(EPOCH FROM now() - min(created_at))::float8 FROM sources WHERE enabled";
     Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
+}
+
+/// Makes applies of sources take turns, for the rest of the caller's transaction; readers (the
+/// ingest path) are not blocked.
+pub async fn lock_for_apply(executor: impl PgExecutor<'_>) -> Result<(), StoreError> {
+    sqlx::query("LOCK TABLE sources IN SHARE ROW EXCLUSIVE MODE")
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Sequence sources of one tenant sharing an id template.
+#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
+pub struct SharedIdTemplate {
+    pub tenant_id: String,
+    pub id_template: String,
+    pub source_ids: Vec<String>,
+}
+
+/// Every (tenant, id template) that more than one sequence source uses, enabled or not.
+pub async fn shared_id_templates(
+    executor: impl PgExecutor<'_>,
+) -> Result<Vec<SharedIdTemplate>, StoreError> {
+    const SQL: &str = "SELECT tenant_id, id_template, array_agg(source_id ORDER BY source_id) AS source_ids \
+         FROM sources WHERE gap_strategy = 'sequence' \
+         GROUP BY tenant_id, id_template HAVING count(*) > 1 ORDER BY tenant_id, id_template";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }

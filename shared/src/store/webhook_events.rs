@@ -16,12 +16,19 @@ pub struct NewEvent<'a> {
     pub event_type: &'a str,
     pub entity_id: Option<&'a str>,
     pub entity_version: Option<i64>,
+    pub version_tiebreak: Option<i64>,
     pub sequence: Option<i64>,
     pub payload: &'a [u8],
     pub payload_sha256: [u8; 32],
     pub headers: serde_json::Value,
     /// `current` or `previous` (the secret that verified the delivery), or [`PROVIDER_API`].
     pub verified_with: &'a str,
+    /// 1 when the provider marked this delivery as its own retry (Slack's `X-Slack-Retry-Num`).
+    pub provider_retries: i32,
+    /// The event id was read from a header the signature does not cover (GitHub's
+    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`): the source stores this body once,
+    /// and the same bytes under another id are a replay ([`Upsert::ReplayedBody`]).
+    pub id_outside_signature: bool,
 }
 
 impl<'a> NewEvent<'a> {
@@ -42,11 +49,14 @@ impl<'a> NewEvent<'a> {
             event_type: &fields.event_type,
             entity_id: fields.entity_id.as_deref(),
             entity_version: fields.entity_version,
+            version_tiebreak: fields.version_tiebreak,
             sequence: fields.sequence,
             payload,
             payload_sha256: sha2::Sha256::digest(payload).into(),
             headers,
             verified_with,
+            provider_retries: 0,
+            id_outside_signature: false,
         }
     }
 }
@@ -73,6 +83,16 @@ impl DeliveryOutcome {
     }
 }
 
+/// What the upsert statement did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Upsert {
+    Stored(Upserted),
+    /// Nothing was written: the source already stores these exact bytes under another event id,
+    /// and this event's id came from outside the signature (`webhook_events_body_once`). A
+    /// replay of a signed body under a fresh id; the caller records it.
+    ReplayedBody,
+}
+
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upserted {
     pub outcome: DeliveryOutcome,
@@ -80,66 +100,113 @@ pub struct Upserted {
     pub status: String,
     /// The row now holds this delivery's payload.
     pub holds_delivery: bool,
+    /// The event id is stored under this other source of the tenant: its row was left as it
+    /// is, and the delivery was recorded as a `source_collision`.
+    pub collided_with: Option<String>,
 }
 
-/// One statement decides accepted / duplicate / conflict and, for a conflict, records the
-/// anomaly: an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` counts the delivery,
-/// compares digests against the stored row (locked by the upsert itself), and replaces the
-/// payload only when the row is still pending and the delivery is not an older entity version.
-/// The conflict record, and for a new event its place in `event_queue`, are written by
+/// One statement decides accepted / duplicate / conflict and records what raised a question:
+/// an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` compares the delivery against
+/// the stored row (locked by the upsert itself).
+///
+/// - The row belongs to another source of the tenant (`c.ours` false): nothing of it changes;
+///   the delivery is answered `duplicate` (same bytes) or `conflict` and recorded, with its
+///   bytes, as a `source_collision`.
+/// - Same source, same digest: `duplicate`, counted.
+/// - Same source, one of the two fetched from the provider's API by backfill and the other a
+///   signed delivery, and both name the same type, entity, version and sequence: `duplicate`.
+///   The API renders an event in other bytes than the delivery (Stripe's `pending_webhooks`,
+///   `request` in another API version), so an event backfilled during an outage whose delivery
+///   finally arrives is the same event, not a conflict. The stored copy is kept.
+/// - Same source, another digest: `conflict`, counted and recorded as a `digest_conflict`; the
+///   payload is replaced only when the row is still pending and the delivery is not an older
+///   entity version.
+///
+/// The anomalies, and for a new event its place in `event_queue`, are written by
 /// data-modifying CTEs of the same statement.
 const UPSERT: &str = r#"
 WITH delivered AS (
     INSERT INTO webhook_events AS stored (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
-        provider_sequence, payload, payload_sha256, headers, verified_with,
-        received_at, first_received_at, last_seen_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, now(), now(), now())
+        provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
+        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at)
+    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now(), now(), now())
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
-        delivery_count = stored.delivery_count + 1,
-        last_seen_at = now(),
-        last_delivery_outcome = CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
-                                     THEN 'duplicate' ELSE 'conflict' END,
-        conflict_count = stored.conflict_count
-            + CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256 THEN 0 ELSE 1 END,
-        (event_type, entity_id, entity_version, provider_sequence, payload, payload_sha256,
-         headers, verified_with, received_at, superseded_sha256) = (
+        (delivery_count, last_seen_at, last_delivery_outcome, conflict_count, provider_retries,
+         event_type, entity_id, entity_version, version_tiebreak, provider_sequence, payload,
+         payload_sha256, headers, verified_with, received_at, superseded_sha256) = (
             SELECT
-                CASE WHEN r.take THEN EXCLUDED.event_type ELSE stored.event_type END,
-                CASE WHEN r.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
-                CASE WHEN r.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
-                CASE WHEN r.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
-                CASE WHEN r.take THEN EXCLUDED.payload ELSE stored.payload END,
-                CASE WHEN r.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
-                CASE WHEN r.take THEN EXCLUDED.headers ELSE stored.headers END,
-                CASE WHEN r.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
-                CASE WHEN r.take THEN EXCLUDED.received_at ELSE stored.received_at END,
-                CASE WHEN r.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
-            FROM (SELECT stored.status = 'pending'
-                     AND stored.payload_sha256 <> EXCLUDED.payload_sha256
-                     AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
-                          OR EXCLUDED.entity_version >= stored.entity_version) AS take) AS r)
-    RETURNING last_delivery_outcome, delivery_count, status, payload_sha256, superseded_sha256
+                stored.delivery_count + k.ours::int,
+                CASE WHEN k.ours THEN now() ELSE stored.last_seen_at END,
+                CASE WHEN k.ours THEN k.outcome ELSE stored.last_delivery_outcome END,
+                stored.conflict_count + (k.ours AND k.outcome = 'conflict')::int,
+                stored.provider_retries + CASE WHEN k.ours THEN EXCLUDED.provider_retries ELSE 0 END,
+                CASE WHEN k.take THEN EXCLUDED.event_type ELSE stored.event_type END,
+                CASE WHEN k.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
+                CASE WHEN k.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
+                CASE WHEN k.take THEN EXCLUDED.version_tiebreak ELSE stored.version_tiebreak END,
+                CASE WHEN k.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
+                CASE WHEN k.take THEN EXCLUDED.payload ELSE stored.payload END,
+                CASE WHEN k.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
+                CASE WHEN k.take THEN EXCLUDED.headers ELSE stored.headers END,
+                CASE WHEN k.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
+                CASE WHEN k.take THEN EXCLUDED.received_at ELSE stored.received_at END,
+                CASE WHEN k.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
+            FROM (SELECT c.ours, c.outcome,
+                         c.ours AND c.outcome = 'conflict' AND stored.status = 'pending'
+                         AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
+                              OR EXCLUDED.entity_version >= stored.entity_version) AS take
+                  FROM (SELECT stored.source_id = EXCLUDED.source_id AS ours,
+                               CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
+                                    THEN 'duplicate'
+                                    WHEN (stored.verified_with = 'provider_api')
+                                             <> (EXCLUDED.verified_with = 'provider_api')
+                                         AND stored.event_type = EXCLUDED.event_type
+                                         AND stored.entity_id IS NOT DISTINCT FROM EXCLUDED.entity_id
+                                         AND stored.entity_version
+                                             IS NOT DISTINCT FROM EXCLUDED.entity_version
+                                         AND stored.provider_sequence
+                                             IS NOT DISTINCT FROM EXCLUDED.provider_sequence
+                                    THEN 'duplicate'
+                                    ELSE 'conflict' END AS outcome) AS c) AS k)
+    RETURNING source_id, last_delivery_outcome, delivery_count, status, payload_sha256,
+              superseded_sha256
+), judged AS (
+    SELECT d.*, d.source_id = $3 AS ours,
+           CASE WHEN d.source_id = $3 THEN d.last_delivery_outcome
+                WHEN d.payload_sha256 = $9 THEN 'duplicate' ELSE 'conflict' END AS outcome
+    FROM delivered AS d
 ), conflict AS (
     INSERT INTO ingest_anomalies (
         tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
         superseded_sha256, payload_replaced, payload, detail)
-    SELECT $1, $3, 'digest_conflict', $2, $9, d.payload_sha256,
-           CASE WHEN d.payload_sha256 = $9 THEN d.superseded_sha256 END,
-           d.payload_sha256 = $9,
-           CASE WHEN d.payload_sha256 = $9 THEN NULL ELSE $8 END,
-           CASE WHEN d.payload_sha256 = $9
+    SELECT $1, $3, 'digest_conflict', $2, $9, j.payload_sha256,
+           CASE WHEN j.payload_sha256 = $9 THEN j.superseded_sha256 END,
+           j.payload_sha256 = $9,
+           CASE WHEN j.payload_sha256 = $9 THEN NULL ELSE $8 END,
+           CASE WHEN j.payload_sha256 = $9
                 THEN 'same event id, different payload: the unprocessed row took the newer payload'
                 ELSE 'same event id, different payload: the stored payload was kept (row is '
-                     || d.status || ')' END
-    FROM delivered AS d
-    WHERE d.last_delivery_outcome = 'conflict'
+                     || j.status || ')' END
+    FROM judged AS j
+    WHERE j.ours AND j.outcome = 'conflict'
+), collision AS (
+    INSERT INTO ingest_anomalies (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        payload_replaced, payload, detail)
+    SELECT $1, $3, 'source_collision', $2, $9, j.payload_sha256, false, $8,
+           'the event id is already stored under source ' || j.source_id
+           || ' of the same tenant: that row was left as it is and this delivery is kept here, '
+           || 'not stored as an event (' || j.outcome || ')'
+    FROM judged AS j
+    WHERE NOT j.ours
 ), queued AS (
     INSERT INTO event_queue (tenant_id, external_id)
-    SELECT $1, $2 FROM delivered WHERE last_delivery_outcome = 'accepted'
+    SELECT $1, $2 FROM judged AS j WHERE j.ours AND j.outcome = 'accepted'
 )
-SELECT last_delivery_outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery
-FROM delivered
+SELECT outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery,
+       CASE WHEN NOT ours THEN source_id END AS collided_with
+FROM judged
 "#;
 
 /// The statement text, for benchmarks that run it outside this crate (pgbench).
@@ -149,20 +216,26 @@ pub fn upsert_sql() -> &'static str {
 
 #[derive(sqlx::FromRow)]
 struct UpsertRow {
-    last_delivery_outcome: String,
+    outcome: String,
     delivery_count: i32,
     status: String,
     holds_delivery: bool,
+    collided_with: Option<String>,
 }
 
+/// The unique index that stores a body once per source when its event id is unsigned.
+const BODY_ONCE: &str = "webhook_events_body_once";
+
 /// Stores a verified delivery exactly once. Returns only after the statement committed (when
-/// the executor is a pool connection) or as part of the caller's transaction.
+/// the executor is a pool connection) or as part of the caller's transaction. A replayed body
+/// ([`Upsert::ReplayedBody`]) fails the statement: in a caller's transaction, that transaction
+/// is then aborted.
 #[tracing::instrument(skip_all, fields(tenant_id = event.tenant_id, external_id = event.external_id), err)]
 pub async fn upsert(
     executor: impl PgExecutor<'_>,
     event: &NewEvent<'_>,
-) -> Result<Upserted, StoreError> {
-    let row: UpsertRow = sqlx::query_as(UPSERT)
+) -> Result<Upsert, StoreError> {
+    let row: Result<UpsertRow, sqlx::Error> = sqlx::query_as(UPSERT)
         .bind(event.tenant_id)
         .bind(event.external_id)
         .bind(event.source_id)
@@ -174,9 +247,18 @@ pub async fn upsert(
         .bind(&event.payload_sha256[..])
         .bind(&event.headers)
         .bind(event.verified_with)
+        .bind(event.provider_retries)
+        .bind(event.id_outside_signature)
+        .bind(event.version_tiebreak)
         .fetch_one(executor)
-        .await?;
-    let outcome = match row.last_delivery_outcome.as_str() {
+        .await;
+    let row = match row {
+        Err(sqlx::Error::Database(db)) if db.constraint() == Some(BODY_ONCE) => {
+            return Ok(Upsert::ReplayedBody);
+        }
+        other => other?,
+    };
+    let outcome = match row.outcome.as_str() {
         "accepted" => DeliveryOutcome::Accepted,
         "duplicate" => DeliveryOutcome::Duplicate,
         "conflict" => DeliveryOutcome::Conflict,
@@ -187,12 +269,13 @@ pub async fn upsert(
             });
         }
     };
-    Ok(Upserted {
+    Ok(Upsert::Stored(Upserted {
         outcome,
         delivery_count: row.delivery_count,
         status: row.status,
         holds_delivery: row.holds_delivery,
-    })
+        collided_with: row.collided_with,
+    }))
 }
 
 /// One source's recent traffic, as `hookctl status` shows it.
