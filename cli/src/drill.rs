@@ -995,7 +995,10 @@ async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
             for hour in 0..3 {
                 for i in 0..10 {
                     let id = format!("shop_w{week}_h{hour}_{i}");
-                    lab.deliver_shop(&id, "order.updated", i + 1).await?;
+                    // Every delivery a newer version: two changes under one version would be
+                    // an ambiguous_version anomaly, which is not this fault.
+                    let version = (week * 3 + hour) * 10 + i + 1;
+                    lab.deliver_shop(&id, "order.updated", version).await?;
                 }
                 let next = if hour < 2 {
                     3600.0
