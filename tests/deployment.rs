@@ -194,12 +194,7 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     shared::metrics::delivery_stored("accepted");
     shared::metrics::delivery_refused("signature");
     shared::metrics::ingest_5xx();
-    shared::metrics::drained(&shared::drain::DrainOutcome {
-        processed: 3,
-        retried: 1,
-        dead_lettered: 1,
-        ..Default::default()
-    });
+    shared::metrics::drained(3, 1, 1);
     shared::metrics::queue(12, 4.5);
     shared::metrics::anomaly_value("backlog_events", 12.0);
     shared::metrics::anomaly_breaches(0);

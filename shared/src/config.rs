@@ -15,6 +15,9 @@ use crate::store::PoolSettings;
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
 pub const DEFAULT_SOURCE_CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long a migration waits for a lock before it gives up (`MIGRATE_LOCK_TIMEOUT_MS`). Short:
+/// an `ALTER TABLE` queued behind a long transaction would queue every ingest behind itself.
+pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -218,10 +221,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// `MIGRATE_LOCK_TIMEOUT_MS`: how long a migration waits for any one lock.
     pub fn migrate_lock_timeout(&self) -> Result<Duration, ConfigError> {
-        let timeout = self.millis(
-            "MIGRATE_LOCK_TIMEOUT_MS",
-            crate::schema::DEFAULT_LOCK_TIMEOUT,
-        )?;
+        let timeout = self.millis("MIGRATE_LOCK_TIMEOUT_MS", DEFAULT_MIGRATE_LOCK_TIMEOUT)?;
         if timeout.is_zero() {
             return Err(ConfigError::Invalid {
                 var: "MIGRATE_LOCK_TIMEOUT_MS",

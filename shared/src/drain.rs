@@ -105,6 +105,11 @@ pub struct DrainOutcome {
 }
 
 impl DrainOutcome {
+    /// Counts what the batches committed, as metrics.
+    fn publish(&self) {
+        crate::metrics::drained(self.processed, self.retried, self.dead_lettered);
+    }
+
     /// Adds another pass's counts to these.
     pub fn add(&mut self, other: &DrainOutcome) {
         self.batches += other.batches;
@@ -158,7 +163,7 @@ impl Drainer {
                 Err(e) => {
                     // What earlier batches committed is counted; the queue is not reported, so
                     // a failing drain goes silent rather than repeating a healthy backlog.
-                    crate::metrics::drained(&total);
+                    total.publish();
                     return Err(e);
                 }
             };
@@ -167,7 +172,7 @@ impl Drainer {
                 break;
             }
         }
-        crate::metrics::drained(&total);
+        total.publish();
         let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
         crate::metrics::queue(backlog, oldest);
         if total.claimed > 0 {

@@ -12,8 +12,6 @@
 //! so a pass that fails sends nothing, and the alarms that treat missing data as breaching
 //! notice.
 
-use crate::drain::DrainOutcome;
-
 pub const NAMESPACE: &str = "Webhooks";
 
 /// Deliveries stored, by `Outcome` (accepted, duplicate, conflict).
@@ -75,10 +73,11 @@ pub fn ingest_5xx() {
     metrics::counter!(INGEST_5XX).increment(1);
 }
 
-pub fn drained(outcome: &DrainOutcome) {
-    metrics::counter!(EVENTS_PROCESSED).increment(outcome.processed);
-    metrics::counter!(EVENTS_RETRIED).increment(outcome.retried);
-    metrics::counter!(EVENTS_DEAD_LETTERED).increment(outcome.dead_lettered);
+/// What drain batches committed: events processed, rescheduled, dead-lettered.
+pub fn drained(processed: u64, retried: u64, dead_lettered: u64) {
+    metrics::counter!(EVENTS_PROCESSED).increment(processed);
+    metrics::counter!(EVENTS_RETRIED).increment(retried);
+    metrics::counter!(EVENTS_DEAD_LETTERED).increment(dead_lettered);
 }
 
 /// The queue as a drain pass that completed measured it.

@@ -10,10 +10,6 @@ use std::time::{Duration, Instant};
 use crate::config::{ConfigError, Vars};
 use crate::store::schema::{self, SchemaError};
 
-/// How long a migration waits for a lock before it gives up (`MIGRATE_LOCK_TIMEOUT_MS`). Short:
-/// an `ALTER TABLE` queued behind a long transaction would queue every ingest behind itself.
-pub const DEFAULT_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
-
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error(transparent)]
