@@ -669,3 +669,108 @@ async fn a_dead_letter_older_than_the_payload_horizon_is_still_replayable(pool: 
         1
     );
 }
+
+/// Wraps [`Instrumented`] and, after each application, counts the transaction ids the drain's
+/// backend holds (its transaction's and one per live subtransaction that wrote), as PostgreSQL
+/// shows them in `pg_locks`.
+struct SubtransactionProbe {
+    inner: Instrumented,
+    peak: std::sync::atomic::AtomicI64,
+}
+
+impl shared::effects::EffectHandler for SubtransactionProbe {
+    fn name(&self) -> &'static str {
+        "subtransaction_probe"
+    }
+
+    fn expects(
+        &self,
+        event: &shared::store::event_queue::ClaimedEvent,
+    ) -> shared::effects::Expectation {
+        self.inner.expects(event)
+    }
+
+    fn apply<'a>(
+        &'a self,
+        conn: &'a mut sqlx::PgConnection,
+        event: &'a shared::store::event_queue::ClaimedEvent,
+    ) -> shared::effects::EffectFuture<'a> {
+        Box::pin(async move {
+            let effect = self.inner.apply(&mut *conn, event).await?;
+            let held: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE pid = pg_backend_pid() AND locktype = 'transactionid'",
+            )
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| shared::effects::EffectError::from(shared::store::StoreError::from(e)))?;
+            self.peak.fetch_max(held, Ordering::SeqCst);
+            Ok(effect)
+        })
+    }
+}
+
+/// PostgreSQL caches 64 subtransaction ids per backend; one more and every other session's
+/// visibility checks go to `pg_subtrans`. However large the batch and however many of its
+/// events fail (here every other one, the worst case for isolating them), a drain transaction
+/// never holds more than 64 live subtransactions, and every event still gets its own verdict:
+/// each poison dead-lettered alone, every other event processed exactly once.
+#[sqlx::test(migrations = "../migrations")]
+async fn no_batch_holds_more_than_64_subtransactions_however_many_events_fail(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let admin = admin_with_bulk_events(pool_options, &connect, 600).await;
+    let mut inner = Instrumented::new(Arc::new(EntityProjection));
+    inner.poison = (1..=300).map(|i| format!("item-{}", 2 * i)).collect();
+    inner.fatal = true;
+    let probe = Arc::new(SubtransactionProbe {
+        inner,
+        peak: std::sync::atomic::AtomicI64::new(0),
+    });
+    let mut registry = EffectRegistry::new(probe.clone());
+    registry.register(
+        shared::domain::Scheme::Stripe,
+        "payment_intent.succeeded",
+        Arc::new(shared::effects::payments::Payments::stripe()),
+    );
+    let drainer = Drainer::new(
+        admin.clone(),
+        Arc::new(registry),
+        shared::drain::DrainSettings {
+            batch_size: 600,
+            ..fast_settings()
+        },
+    );
+
+    let outcome = drain_all(&drainer, &admin, Duration::from_secs(60)).await;
+
+    assert_eq!(
+        (outcome.processed, outcome.dead_lettered, outcome.retried),
+        (300, 300, 0),
+        "{outcome:?}"
+    );
+    assert_eq!(application_counts(&admin).await, (1, 1, 300));
+    assert_eq!(
+        scalar(&admin, "SELECT count(*) FROM dead_letters WHERE reason = 'fatal'").await,
+        300
+    );
+    // Subtransactions that committed into their parent hold no lock any more but keep their
+    // place in the cache: count them by the rows they wrote, per drain transaction.
+    let committed = scalar(
+        &admin,
+        "SELECT max(n) FROM (SELECT count(DISTINCT xmin::text) AS n FROM test_applications GROUP BY written_by) AS per_transaction",
+    )
+    .await;
+    assert!(
+        committed <= 64,
+        "one drain transaction committed {committed} subtransactions"
+    );
+    // Those still open (and their ancestors, which get ids when a descendant writes) hold the
+    // lock on their own id.
+    let peak = probe.peak.load(Ordering::SeqCst);
+    assert!(
+        peak <= 65,
+        "the drain's backend held {peak} transaction ids: its transaction's and {} subtransactions'",
+        peak - 1
+    );
+}

@@ -22,7 +22,7 @@ use rand::Rng;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
-use crate::effects::{Effect, EffectError, EffectRegistry};
+use crate::effects::{Effect, EffectError, EffectHandler, EffectRegistry};
 use crate::store::dead_letters::{self, ReplayFilter};
 use crate::store::event_queue::{self, ClaimedEvent};
 use crate::store::{self, StoreError};
@@ -102,6 +102,10 @@ pub struct DrainOutcome {
     /// Repairs whose handler failed: left out of the queue, their events untouched (the next
     /// reconcile pass finds them again).
     pub repairs_failed: u64,
+    /// Claimed but left undecided, queued as they were: their batch had used its
+    /// subtransactions ([`MAX_SUBTRANSACTIONS`]) isolating failing events.
+    #[serde(default)]
+    pub deferred: u64,
 }
 
 impl DrainOutcome {
@@ -120,6 +124,7 @@ impl DrainOutcome {
         self.vacuums += other.vacuums;
         self.repairs += other.repairs;
         self.repairs_failed += other.repairs_failed;
+        self.deferred += other.deferred;
     }
 }
 
@@ -168,7 +173,7 @@ impl Drainer {
                 }
             };
             total.add(&batch);
-            if batch.claimed < self.settings.batch_size as u64 {
+            if batch.claimed < self.settings.batch_size as u64 && batch.deferred == 0 {
                 break;
             }
         }
@@ -184,6 +189,7 @@ impl Drainer {
                 dead_lettered = total.dead_lettered,
                 repairs = total.repairs,
                 repairs_failed = total.repairs_failed,
+                deferred = total.deferred,
                 vacuums = total.vacuums,
                 backlog,
                 oldest_pending_age_seconds = oldest,
@@ -210,9 +216,20 @@ impl Drainer {
                 ..DrainOutcome::default()
             });
         }
+        let mut verdicts: Vec<Option<Result<Effect, EffectError>>> =
+            claimed.iter().map(|_| None).collect();
+        let mut kept = 0;
+        for (handler, members) in self.groups(&claimed) {
+            apply_group(&mut tx, handler, &claimed, members, &mut verdicts, &mut kept).await?;
+        }
         let mut decisions = Decisions::default();
-        for event in &claimed {
-            let applied = apply_under_savepoint(&mut tx, &self.registry, event).await;
+        let mut deferred = 0;
+        for (event, verdict) in claimed.iter().zip(verdicts) {
+            let Some(applied) = verdict else {
+                // Past the subtransaction budget: left queued as it was, for the next batch.
+                deferred += 1;
+                continue;
+            };
             if event.repair {
                 // A processed event stays processed whatever its repair does: never retried
                 // into another attempt, never dead-lettered, never rewritten.
@@ -280,12 +297,31 @@ impl Drainer {
             vacuums: 0,
             repairs: fixed.0.len() as u64 - decisions.repairs_failed,
             repairs_failed: decisions.repairs_failed,
+            deferred,
         };
         if self.vacuum_due(d.0.len() as u64 + fixed.0.len() as u64 + outcome.dead_lettered) {
             event_queue::vacuum(&self.pool).await?;
             outcome.vacuums = 1;
         }
         Ok(outcome)
+    }
+
+    /// The batch's events by handler, each group in claim order, groups in order of their
+    /// first event. Handlers touch disjoint state, so applying one group before the next gives
+    /// what applying the events one at a time would.
+    fn groups<'a>(&'a self, claimed: &[ClaimedEvent]) -> Vec<(&'a dyn EffectHandler, Vec<usize>)> {
+        let mut groups: Vec<(&dyn EffectHandler, Vec<usize>)> = Vec::new();
+        for (i, event) in claimed.iter().enumerate() {
+            let handler = self.registry.handler_for(event);
+            match groups
+                .iter_mut()
+                .find(|(h, _)| std::ptr::addr_eq(*h, handler))
+            {
+                Some((_, members)) => members.push(i),
+                None => groups.push((handler, vec![i])),
+            }
+        }
+        groups
     }
 
     fn vacuum_due(&self, left: u64) -> bool {
@@ -301,6 +337,67 @@ impl Drainer {
         self.left_since_vacuum.store(0, Ordering::Relaxed);
         true
     }
+}
+
+/// PostgreSQL caches the ids of 64 subtransactions per backend (`PGPROC_MAX_CACHED_SUBXIDS`);
+/// while one transaction has more, every other session's visibility checks read `pg_subtrans`.
+/// A batch keeps at most this many savepoints, counting the one being tried.
+pub const MAX_SUBTRANSACTIONS: usize = 64;
+
+/// Applies one handler's group of events under one savepoint. When that fails, rolls it back
+/// and splits the group in halves, each tried the same way (left first, so claim order holds),
+/// until each failing event stands alone with its own error: one poison event costs about
+/// 2·log2(group) tries, and the rest of its batch still commits. `kept` counts the savepoints
+/// that succeeded in this transaction; once [`MAX_SUBTRANSACTIONS`] are kept, what is left is
+/// not tried (its verdicts stay `None`: the events stay queued, untouched, for another batch).
+/// `Err` means the transaction itself is gone.
+async fn apply_group(
+    conn: &mut sqlx::PgConnection,
+    handler: &dyn EffectHandler,
+    claimed: &[ClaimedEvent],
+    members: Vec<usize>,
+    verdicts: &mut [Option<Result<Effect, EffectError>>],
+    kept: &mut usize,
+) -> Result<(), StoreError> {
+    let mut parts = vec![members];
+    while let Some(mut part) = parts.pop() {
+        if *kept >= MAX_SUBTRANSACTIONS {
+            break;
+        }
+        store::savepoint(&mut *conn).await?;
+        let events: Vec<&ClaimedEvent> = part.iter().map(|&i| &claimed[i]).collect();
+        let result = match handler.apply_all(&mut *conn, &events).await {
+            Ok(effects) if effects.len() != part.len() => Err(EffectError::Fatal(format!(
+                "handler {} returned {} effects for {} events",
+                handler.name(),
+                effects.len(),
+                part.len()
+            ))),
+            other => other,
+        };
+        match result {
+            Ok(effects) => {
+                *kept += 1;
+                tracing::debug!(handler = handler.name(), events = part.len(), "applied");
+                for (i, effect) in part.into_iter().zip(effects) {
+                    verdicts[i] = Some(Ok(effect));
+                }
+            }
+            Err(EffectError::Aborted(error)) => return Err(error),
+            Err(error) => {
+                store::rollback_to_savepoint(&mut *conn).await?;
+                if let [only] = part[..] {
+                    verdicts[only] = Some(Err(error));
+                } else {
+                    tracing::debug!(handler = handler.name(), events = part.len(), %error, "group failed: splitting it");
+                    let right = part.split_off(part.len() / 2);
+                    parts.push(right);
+                    parts.push(part);
+                }
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Applies one event's effect under a savepoint: rolled back to on failure, so the batch's

@@ -446,9 +446,12 @@ pub mod drain {
     }
 
     /// Records every committed application of an effect: a row in `test_applications`,
-    /// written inside the handler's savepoint, so rolled-back attempts leave no trace.
+    /// written inside the handler's savepoint, so rolled-back attempts leave no trace. Each row
+    /// keeps the id of the (top-level) transaction that wrote it; its `xmin` is that of the
+    /// subtransaction it was written in.
     pub async fn create_application_log(pool: &PgPool) {
-        sqlx::query("CREATE TABLE test_applications (tenant_id text, external_id text, applied_at timestamptz DEFAULT clock_timestamp())")
+        sqlx::query("CREATE TABLE test_applications (tenant_id text, external_id text, applied_at timestamptz DEFAULT clock_timestamp(), \
+                     written_by xid8 DEFAULT pg_current_xact_id())")
             .execute(pool)
             .await
             .unwrap();

@@ -2,9 +2,14 @@
 //! that entity's state, only when the stored version is lower. Processing order therefore does
 //! not matter: any order of the same events converges to the highest version.
 
+use std::collections::HashMap;
+
 use sqlx::PgConnection;
 
-use super::{Effect, EffectFuture, EffectHandler, Expectation, outbox_key, payload_text};
+use super::{
+    Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture, Expectation, outbox_key,
+    payload_text,
+};
 use crate::store::entities::{self, EntityChange};
 use crate::store::event_queue::ClaimedEvent;
 
@@ -32,48 +37,91 @@ impl EffectHandler for EntityProjection {
         event: &'a ClaimedEvent,
     ) -> EffectFuture<'a> {
         Box::pin(async move {
-            let (Some(entity_id), Some(version)) =
-                (event.entity_id.as_deref(), event.entity_version)
-            else {
-                return Ok(Effect::Skipped);
-            };
-            // Bound as text and cast by PostgreSQL: parsed once, there, not here too.
-            let state = payload_text(event)?;
-            let (entity_type, deleted) = classify(&event.event_type);
-            let key = outbox_key(&event.tenant_id, &event.external_id, ENTITY_CHANGED);
-            let change = EntityChange {
-                tenant_id: &event.tenant_id,
-                entity_type,
-                entity_id,
-                version,
-                version_tiebreak: event.version_tiebreak,
-                state,
-                deleted,
-                external_id: &event.external_id,
-                source_id: &event.source_id,
-                payload_sha256: &event.payload_sha256,
-                outbox_action: ENTITY_CHANGED,
-                outbox_key: &key,
-            };
-            let result =
-                entities::apply_versioned(&mut *conn, &change, event.first_received_at).await?;
-            if result.applied {
-                return Ok(Effect::Applied);
-            }
-            if result.held_by_this_event {
-                if result.changed_before {
-                    // Applied before this event row existed: a redelivery after retention
-                    // purged its identity. Recorded; nothing repeated, nothing re-announced.
-                    super::redelivered_after_purge(conn, event).await?;
-                } else {
-                    // This event's own effect: make sure its announcement exists (the
-                    // reconciler re-queues events whose outbox row went missing).
-                    entities::ensure_announced(&mut *conn, &change).await?;
-                }
-            }
-            Ok(Effect::Stale)
+            let mut effects = self.apply_all(conn, &[event]).await?;
+            effects
+                .pop()
+                .ok_or_else(|| EffectError::Fatal("the projection returned no effect".into()))
         })
     }
+
+    /// One statement per round: the first change of each entity in the group, then the
+    /// second, and so on, so events of one entity meet in their order, as one at a time would.
+    fn apply_all<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        events: &'a [&'a ClaimedEvent],
+    ) -> EffectsFuture<'a> {
+        Box::pin(async move {
+            let mut effects = vec![Effect::Skipped; events.len()];
+            let mut rounds: Vec<Vec<(usize, EntityChange<'a>)>> = Vec::new();
+            let mut seen: HashMap<(&str, &str, &str), usize> = HashMap::new();
+            for (i, event) in events.iter().enumerate() {
+                let Some(change) = change_of(event)? else {
+                    continue;
+                };
+                let key = (change.tenant_id, change.entity_type, change.entity_id);
+                let round = seen.entry(key).or_insert(0);
+                if rounds.len() <= *round {
+                    rounds.push(Vec::new());
+                }
+                rounds[*round].push((i, change));
+                *round += 1;
+            }
+            for round in rounds {
+                let changes: Vec<EntityChange<'_>> =
+                    round.iter().map(|(_, c)| c.clone()).collect();
+                let results =
+                    entities::apply_versioned(&mut *conn, &changes, ENTITY_CHANGED).await?;
+                for ((i, change), result) in round.iter().zip(results) {
+                    effects[*i] = if result.applied {
+                        Effect::Applied
+                    } else {
+                        if result.held_by_this_event {
+                            if result.changed_before {
+                                // Applied before this event row existed: a redelivery after
+                                // retention purged its identity. Recorded; nothing repeated,
+                                // nothing re-announced.
+                                super::redelivered_after_purge(&mut *conn, events[*i]).await?;
+                            } else {
+                                // This event's own effect: make sure its announcement exists
+                                // (the reconciler re-queues events whose outbox row went
+                                // missing).
+                                entities::ensure_announced(&mut *conn, change, ENTITY_CHANGED)
+                                    .await?;
+                            }
+                        }
+                        Effect::Stale
+                    };
+                }
+            }
+            Ok(effects)
+        })
+    }
+}
+
+/// The change an event makes to its entity, or `None` when it names no entity and version.
+fn change_of(event: &ClaimedEvent) -> Result<Option<EntityChange<'_>>, EffectError> {
+    let (Some(entity_id), Some(version)) = (event.entity_id.as_deref(), event.entity_version)
+    else {
+        return Ok(None);
+    };
+    // Bound as text and cast by PostgreSQL: parsed once, there, not here too.
+    let state = payload_text(event)?;
+    let (entity_type, deleted) = classify(&event.event_type);
+    Ok(Some(EntityChange {
+        tenant_id: &event.tenant_id,
+        entity_type,
+        entity_id,
+        version,
+        version_tiebreak: event.version_tiebreak,
+        state,
+        deleted,
+        external_id: &event.external_id,
+        source_id: &event.source_id,
+        payload_sha256: &event.payload_sha256,
+        outbox_key: outbox_key(&event.tenant_id, &event.external_id, ENTITY_CHANGED),
+        since: event.first_received_at,
+    }))
 }
 
 /// `customer.updated` → (`customer`, false); `orders/delete` → (`orders`, true).

@@ -96,6 +96,10 @@ impl From<StoreError> for EffectError {
 
 pub type EffectFuture<'a> = Pin<Box<dyn Future<Output = Result<Effect, EffectError>> + Send + 'a>>;
 
+/// What [`EffectHandler::apply_all`] returns: one effect per event, in the events' order.
+pub type EffectsFuture<'a> =
+    Pin<Box<dyn Future<Output = Result<Vec<Effect>, EffectError>> + Send + 'a>>;
+
 /// One kind of effect.
 pub trait EffectHandler: Send + Sync {
     /// For logs and metrics.
@@ -103,6 +107,23 @@ pub trait EffectHandler: Send + Sync {
     /// Applies the event's effect on `conn` (inside the caller's savepoint).
     fn apply<'a>(&'a self, conn: &'a mut PgConnection, event: &'a ClaimedEvent)
     -> EffectFuture<'a>;
+    /// Applies the effects of `events`, in their order, as one unit inside the caller's
+    /// savepoint: the same result as applying them one after another, so a handler that can
+    /// write a whole group in a few statements does so here. Any error fails the group: the
+    /// caller rolls all of it back and splits it until each failing event stands alone.
+    fn apply_all<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        events: &'a [&'a ClaimedEvent],
+    ) -> EffectsFuture<'a> {
+        Box::pin(async move {
+            let mut effects = Vec::with_capacity(events.len());
+            for event in events {
+                effects.push(self.apply(&mut *conn, event).await?);
+            }
+            Ok(effects)
+        })
+    }
     /// What reconciliation may check of `event` once this handler processed it. Recorded with
     /// the event; reconcile and the referential anomaly checks expect nothing else.
     fn expects(&self, _event: &ClaimedEvent) -> Expectation {

@@ -19,8 +19,11 @@ pub struct EntityChange<'a> {
     /// The event's source and payload digest, for the anomaly an ambiguous version records.
     pub source_id: &'a str,
     pub payload_sha256: &'a [u8],
-    pub outbox_action: &'a str,
-    pub outbox_key: &'a str,
+    /// The outbox row's idempotency key.
+    pub outbox_key: String,
+    /// When the event was first received: an entity last changed before then holds an effect
+    /// that predates the event row.
+    pub since: chrono::DateTime<chrono::Utc>,
 }
 
 /// What applying a versioned change did.
@@ -34,29 +37,44 @@ pub struct Applied {
     pub changed_before: bool,
 }
 
-/// Applies the change only when the stored (version, tiebreak, event id) is lower, and in the
-/// same statement writes the outbox row announcing it. A delete keeps the last state and sets
-/// `deleted`; a lower version (a late update) changes nothing, so a deleted entity is never
-/// resurrected by one.
+/// Applies each change only when the stored (version, tiebreak, event id) is lower, and in the
+/// same statement writes the outbox row announcing it: one statement for all of `changes`,
+/// which must name distinct entities (the caller applies a second change of one entity in a
+/// later call). Returns what happened to each change, in order. A delete keeps the last state
+/// and sets `deleted`; a lower version (a late update) changes nothing, so a deleted entity is
+/// never resurrected by one.
 ///
 /// Two events of one version are ordered by their tiebreak (a missing one orders lowest) and,
 /// when that does not tell them apart, by the greater event id: any processing order ends on the
 /// same event. When two different changes meet that way (same version, no tiebreak telling them
 /// apart, other state) nothing says which came later, and an `ambiguous_version` anomaly is
-/// recorded. The entity row is locked first, so the comparison is with what is committed.
+/// recorded. The entities are locked first, all of them, in key order (so concurrent drainers
+/// never deadlock on them), and compared with what is committed; new ones are inserted in key
+/// order too.
 pub async fn apply_versioned(
     executor: impl PgExecutor<'_>,
-    c: &EntityChange<'_>,
-    since: chrono::DateTime<chrono::Utc>,
-) -> Result<Applied, StoreError> {
-    const SQL: &str = "WITH before AS ( \
-             SELECT version, version_tiebreak, last_event_id, state, deleted FROM entities \
-             WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3 FOR UPDATE), \
+    changes: &[EntityChange<'_>],
+    outbox_action: &str,
+) -> Result<Vec<Applied>, StoreError> {
+    const SQL: &str = "WITH c AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::bigint[], \
+                 $6::text[], $7::bool[], $8::text[], $9::text[], $10::bytea[], $11::text[], $12::timestamptz[]) \
+             WITH ORDINALITY AS c(tenant_id, entity_type, entity_id, version, version_tiebreak, \
+                 state, deleted, external_id, source_id, payload_sha256, outbox_key, since, n)), \
+         before AS ( \
+             SELECT e.tenant_id, e.entity_type, e.entity_id, e.version, e.version_tiebreak, \
+                 e.last_event_id, e.state, e.deleted, e.updated_at \
+             FROM entities AS e JOIN c USING (tenant_id, entity_type, entity_id) \
+             ORDER BY e.tenant_id, e.entity_type, e.entity_id \
+             FOR UPDATE OF e), \
          applied AS ( \
              INSERT INTO entities AS cur (tenant_id, entity_type, entity_id, version, version_tiebreak, \
                  state, deleted, deleted_at, last_event_id) \
-             SELECT $1, $2, $3, $4, $11, $5::jsonb, $6, CASE WHEN $6 THEN now() END, $7 \
-             FROM (SELECT 1) AS one LEFT JOIN before ON true \
+             SELECT c.tenant_id, c.entity_type, c.entity_id, c.version, c.version_tiebreak, \
+                 c.state::jsonb, c.deleted, CASE WHEN c.deleted THEN now() END, c.external_id \
+             FROM c \
+             WHERE (SELECT count(*) FROM before) >= 0 \
+             ORDER BY c.tenant_id, c.entity_type, c.entity_id \
              ON CONFLICT (tenant_id, entity_type, entity_id) DO UPDATE SET \
                  version = EXCLUDED.version, \
                  version_tiebreak = EXCLUDED.version_tiebreak, \
@@ -70,42 +88,57 @@ pub async fn apply_versioned(
              RETURNING tenant_id, entity_type, entity_id, version, deleted), \
          announced AS ( \
              INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
-             SELECT a.tenant_id, $7, $8, jsonb_build_object('entity_type', a.entity_type, \
-                    'entity_id', a.entity_id, 'version', a.version, 'deleted', a.deleted), $9 \
-             FROM applied AS a \
+             SELECT a.tenant_id, c.external_id, $13, jsonb_build_object('entity_type', a.entity_type, \
+                    'entity_id', a.entity_id, 'version', a.version, 'deleted', a.deleted), c.outbox_key \
+             FROM applied AS a JOIN c USING (tenant_id, entity_type, entity_id) \
              ON CONFLICT (tenant_id, external_id, action) DO NOTHING), \
          ambiguous AS ( \
              INSERT INTO ingest_anomalies (tenant_id, source_id, kind, external_id, payload_sha256, detail) \
-             SELECT $1, $12, 'ambiguous_version', $7, $13, \
-                 'events ' || least(b.last_event_id, $7) || ' and ' || greatest(b.last_event_id, $7) \
-                 || ' change ' || $2 || ' ' || $3 || ' differently with the same version ' || $4 \
+             SELECT c.tenant_id, c.source_id, 'ambiguous_version', c.external_id, c.payload_sha256, \
+                 'events ' || least(b.last_event_id, c.external_id) || ' and ' || greatest(b.last_event_id, c.external_id) \
+                 || ' change ' || c.entity_type || ' ' || c.entity_id || ' differently with the same version ' || c.version \
                  || ' and nothing orders them (no tiebreak tells them apart): the projection keeps ' \
-                 || greatest(b.last_event_id, $7) || ', the greater event id' \
-             FROM before AS b \
-             WHERE b.version = $4 AND b.last_event_id <> $7 \
-               AND (b.version_tiebreak IS NULL OR $11::bigint IS NULL OR b.version_tiebreak = $11) \
-               AND (b.deleted <> $6 OR b.state <> $5::jsonb)) \
-         SELECT EXISTS (SELECT 1 FROM applied) AS applied, \
-             COALESCE(NOT EXISTS (SELECT 1 FROM applied) AND cur.last_event_id = $7, false) AS held_by_this_event, \
-             COALESCE(cur.updated_at < $10, false) AS changed_before \
-         FROM (SELECT 1) AS one \
-         LEFT JOIN entities AS cur ON cur.tenant_id = $1 AND cur.entity_type = $2 AND cur.entity_id = $3";
-    let applied: Applied = sqlx::query_as(SQL)
-        .bind(c.tenant_id)
-        .bind(c.entity_type)
-        .bind(c.entity_id)
-        .bind(c.version)
-        .bind(c.state)
-        .bind(c.deleted)
-        .bind(c.external_id)
-        .bind(c.outbox_action)
-        .bind(c.outbox_key)
-        .bind(since)
-        .bind(c.version_tiebreak)
-        .bind(c.source_id)
-        .bind(c.payload_sha256)
-        .fetch_one(executor)
+                 || greatest(b.last_event_id, c.external_id) || ', the greater event id' \
+             FROM c JOIN before AS b USING (tenant_id, entity_type, entity_id) \
+             WHERE b.version = c.version AND b.last_event_id <> c.external_id \
+               AND (b.version_tiebreak IS NULL OR c.version_tiebreak IS NULL OR b.version_tiebreak = c.version_tiebreak) \
+               AND (b.deleted <> c.deleted OR b.state <> c.state::jsonb)) \
+         SELECT a.entity_id IS NOT NULL AS applied, \
+             COALESCE(a.entity_id IS NULL AND b.last_event_id = c.external_id, false) AS held_by_this_event, \
+             COALESCE(b.updated_at < c.since, false) AS changed_before \
+         FROM c \
+         LEFT JOIN before AS b USING (tenant_id, entity_type, entity_id) \
+         LEFT JOIN applied AS a USING (tenant_id, entity_type, entity_id) \
+         ORDER BY c.n";
+    if changes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let applied: Vec<Applied> = sqlx::query_as(SQL)
+        .bind(changes.iter().map(|c| c.tenant_id).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.entity_type).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.entity_id).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.version).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.version_tiebreak).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.state).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.deleted).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.external_id).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.source_id).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.payload_sha256).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.outbox_key.as_str()).collect::<Vec<_>>())
+        .bind(changes.iter().map(|c| c.since).collect::<Vec<_>>())
+        .bind(outbox_action)
+        .fetch_all(executor)
         .await?;
+    if applied.len() != changes.len() {
+        return Err(StoreError::Corrupt {
+            what: "entity changes",
+            reason: format!(
+                "{} results for {} changes: two changes name one entity",
+                applied.len(),
+                changes.len()
+            ),
+        });
+    }
     Ok(applied)
 }
 
@@ -114,6 +147,7 @@ pub async fn apply_versioned(
 pub async fn ensure_announced(
     executor: impl PgExecutor<'_>,
     c: &EntityChange<'_>,
+    outbox_action: &str,
 ) -> Result<bool, StoreError> {
     const SQL: &str = "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
          SELECT tenant_id, $4, $5, jsonb_build_object('entity_type', entity_type, 'entity_id', entity_id, \
@@ -125,8 +159,8 @@ pub async fn ensure_announced(
         .bind(c.entity_type)
         .bind(c.entity_id)
         .bind(c.external_id)
-        .bind(c.outbox_action)
-        .bind(c.outbox_key)
+        .bind(outbox_action)
+        .bind(&c.outbox_key)
         .execute(executor)
         .await?;
     Ok(done.rows_affected() == 1)

@@ -124,9 +124,12 @@ pub async fn savepoint(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> 
     Ok(())
 }
 
-/// Undoes everything since the latest [`savepoint`]; the transaction stays usable.
+/// Undoes everything since the latest [`savepoint`] and removes it (one round trip); the
+/// transaction stays usable. Removed, not kept for reuse: a savepoint opened later would nest
+/// inside it, and when that one writes, PostgreSQL gives every enclosing subtransaction an id of
+/// its own, each one more in the 64 it caches per backend.
 pub async fn rollback_to_savepoint(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
-    sqlx::query("ROLLBACK TO SAVEPOINT event")
+    sqlx::raw_sql("ROLLBACK TO SAVEPOINT event; RELEASE SAVEPOINT event")
         .execute(conn)
         .await?;
     Ok(())
