@@ -1,9 +1,10 @@
 //! The drain: turns queued events into trusted state, exactly once.
 //!
 //! A batch is one transaction: claim up to `batch_size` ready events (`FOR UPDATE SKIP
-//! LOCKED`, so concurrent drainers never wait on each other), apply each event's effect under
-//! its own savepoint (one bad event never rolls back its batch), then complete, reschedule and
-//! dead-letter the batch with one statement each, and commit. A drainer that dies mid-batch
+//! LOCKED`, so concurrent drainers never wait on each other), apply the effects of each
+//! handler's events together under one savepoint, set-wise (a failing group is rolled back and
+//! split until each failing event stands alone, so one bad event never rolls back its batch),
+//! then complete, reschedule and dead-letter the batch with one statement each, and commit. A drainer that dies mid-batch
 //! commits nothing; its rows unlock and are claimed again.
 //!
 //! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
@@ -220,7 +221,15 @@ impl Drainer {
             claimed.iter().map(|_| None).collect();
         let mut kept = 0;
         for (handler, members) in self.groups(&claimed) {
-            apply_group(&mut tx, handler, &claimed, members, &mut verdicts, &mut kept).await?;
+            apply_group(
+                &mut tx,
+                handler,
+                &claimed,
+                members,
+                &mut verdicts,
+                &mut kept,
+            )
+            .await?;
         }
         let mut decisions = Decisions::default();
         let mut deferred = 0;

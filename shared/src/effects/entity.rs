@@ -68,8 +68,7 @@ impl EffectHandler for EntityProjection {
                 *round += 1;
             }
             for round in rounds {
-                let changes: Vec<EntityChange<'_>> =
-                    round.iter().map(|(_, c)| c.clone()).collect();
+                let changes: Vec<EntityChange<'_>> = round.iter().map(|(_, c)| c.clone()).collect();
                 let results =
                     entities::apply_versioned(&mut *conn, &changes, ENTITY_CHANGED).await?;
                 for ((i, change), result) in round.iter().zip(results) {

@@ -3,15 +3,20 @@
 //! currency and current state compared; one forward transition (awaiting_payment → paid); the
 //! fulfilment outbox row written in the same transaction. Any disagreement records an exception
 //! row and produces no fulfilment; the event is still processed (retrying would not change it).
+//! A batch's payment events are settled together: their orders locked with one statement, in key
+//! order, and every transition, fulfilment and exception written with another.
+
+use std::collections::HashMap;
 
 use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{
-    Effect, EffectError, EffectFuture, EffectHandler, Expectation, outbox_key, payload_json,
+    Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture, Expectation, outbox_key,
+    payload_json,
 };
 use crate::store::event_queue::ClaimedEvent;
-use crate::store::{orders, outbox};
+use crate::store::orders::{self, Fulfilment, Order, PaymentException, Settlement};
 
 /// The outbox action that asks the merchant's system to fulfil a paid order.
 pub const FULFIL_ORDER: &str = "fulfil_order";
@@ -96,128 +101,196 @@ impl EffectHandler for Payments {
         event: &'a ClaimedEvent,
     ) -> EffectFuture<'a> {
         Box::pin(async move {
-            let (tenant, event_id) = (event.tenant_id.as_str(), event.external_id.as_str());
-            let body = payload_json(event)?;
-            let payment = match self.read(&body) {
-                Ok(p) => p,
-                Err(why) => return exception(conn, event, None, "unmappable_event", &why).await,
-            };
-            let order_id = Some(payment.order_id.as_str());
-            let Some(order) = orders::lock(&mut *conn, tenant, &payment.order_id).await? else {
-                return exception(conn, event, order_id, "unknown_order", "no such order").await;
-            };
-            if order.state != "awaiting_payment" {
-                return if order.paid_by_event.as_deref() == Some(event_id) {
-                    if order.paid_at.is_some_and(|t| t < event.first_received_at) {
-                        // Paid before this event row existed: a redelivery after retention.
-                        super::redelivered_after_purge(conn, event).await?;
-                    } else {
-                        // This event paid it: make sure its fulfilment row exists.
-                        enqueue_fulfilment(conn, event, &payment).await?;
+            let mut effects = self.apply_all(conn, &[event]).await?;
+            effects
+                .pop()
+                .ok_or_else(|| EffectError::Fatal("the payments flow returned no effect".into()))
+        })
+    }
+
+    /// Three statements for the whole group: lock every order it names (in key order), then,
+    /// after comparing each event with its order as the events before it left it, write every
+    /// transition, fulfilment and exception together.
+    fn apply_all<'a>(
+        &'a self,
+        conn: &'a mut PgConnection,
+        events: &'a [&'a ClaimedEvent],
+    ) -> EffectsFuture<'a> {
+        Box::pin(async move {
+            let mut payments = Vec::with_capacity(events.len());
+            for event in events {
+                payments.push(self.read(&payload_json(event)?));
+            }
+            let (tenants, order_ids): (Vec<&str>, Vec<&str>) = events
+                .iter()
+                .zip(&payments)
+                .filter_map(|(e, p)| {
+                    Some((e.tenant_id.as_str(), p.as_ref().ok()?.order_id.as_str()))
+                })
+                .unzip();
+            let mut orders: HashMap<(String, String), Order> =
+                orders::lock_all(&mut *conn, &tenants, &order_ids)
+                    .await?
+                    .into_iter()
+                    .map(|o| ((o.tenant_id.clone(), o.order_id.clone()), o))
+                    .collect();
+            let mut settlement = Settlement::default();
+            let mut purged = Vec::new();
+            let effects: Vec<Effect> = events
+                .iter()
+                .zip(&payments)
+                .map(|(event, payment)| match payment {
+                    Err(why) => exception(&mut settlement, event, None, "unmappable_event", why),
+                    Ok(payment) => {
+                        settle_one(&mut orders, &mut settlement, &mut purged, event, payment)
                     }
-                    Ok(Effect::Stale)
-                } else if order.state == "cancelled" {
-                    exception(conn, event, order_id, "invalid_state", "order is cancelled").await
-                } else {
-                    let detail = format!(
-                        "order is {} (paid by {:?})",
-                        order.state, order.paid_by_event
-                    );
-                    exception(conn, event, order_id, "already_paid", &detail).await
-                };
-            }
-            let mismatch = if payment.amount != order.amount_minor {
-                Some((
-                    "amount_mismatch",
-                    format!("payment {} != order {}", payment.amount, order.amount_minor),
-                ))
-            } else if !payment.currency.eq_ignore_ascii_case(&order.currency) {
-                Some((
-                    "currency_mismatch",
-                    format!("payment {} != order {}", payment.currency, order.currency),
-                ))
-            } else if payment.merchant_reference.as_deref()
-                != Some(order.merchant_reference.as_str())
-            {
-                Some((
-                    "reference_mismatch",
-                    format!(
-                        "payment {:?} != order {:?}",
-                        payment.merchant_reference, order.merchant_reference
-                    ),
-                ))
-            } else if order
-                .gateway_order_id
-                .as_deref()
-                .is_some_and(|g| g != payment.gateway_order_id)
-            {
-                Some((
-                    "gateway_mismatch",
-                    format!(
-                        "payment {} != order {:?}",
-                        payment.gateway_order_id, order.gateway_order_id
-                    ),
-                ))
-            } else {
-                None
-            };
-            if let Some((kind, detail)) = mismatch {
-                return exception(conn, event, order_id, kind, &detail).await;
-            }
-            if !orders::mark_paid(
-                &mut *conn,
-                tenant,
-                &payment.order_id,
-                &payment.gateway_order_id,
-                event_id,
-            )
-            .await?
-            {
+                })
+                .collect();
+            let paying = settlement.paid.len() as u64;
+            if orders::settle(&mut *conn, &settlement, FULFIL_ORDER).await? != paying {
                 return Err(EffectError::Retryable(
-                    "order changed under its lock".into(),
+                    "an order changed under its lock".into(),
                 ));
             }
-            enqueue_fulfilment(conn, event, &payment).await?;
-            Ok(Effect::Applied)
+            for event in purged {
+                // Paid before this event row existed: a redelivery after retention.
+                super::redelivered_after_purge(&mut *conn, event).await?;
+            }
+            Ok(effects)
         })
     }
 }
 
+/// Compares one payment with its order as the group's earlier events left it, and settles it:
+/// pays the order, or records why not.
+fn settle_one<'e>(
+    orders: &mut HashMap<(String, String), Order>,
+    settlement: &mut Settlement,
+    purged: &mut Vec<&'e ClaimedEvent>,
+    event: &'e ClaimedEvent,
+    payment: &Payment,
+) -> Effect {
+    let event_id = event.external_id.as_str();
+    let order_id = Some(payment.order_id.as_str());
+    let key = (event.tenant_id.clone(), payment.order_id.clone());
+    let Some(order) = orders.get_mut(&key) else {
+        return exception(
+            settlement,
+            event,
+            order_id,
+            "unknown_order",
+            "no such order",
+        );
+    };
+    if order.state != "awaiting_payment" {
+        return if order.paid_by_event.as_deref() == Some(event_id) {
+            if order.paid_at.is_some_and(|t| t < event.first_received_at) {
+                purged.push(event);
+            } else {
+                // This event paid it: make sure its fulfilment row exists.
+                fulfil(settlement, event, payment);
+            }
+            Effect::Stale
+        } else if order.state == "cancelled" {
+            exception(
+                settlement,
+                event,
+                order_id,
+                "invalid_state",
+                "order is cancelled",
+            )
+        } else {
+            let detail = format!(
+                "order is {} (paid by {:?})",
+                order.state, order.paid_by_event
+            );
+            exception(settlement, event, order_id, "already_paid", &detail)
+        };
+    }
+    let mismatch = if payment.amount != order.amount_minor {
+        Some((
+            "amount_mismatch",
+            format!("payment {} != order {}", payment.amount, order.amount_minor),
+        ))
+    } else if !payment.currency.eq_ignore_ascii_case(&order.currency) {
+        Some((
+            "currency_mismatch",
+            format!("payment {} != order {}", payment.currency, order.currency),
+        ))
+    } else if payment.merchant_reference.as_deref() != Some(order.merchant_reference.as_str()) {
+        Some((
+            "reference_mismatch",
+            format!(
+                "payment {:?} != order {:?}",
+                payment.merchant_reference, order.merchant_reference
+            ),
+        ))
+    } else if order
+        .gateway_order_id
+        .as_deref()
+        .is_some_and(|g| g != payment.gateway_order_id)
+    {
+        Some((
+            "gateway_mismatch",
+            format!(
+                "payment {} != order {:?}",
+                payment.gateway_order_id, order.gateway_order_id
+            ),
+        ))
+    } else {
+        None
+    };
+    if let Some((kind, detail)) = mismatch {
+        return exception(settlement, event, order_id, kind, &detail);
+    }
+    // The one forward transition, as the later events of the group will see it.
+    order.state = "paid".into();
+    order.paid_by_event = Some(event_id.to_owned());
+    order.paid_at = None;
+    order
+        .gateway_order_id
+        .get_or_insert_with(|| payment.gateway_order_id.clone());
+    settlement.paid.push(orders::Payment {
+        tenant_id: event.tenant_id.clone(),
+        order_id: payment.order_id.clone(),
+        gateway_order_id: payment.gateway_order_id.clone(),
+        external_id: event_id.to_owned(),
+    });
+    fulfil(settlement, event, payment);
+    Effect::Applied
+}
+
 /// The order's fulfilment message, in the outbox once per paying event (its key is stable, so
 /// writing it again is a no-op).
-async fn enqueue_fulfilment(
-    conn: &mut PgConnection,
-    event: &ClaimedEvent,
-    payment: &Payment,
-) -> Result<(), EffectError> {
+fn fulfil(settlement: &mut Settlement, event: &ClaimedEvent, payment: &Payment) {
     let message = serde_json::json!({
         "order_id": payment.order_id,
         "amount_minor": payment.amount,
         "currency": payment.currency,
         "gateway_order_id": payment.gateway_order_id,
     });
-    let (tenant, event_id) = (event.tenant_id.as_str(), event.external_id.as_str());
-    let key = outbox_key(tenant, event_id, FULFIL_ORDER);
-    outbox::enqueue(conn, tenant, event_id, FULFIL_ORDER, &message, &key).await?;
-    Ok(())
+    settlement.fulfilments.push(Fulfilment {
+        tenant_id: event.tenant_id.clone(),
+        external_id: event.external_id.clone(),
+        message,
+        idempotency_key: outbox_key(&event.tenant_id, &event.external_id, FULFIL_ORDER),
+    });
 }
 
-async fn exception(
-    conn: &mut PgConnection,
+fn exception(
+    settlement: &mut Settlement,
     event: &ClaimedEvent,
     order_id: Option<&str>,
     kind: &'static str,
     detail: &str,
-) -> Result<Effect, EffectError> {
+) -> Effect {
     tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, kind, detail, "payment exception");
-    orders::record_exception(
-        conn,
-        &event.tenant_id,
-        &event.external_id,
-        order_id,
+    settlement.exceptions.push(PaymentException {
+        tenant_id: event.tenant_id.clone(),
+        external_id: event.external_id.clone(),
+        order_id: order_id.map(str::to_owned),
         kind,
-        detail,
-    )
-    .await?;
-    Ok(Effect::Exception(kind))
+        detail: detail.to_owned(),
+    });
+    Effect::Exception(kind)
 }

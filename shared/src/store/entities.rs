@@ -118,13 +118,23 @@ pub async fn apply_versioned(
         .bind(changes.iter().map(|c| c.entity_type).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.entity_id).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.version).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.version_tiebreak).collect::<Vec<_>>())
+        .bind(
+            changes
+                .iter()
+                .map(|c| c.version_tiebreak)
+                .collect::<Vec<_>>(),
+        )
         .bind(changes.iter().map(|c| c.state).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.deleted).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.external_id).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.source_id).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.payload_sha256).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.outbox_key.as_str()).collect::<Vec<_>>())
+        .bind(
+            changes
+                .iter()
+                .map(|c| c.outbox_key.as_str())
+                .collect::<Vec<_>>(),
+        )
         .bind(changes.iter().map(|c| c.since).collect::<Vec<_>>())
         .bind(outbox_action)
         .fetch_all(executor)

@@ -4,29 +4,6 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
-/// Adds a side effect; a second insert for the same (tenant, event, action) is a no-op.
-/// Returns whether a row was written.
-pub async fn enqueue(
-    executor: impl PgExecutor<'_>,
-    tenant_id: &str,
-    external_id: &str,
-    action: &str,
-    payload: &serde_json::Value,
-    idempotency_key: &str,
-) -> Result<bool, StoreError> {
-    const SQL: &str = "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
-         VALUES ($1, $2, $3, $4, $5) ON CONFLICT (tenant_id, external_id, action) DO NOTHING";
-    let done = sqlx::query(SQL)
-        .bind(tenant_id)
-        .bind(external_id)
-        .bind(action)
-        .bind(payload)
-        .bind(idempotency_key)
-        .execute(executor)
-        .await?;
-    Ok(done.rows_affected() == 1)
-}
-
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OutboxMessage {
     pub outbox_id: i64,
