@@ -113,7 +113,13 @@ pub async fn apply_versioned(
     if changes.is_empty() {
         return Ok(Vec::new());
     }
+    // Planned afresh each time (an unnamed statement), never from a cached generic plan: one
+    // planned while `entities` was small joins it by a sequential scan, and nothing replans it
+    // as the table grows until the table is next analyzed (a drain with autovacuum off slowed
+    // to half its rate in five minutes). Planned with the arrays in hand, it looks every key up
+    // in the index. Planning costs about a millisecond, once per batch.
     let applied: Vec<Applied> = sqlx::query_as(SQL)
+        .persistent(false)
         .bind(changes.iter().map(|c| c.tenant_id).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.entity_type).collect::<Vec<_>>())
         .bind(changes.iter().map(|c| c.entity_id).collect::<Vec<_>>())

@@ -33,7 +33,10 @@ pub async fn lock_all(
     if order_ids.is_empty() {
         return Ok(Vec::new());
     }
+    // Planned afresh with the keys in hand, like the entity projection's statement (see
+    // `entities::apply_versioned`): a cached generic plan would join by a sequential scan.
     Ok(sqlx::query_as(SQL)
+        .persistent(false)
         .bind(tenants)
         .bind(order_ids)
         .fetch_all(conn)
@@ -122,6 +125,7 @@ pub async fn settle(
         &settlement.exceptions,
     );
     let paid: i64 = sqlx::query_scalar(SQL)
+        .persistent(false)
         .bind(column(p, |p| p.tenant_id.as_str()))
         .bind(column(p, |p| p.order_id.as_str()))
         .bind(column(p, |p| p.gateway_order_id.as_str()))
