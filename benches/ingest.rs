@@ -19,8 +19,8 @@ use shared::domain::Scheme;
 use shared::ingest::{IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, SourceRegistry};
-use shared::store::webhook_events;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use shared::store::{self, webhook_events};
+use sqlx::postgres::PgConnectOptions;
 
 const SECRET: &str = "whsec_bench";
 const PAYLOAD_BYTES: usize = 1024;
@@ -58,6 +58,19 @@ fn request(body: Vec<u8>, at: i64) -> lambda_http::Request {
     )]))
 }
 
+/// A pool built as the functions build theirs ([`store::pool_options`]), `concurrency`
+/// connections, all open before the clock starts.
+async fn deployed_pool(options: &PgConnectOptions, concurrency: usize) -> sqlx::PgPool {
+    store::pool_options(&store::PoolSettings {
+        max_connections: concurrency as u32,
+        acquire_timeout: Duration::from_secs(3),
+    })
+    .min_connections(concurrency as u32)
+    .connect_with(options.clone())
+    .await
+    .unwrap()
+}
+
 /// Requests are signed before the clock starts, so the figure is the handler's alone.
 const PREBUILT_PER_SECOND: u64 = 12_000;
 
@@ -67,12 +80,7 @@ async fn run_handler(
     seconds: u64,
     level: usize,
 ) -> f64 {
-    let pool = PgPoolOptions::new()
-        .max_connections(concurrency as u32)
-        .min_connections(concurrency as u32)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
+    let pool = deployed_pool(options, concurrency).await;
     let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
     let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
     let ingestor = Arc::new(Ingestor::new(
@@ -128,12 +136,7 @@ async fn run_store_only(
     seconds: u64,
     level: usize,
 ) -> f64 {
-    let pool = PgPoolOptions::new()
-        .max_connections(concurrency as u32)
-        .min_connections(concurrency as u32)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
+    let pool = deployed_pool(options, concurrency).await;
     let body = Arc::new(event_body("evt_store_only"));
     let done = Arc::new(AtomicUsize::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
@@ -221,6 +224,16 @@ fn run_pgbench(options: &PgConnectOptions, concurrency: usize, seconds: u64, lev
     benchmarks::pgbench_tps(options, concurrency, seconds, &pgbench_script(level))
 }
 
+/// The concurrency levels: 1, 4 and 16, or the comma-separated list in BENCH_LEVELS (to
+/// profile one level alone).
+fn levels() -> Vec<usize> {
+    std::env::var("BENCH_LEVELS")
+        .ok()
+        .map(|s| s.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .filter(|levels: &Vec<usize>| !levels.is_empty())
+        .unwrap_or_else(|| vec![1, 4, 16])
+}
+
 #[tokio::main]
 async fn main() {
     let seconds: u64 = std::env::var("BENCH_SECONDS")
@@ -240,7 +253,7 @@ async fn main() {
         "{:>11} {:>15} {:>17} {:>8} {:>15}",
         "concurrency", "handler req/s", "pgbench upsert/s", "ratio", "sqlx upsert/s"
     );
-    for (level, concurrency) in [1usize, 4, 16].into_iter().enumerate() {
+    for (level, concurrency) in levels().into_iter().enumerate() {
         let handler = run_handler(&options, concurrency, seconds, level).await;
         let raw = run_pgbench(&options, concurrency, seconds, level);
         let store_only = run_store_only(&options, concurrency, seconds, level).await;

@@ -11,6 +11,7 @@ use shared::domain::Scheme;
 use shared::ingest::{IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::{self, SourceRegistry};
+use shared::store;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -510,6 +511,86 @@ async fn an_unreachable_database_is_503_never_2xx(pool: PgPool) {
     );
 
     assert_nothing_stored(&pool).await;
+}
+
+/// The connection a delivery is stored over may have died since it was last used. One idle for
+/// [`store::PING_IF_IDLE_FOR`] or longer is pinged and replaced before a delivery sees it; one
+/// that died within that time fails the delivery as an unavailable database (503, nothing
+/// stored, never a 2xx) and is discarded, so the provider's retry lands.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_dead_pooled_connection_never_turns_into_a_2xx_and_is_replaced(pool: PgPool) {
+    sources::apply(&pool, &sources_for_every_scheme())
+        .await
+        .unwrap();
+    let options = (*pool.connect_options())
+        .clone()
+        .application_name("ingest_under_test");
+    let ingestor = Ingestor::new(
+        store::lazy_pool(
+            options,
+            &store::PoolSettings {
+                max_connections: 1,
+                acquire_timeout: Duration::from_secs(3),
+            },
+        ),
+        Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(60))),
+        Arc::new(secrets_for_every_scheme()),
+        IngestLimits {
+            max_body_bytes: MAX_BODY,
+        },
+    );
+    // Kills the pooled connection once it is back in the pool, and waits until it is gone.
+    let kill = || async {
+        while ingestor.pool().num_idle() < 1 {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let killed: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE application_name = 'ingest_under_test') AS k",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(killed, 1);
+        loop {
+            let alive: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'ingest_under_test'",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            if alive == 0 {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    let send = |id: &'static str| {
+        let d = stripe(id, json!({}));
+        let ingestor = &ingestor;
+        async move { post_to(ingestor, "stripe", d.headers, &d.body).await }
+    };
+    assert_eq!(send("evt_first").await.outcome(), "accepted");
+
+    // Killed the moment after its use: the next delivery over it fails, retryably.
+    kill().await;
+    let reply = send("evt_over_a_dead_connection").await;
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(
+        event(&pool, TENANT, "evt_over_a_dead_connection")
+            .await
+            .is_none()
+    );
+    // The dead connection was discarded: the retry lands over a new one.
+    assert_eq!(
+        send("evt_over_a_dead_connection").await.outcome(),
+        "accepted"
+    );
+
+    // Killed, then idle past the threshold: pinged, replaced, and the delivery lands.
+    kill().await;
+    tokio::time::sleep(store::PING_IF_IDLE_FOR + Duration::from_millis(200)).await;
+    assert_eq!(send("evt_after_idle").await.outcome(), "accepted");
 }
 
 #[sqlx::test(migrations = "../migrations")]

@@ -152,13 +152,38 @@ impl Default for PoolSettings {
     }
 }
 
-/// A pool that connects on first use, so a cold start does not fail when the database is
-/// briefly unreachable: the request that needs it gets a 503 instead.
-pub fn lazy_pool(options: PgConnectOptions, settings: &PoolSettings) -> PgPool {
+/// A connection back in the pool for less than this is handed out without a ping; one idle for
+/// longer is pinged first, and replaced if it is dead.
+///
+/// sqlx pings every connection as it comes back to the pool and discards one that fails, so a
+/// second ping as it leaves again moments later proves little and costs a round trip before
+/// every statement (sqlx's default, `test_before_acquire`). Connections die while idle: a
+/// Lambda environment thawed after minutes, a server-side idle timeout, a failover; those are
+/// pinged. One that dies within this second fails the statement it carries, which is answered
+/// as the database being unavailable (ingest: 503, nothing stored, the provider retries), as a
+/// connection that dies mid-statement always was.
+pub const PING_IF_IDLE_FOR: Duration = Duration::from_secs(1);
+
+/// The options every pool is built with (see [`lazy_pool`]).
+pub fn pool_options(settings: &PoolSettings) -> PgPoolOptions {
     PgPoolOptions::new()
         .max_connections(settings.max_connections)
         .acquire_timeout(settings.acquire_timeout)
         // Do not keep idle connections forever: RDS connection slots are shared.
         .idle_timeout(Some(Duration::from_secs(300)))
-        .connect_lazy_with(options)
+        .test_before_acquire(false)
+        .before_acquire(|conn, meta| {
+            Box::pin(async move {
+                if meta.idle_for >= PING_IF_IDLE_FOR {
+                    sqlx::Connection::ping(conn).await?;
+                }
+                Ok(true)
+            })
+        })
+}
+
+/// A pool that connects on first use, so a cold start does not fail when the database is
+/// briefly unreachable: the request that needs it gets a 503 instead.
+pub fn lazy_pool(options: PgConnectOptions, settings: &PoolSettings) -> PgPool {
+    pool_options(settings).connect_lazy_with(options)
 }
