@@ -214,7 +214,8 @@ async fn main() {
     let backlog: u64 = std::env::var("BENCH_BACKLOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(1_800_000 * minutes / 5);
+        // Enough that four drainers at ~10k events/s do not run the queue dry.
+        .unwrap_or(600_000 * minutes);
     let raw_seconds: u64 = 30;
     let db = benchmarks::BenchDatabase::create("bench_drain").await;
     let (pool, options) = (db.pool.clone(), db.options.clone());

@@ -36,12 +36,7 @@ impl EffectHandler for EntityProjection {
         conn: &'a mut PgConnection,
         event: &'a ClaimedEvent,
     ) -> EffectFuture<'a> {
-        Box::pin(async move {
-            let mut effects = self.apply_all(conn, &[event]).await?;
-            effects
-                .pop()
-                .ok_or_else(|| EffectError::Fatal("the projection returned no effect".into()))
-        })
+        super::apply_one(self, conn, event)
     }
 
     /// One statement per round: the first change of each entity in the group, then the

@@ -131,6 +131,21 @@ pub trait EffectHandler: Send + Sync {
     }
 }
 
+/// One event's effect through `handler`'s [`EffectHandler::apply_all`], for a handler whose
+/// group statements are its only SQL: one event and a batch take the same path.
+pub fn apply_one<'a>(
+    handler: &'a (impl EffectHandler + ?Sized),
+    conn: &'a mut PgConnection,
+    event: &'a ClaimedEvent,
+) -> EffectFuture<'a> {
+    Box::pin(async move {
+        let mut effects = handler.apply_all(conn, &[event]).await?;
+        effects
+            .pop()
+            .ok_or_else(|| EffectError::Fatal(format!("{} returned no effect", handler.name())))
+    })
+}
+
 /// Handlers by (scheme, event type), with a fallback for everything else.
 pub struct EffectRegistry {
     handlers: HashMap<(Scheme, String), Arc<dyn EffectHandler>>,

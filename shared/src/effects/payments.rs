@@ -100,12 +100,7 @@ impl EffectHandler for Payments {
         conn: &'a mut PgConnection,
         event: &'a ClaimedEvent,
     ) -> EffectFuture<'a> {
-        Box::pin(async move {
-            let mut effects = self.apply_all(conn, &[event]).await?;
-            effects
-                .pop()
-                .ok_or_else(|| EffectError::Fatal("the payments flow returned no effect".into()))
-        })
+        super::apply_one(self, conn, event)
     }
 
     /// Three statements for the whole group: lock every order it names (in key order), then,
