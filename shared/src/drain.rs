@@ -4,8 +4,8 @@
 //! LOCKED`, so concurrent drainers never wait on each other), apply the effects of each
 //! handler's events together under one savepoint, set-wise (a failing group is rolled back and
 //! split until each failing event stands alone, so one bad event never rolls back its batch),
-//! then complete, reschedule and dead-letter the batch with one statement each, and commit. A drainer that dies mid-batch
-//! commits nothing; its rows unlock and are claimed again.
+//! then complete, reschedule and dead-letter the batch with one statement each, and commit. A
+//! drainer that dies mid-batch commits nothing; its rows unlock and are claimed again.
 //!
 //! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
 //! its effects, and whatever that does, the event row stays as it was (never retried, never
