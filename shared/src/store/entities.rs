@@ -2,7 +2,7 @@
 
 use sqlx::PgExecutor;
 
-use super::StoreError;
+use super::{StoreError, column};
 
 #[derive(Debug, Clone)]
 pub struct EntityChange<'a> {
@@ -120,28 +120,18 @@ pub async fn apply_versioned(
     // in the index. Planning costs about a millisecond, once per batch.
     let applied: Vec<Applied> = sqlx::query_as(SQL)
         .persistent(false)
-        .bind(changes.iter().map(|c| c.tenant_id).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.entity_type).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.entity_id).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.version).collect::<Vec<_>>())
-        .bind(
-            changes
-                .iter()
-                .map(|c| c.version_tiebreak)
-                .collect::<Vec<_>>(),
-        )
-        .bind(changes.iter().map(|c| c.state).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.deleted).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.external_id).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.source_id).collect::<Vec<_>>())
-        .bind(changes.iter().map(|c| c.payload_sha256).collect::<Vec<_>>())
-        .bind(
-            changes
-                .iter()
-                .map(|c| c.outbox_key.as_str())
-                .collect::<Vec<_>>(),
-        )
-        .bind(changes.iter().map(|c| c.since).collect::<Vec<_>>())
+        .bind(column(changes, |c| c.tenant_id))
+        .bind(column(changes, |c| c.entity_type))
+        .bind(column(changes, |c| c.entity_id))
+        .bind(column(changes, |c| c.version))
+        .bind(column(changes, |c| c.version_tiebreak))
+        .bind(column(changes, |c| c.state))
+        .bind(column(changes, |c| c.deleted))
+        .bind(column(changes, |c| c.external_id))
+        .bind(column(changes, |c| c.source_id))
+        .bind(column(changes, |c| c.payload_sha256))
+        .bind(column(changes, |c| c.outbox_key.as_str()))
+        .bind(column(changes, |c| c.since))
         .bind(outbox_action)
         .fetch_all(executor)
         .await?;

@@ -118,6 +118,11 @@ impl From<sqlx::Error> for StoreError {
     }
 }
 
+/// One field of every row, as the array a set statement binds (`unnest($1::text[], ...)`).
+pub(crate) fn column<'r, T, U>(rows: &'r [T], field: impl Fn(&'r T) -> U) -> Vec<U> {
+    rows.iter().map(field).collect()
+}
+
 /// Marks the point a failing event's writes roll back to, inside the caller's transaction.
 pub async fn savepoint(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
     sqlx::query("SAVEPOINT event").execute(conn).await?;

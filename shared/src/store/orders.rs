@@ -2,7 +2,7 @@
 
 use sqlx::{PgConnection, PgExecutor};
 
-use super::StoreError;
+use super::{StoreError, column};
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct Order {
@@ -115,9 +115,6 @@ pub async fn settle(
          SELECT count(*) FROM paid";
     if settlement.is_empty() {
         return Ok(0);
-    }
-    fn column<'r, T, U>(rows: &'r [T], f: impl Fn(&'r T) -> U) -> Vec<U> {
-        rows.iter().map(f).collect()
     }
     let (p, f, x) = (
         &settlement.paid,
