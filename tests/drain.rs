@@ -750,6 +750,10 @@ async fn no_batch_holds_more_than_64_subtransactions_however_many_events_fail(
         "{outcome:?}"
     );
     assert_eq!(application_counts(&admin).await, (1, 1, 300));
+    assert!(
+        outcome.deferred > 0,
+        "a batch of 300 failures has more to isolate than 64 subtransactions allow: {outcome:?}"
+    );
     assert_eq!(
         scalar(
             &admin,
@@ -893,4 +897,41 @@ async fn one_batch_ends_where_one_event_at_a_time_ends(pool: PgPool) {
     ] {
         assert!(end.contains(expected), "missing {expected:?} in\n{end}");
     }
+}
+
+/// A set statement planned once, while its table was small, and cached as a generic plan joins
+/// that table by a sequential scan for as long as the connection lives (nothing replans it
+/// until the table is next analyzed): the drain decayed to half its rate within minutes. The
+/// entity projection's statement is therefore planned afresh every batch, never prepared on the
+/// connection, while the claim, whose plan does not depend on the batch, stays prepared.
+#[sqlx::test(migrations = "../migrations")]
+async fn the_set_statements_are_never_cached_as_prepared_plans(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let admin = admin_with_bulk_events(pool_options, &connect, 400).await;
+    let one_connection = PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(connect.clone())
+        .await
+        .unwrap();
+    let drainer = standard_drainer(&one_connection);
+
+    let outcome = drain_all(&drainer, &admin, Duration::from_secs(30)).await;
+    assert_eq!(outcome.processed, 400, "{outcome:?}");
+    assert!(outcome.batches >= 8, "{outcome:?}");
+
+    let prepared: Vec<String> = sqlx::query_scalar("SELECT statement FROM pg_prepared_statements")
+        .fetch_all(&one_connection)
+        .await
+        .unwrap();
+    assert!(
+        prepared.iter().any(|s| s.contains("FROM event_queue AS q")),
+        "the drain's connection keeps its prepared claim: {prepared:#?}"
+    );
+    let cached: Vec<&String> = prepared
+        .iter()
+        .filter(|s| s.contains("INSERT INTO entities"))
+        .collect();
+    assert!(cached.is_empty(), "cached set statements: {cached:#?}");
 }
