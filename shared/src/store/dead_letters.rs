@@ -20,13 +20,14 @@ pub async fn bury(
          dequeued AS ( \
              DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
-             RETURNING q.tenant_id, q.external_id), \
+             RETURNING q.tenant_id, q.external_id, d.error, d.reason), \
          marked AS ( \
              UPDATE webhook_events AS e \
-             SET status = 'dead_lettered', attempts = e.attempts + 1, last_error = d.error \
-             FROM dequeued JOIN d USING (tenant_id, external_id) \
+             SET status = 'dead_lettered', attempts = e.attempts + 1, last_error = dequeued.error \
+             FROM dequeued \
              WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id AND e.status = 'pending' \
-             RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, d.error, d.reason) \
+             RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, \
+                 dequeued.error, dequeued.reason) \
          INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
          SELECT tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts FROM marked";
     if ids.is_empty() {

@@ -56,11 +56,11 @@ pub async fn complete(
          done AS ( \
              DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
-             RETURNING q.tenant_id, q.external_id) \
+             RETURNING q.tenant_id, q.external_id, d.expects) \
          UPDATE webhook_events AS e \
          SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL, \
-             expects = d.expects \
-         FROM done JOIN d USING (tenant_id, external_id) \
+             expects = done.expects \
+         FROM done \
          WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending'";
     if ids.is_empty() {
         return Ok(0);
@@ -107,10 +107,10 @@ pub async fn retry_later(
          requeued AS ( \
              UPDATE event_queue AS q SET ready_at = now() + make_interval(secs => r.delay_ms / 1000.0) \
              FROM r WHERE q.tenant_id = r.tenant_id AND q.external_id = r.external_id \
-             RETURNING q.tenant_id, q.external_id, q.ready_at) \
+             RETURNING q.tenant_id, q.external_id, q.ready_at, r.error) \
          UPDATE webhook_events AS e \
-         SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = r.error \
-         FROM requeued JOIN r USING (tenant_id, external_id) \
+         SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = requeued.error \
+         FROM requeued \
          WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id \
            AND e.status = 'pending'";
     if ids.is_empty() {
