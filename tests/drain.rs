@@ -520,6 +520,56 @@ async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
     );
 }
 
+/// The outbox keeps no unique index on the Idempotency-Key: a key is the digest of its row's
+/// (tenant, event, action), which the outbox admits once, so keys are unique by construction.
+/// Every path that writes the outbox (the projection, fulfilment, reconcile's re-announcement
+/// of a lost row) must keep deriving them that way.
+#[sqlx::test(migrations = "../migrations")]
+async fn every_outbox_key_is_the_digest_of_its_tenant_event_and_action(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    let drainer = standard_drainer(&pool);
+    create_order(&pool, "ord-1", "REF-1", 500, "eur").await;
+    deliver(&app, entity_event("k-1", "a", 1, "thing.updated")).await;
+    deliver(&app, entity_event("k-2", "b", 1, "thing.updated")).await;
+    deliver(&app, payment("k-3", "ord-1", "REF-1", 500, "eur")).await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    // Two announcements are lost; reconcile writes them again.
+    sqlx::query("DELETE FROM outbox WHERE external_id IN ('k-2', 'k-3')")
+        .execute(&pool)
+        .await
+        .unwrap();
+    shared::reconcile::run_once(&pool, &drainer, &Default::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM event_queue").await, 0);
+
+    let rows: Vec<(String, String, String, String)> = sqlx::query_as(
+        "SELECT tenant_id, external_id, action, idempotency_key FROM outbox ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let written: Vec<(&str, &str)> = rows
+        .iter()
+        .map(|(_, event, action, _)| (event.as_str(), action.as_str()))
+        .collect();
+    assert_eq!(
+        written,
+        [
+            ("k-1", "entity.changed"),
+            ("k-2", "entity.changed"),
+            ("k-3", "fulfil_order")
+        ]
+    );
+    for (tenant, event, action, key) in &rows {
+        assert_eq!(
+            key,
+            &shared::effects::outbox_key(tenant, event, action),
+            "the key of {event}'s {action}"
+        );
+    }
+}
+
 /// (h) Our 2xx was lost after the commit: the provider redelivers; the redelivery is a
 /// duplicate and nothing happens twice. Likewise a drain invocation retried after it committed.
 #[sqlx::test(migrations = "../migrations")]
