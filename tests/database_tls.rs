@@ -132,6 +132,60 @@ async fn migrate_ingest_and_the_drain_work_over_verify_full() {
     );
 }
 
+/// Whether the TCP socket of this process bound to local `port` has TCP_NODELAY set; `None`
+/// when no socket of this process has that port.
+fn nodelay_of_local_port(port: u16) -> Option<bool> {
+    use std::os::fd::{BorrowedFd, RawFd};
+    for entry in std::fs::read_dir("/proc/self/fd").ok()?.flatten() {
+        let Some(fd) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<RawFd>().ok())
+        else {
+            continue;
+        };
+        let is_socket = std::fs::read_link(entry.path())
+            .is_ok_and(|target| target.to_string_lossy().starts_with("socket:"));
+        if !is_socket {
+            continue;
+        }
+        // SAFETY: only read through while this loop runs; a descriptor closed meanwhile makes
+        // the calls below fail, it is never written to.
+        let fd = unsafe { BorrowedFd::borrow_raw(fd) };
+        let socket = socket2::SockRef::from(&fd);
+        let local = socket.local_addr().ok().and_then(|a| a.as_socket());
+        if local.map(|a| a.port()) == Some(port) {
+            return socket.tcp_nodelay().ok();
+        }
+    }
+    None
+}
+
+/// sqlx 0.9 stopped setting TCP_NODELAY on its sockets (transact-rs/sqlx#4335), and without it
+/// a message the driver writes in two pieces waits out the server's 40 ms delayed ACK: every
+/// TLS handshake stalled twice and every drain batch once (1,450 events/s against 6,600). The
+/// workspace patches sqlx-core (`vendor/`); this fails if the patch is dropped before sqlx
+/// releases the fix, or a pool is built some other way.
+#[tokio::test]
+async fn the_functions_connections_set_tcp_nodelay() {
+    let database = fresh_database().await;
+    let settings = vars(&[("DATABASE_URL", &verified(&database))]);
+    let pool = pool_from(&settings).await;
+    assert!(on_tls(&pool).await, "the pool's connection is TLS");
+    let mut conn = pool.acquire().await.unwrap();
+    let port: i32 =
+        sqlx::query_scalar("SELECT client_port FROM pg_stat_activity WHERE pid = pg_backend_pid()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    let port = u16::try_from(port).unwrap();
+    assert_eq!(
+        nodelay_of_local_port(port),
+        Some(true),
+        "the connection on local port {port} sets TCP_NODELAY"
+    );
+}
+
 #[tokio::test]
 async fn a_server_whose_certificate_is_not_trusted_is_refused_saying_so() {
     let database = fresh_database().await;
