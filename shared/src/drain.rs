@@ -220,7 +220,12 @@ impl Drainer {
         let mut verdicts: Vec<Option<Result<Effect, EffectError>>> =
             claimed.iter().map(|_| None).collect();
         let mut kept = 0;
-        for (handler, members) in self.groups(&claimed) {
+        // Each event's handler, looked up once for applying and for what it expects.
+        let handlers: Vec<&dyn EffectHandler> = claimed
+            .iter()
+            .map(|event| self.registry.handler_for(event))
+            .collect();
+        for (handler, members) in groups(&handlers) {
             apply_group(
                 &mut tx,
                 handler,
@@ -233,7 +238,7 @@ impl Drainer {
         }
         let mut decisions = Decisions::default();
         let mut deferred = 0;
-        for (event, verdict) in claimed.iter().zip(verdicts) {
+        for ((event, verdict), handler) in claimed.iter().zip(verdicts).zip(&handlers) {
             let Some(applied) = verdict else {
                 // Past the subtransaction budget: left queued as it was, for the next batch.
                 deferred += 1;
@@ -256,7 +261,7 @@ impl Drainer {
             }
             match applied {
                 Ok(_) => {
-                    let expects = self.registry.handler_for(event).expects(event);
+                    let expects = handler.expects(event);
                     decisions.done.0.push(event.tenant_id.clone());
                     decisions.done.1.push(event.external_id.clone());
                     decisions.done.2.push(expects.as_str());
@@ -315,24 +320,6 @@ impl Drainer {
         Ok(outcome)
     }
 
-    /// The batch's events by handler, each group in claim order, groups in order of their
-    /// first event. Handlers touch disjoint state, so applying one group before the next gives
-    /// what applying the events one at a time would.
-    fn groups<'a>(&'a self, claimed: &[ClaimedEvent]) -> Vec<(&'a dyn EffectHandler, Vec<usize>)> {
-        let mut groups: Vec<(&dyn EffectHandler, Vec<usize>)> = Vec::new();
-        for (i, event) in claimed.iter().enumerate() {
-            let handler = self.registry.handler_for(event);
-            match groups
-                .iter_mut()
-                .find(|(h, _)| std::ptr::addr_eq(*h, handler))
-            {
-                Some((_, members)) => members.push(i),
-                None => groups.push((handler, vec![i])),
-            }
-        }
-        groups
-    }
-
     fn vacuum_due(&self, left: u64) -> bool {
         let total = self.left_since_vacuum.fetch_add(left, Ordering::Relaxed) + left;
         if total < self.settings.vacuum_after_rows {
@@ -346,6 +333,23 @@ impl Drainer {
         self.left_since_vacuum.store(0, Ordering::Relaxed);
         true
     }
+}
+
+/// The batch's events by handler (`handlers[i]` is event i's), each group in claim order,
+/// groups in order of their first event. Handlers touch disjoint state, so applying one group
+/// before the next gives what applying the events one at a time would.
+fn groups<'a>(handlers: &[&'a dyn EffectHandler]) -> Vec<(&'a dyn EffectHandler, Vec<usize>)> {
+    let mut groups: Vec<(&dyn EffectHandler, Vec<usize>)> = Vec::new();
+    for (i, &handler) in handlers.iter().enumerate() {
+        match groups
+            .iter_mut()
+            .find(|(h, _)| std::ptr::addr_eq(*h, handler))
+        {
+            Some((_, members)) => members.push(i),
+            None => groups.push((handler, vec![i])),
+        }
+    }
+    groups
 }
 
 /// PostgreSQL caches the ids of 64 subtransactions per backend (`PGPROC_MAX_CACHED_SUBXIDS`);
