@@ -789,7 +789,7 @@ async fn shopify_sources_applied_before_keep_one_entity_per_resource(pool: PgPoo
 
     migrator.run(&pool).await.unwrap();
 
-    let stored = shared::store::sources::find(&pool, &shared::SourceId::parse("shopify").unwrap())
+    let stored = shared::sources::find(&pool, &shared::SourceId::parse("shopify").unwrap())
         .await
         .unwrap()
         .unwrap();

@@ -292,9 +292,7 @@ async fn run_sources(action: SourcesAction) -> CmdResult {
     let pool = pool().await?;
     let list = match action {
         SourcesAction::Apply { file } => apply_sources(&pool, &file).await?,
-        SourcesAction::List => store::sources::list(&pool)
-            .await
-            .map_err(|e| e.to_string())?,
+        SourcesAction::List => sources::list(&pool).await.map_err(|e| e.to_string())?,
     };
     for s in list {
         println!(
@@ -430,7 +428,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
     let (scheme, secrets, tolerance, fields, source_line) = if let Some(id) = &args.source {
         let id = SourceId::parse(id).map_err(|e| e.to_string())?;
         let pool = pool().await?;
-        let source = store::sources::find(&pool, &id)
+        let source = sources::find(&pool, &id)
             .await
             .map_err(|e| e.to_string())?
             .ok_or_else(|| format!("no source {id}"))?;

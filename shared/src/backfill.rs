@@ -25,7 +25,7 @@ use crate::maintenance::{self, Run, RunCounts};
 use crate::provider_api::{Fetched, ProviderApi};
 use crate::secrets::SecretStore;
 use crate::sources::{GapConfig, GapStrategy, Source};
-use crate::store::{self, StoreError, gaps, webhook_events};
+use crate::store::{StoreError, gaps, webhook_events};
 
 /// Advisory lock key of the backfill pass ("backfill" in ASCII).
 pub const BACKFILL_LOCK: i64 = 0x6261_636b_6669_6c6c;
@@ -131,7 +131,7 @@ impl Backfiller {
     }
 
     async fn all_sources(&self, outcome: &mut BackfillOutcome) -> Result<(), StoreError> {
-        for source in store::sources::list(&self.pool).await? {
+        for source in crate::sources::list(&self.pool).await? {
             let Some(gaps) = source.gaps.clone().filter(|_| source.enabled) else {
                 continue;
             };
@@ -477,8 +477,7 @@ async fn store_fetched(
             fields.external_id
         )));
     }
-    let event = webhook_events::NewEvent::new(
-        source,
+    let event = source.event(
         &fields,
         body,
         serde_json::json!({}),

@@ -233,13 +233,7 @@ impl Ingestor {
         span.record("external_id", fields.external_id.as_str());
 
         let headers = kept_headers(&source, delivery.headers);
-        let mut event = NewEvent::new(
-            &source,
-            &fields,
-            delivery.body,
-            headers,
-            verified.secret.as_str(),
-        );
+        let mut event = source.event(&fields, delivery.body, headers, verified.secret.as_str());
         event.provider_retries =
             i32::from(protocol::is_provider_retry(source.scheme, delivery.headers));
         event.id_outside_signature = match &source.fields.external_id {

@@ -258,7 +258,7 @@ async fn tombstone_sequence(
 ) -> Result<Option<i64>, OperatorError> {
     let id = crate::domain::SourceId::parse(source_id)
         .map_err(|_| OperatorError::BadRequest(format!("no source {source_id:?}")))?;
-    let source = crate::store::sources::find(pool, &id)
+    let source = crate::sources::find(pool, &id)
         .await?
         .ok_or_else(|| OperatorError::BadRequest(format!("no source {source_id:?}")))?;
     if source.tenant_id.as_str() != tenant_id {

@@ -12,11 +12,13 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use serde::Deserialize;
-use sqlx::PgPool;
+use sqlx::{PgExecutor, PgPool};
 
-use crate::domain::{Scheme, SourceId, TenantId};
-use crate::extract::FieldMap;
+use crate::domain::{FieldLocator, Scheme, SourceId, TenantId};
+use crate::extract::{EventFields, FieldMap};
 use crate::github_api::HookPath;
+use crate::store::sources::SourceRow;
+use crate::store::webhook_events::NewEvent;
 use crate::store::{self, StoreError};
 
 /// The default timestamp tolerance, both directions.
@@ -123,6 +125,167 @@ pub fn sequence_of_id(id_template: &str, external_id: &str) -> Option<i64> {
     let digits = external_id.strip_prefix(prefix)?.strip_suffix(suffix)?;
     let n: i64 = digits.parse().ok()?;
     (id_of_sequence(id_template, n) == external_id).then_some(n)
+}
+
+/// The source with this id, enabled or not.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    id: &SourceId,
+) -> Result<Option<Source>, StoreError> {
+    store::sources::find(executor, id.as_str())
+        .await?
+        .map(Source::try_from)
+        .transpose()
+}
+
+/// Every source, by id.
+pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<Source>, StoreError> {
+    store::sources::list(executor)
+        .await?
+        .into_iter()
+        .map(Source::try_from)
+        .collect()
+}
+
+/// A stored row that does not make a source (edited by hand, say) is a typed error naming it.
+impl TryFrom<SourceRow> for Source {
+    type Error = StoreError;
+
+    fn try_from(row: SourceRow) -> Result<Self, Self::Error> {
+        let corrupt = |e: crate::domain::ParseError| StoreError::Corrupt {
+            what: "source",
+            reason: format!("{}: {e}", row.source_id),
+        };
+        let locator = |raw: &str| FieldLocator::parse(raw).map_err(corrupt);
+        let optional = |raw: &Option<String>| raw.as_deref().map(locator).transpose();
+        Ok(Source {
+            source_id: SourceId::parse(&row.source_id).map_err(corrupt)?,
+            tenant_id: TenantId::parse(&row.tenant_id).map_err(corrupt)?,
+            scheme: row.scheme.parse().map_err(corrupt)?,
+            secret_ref: row.secret_ref.clone(),
+            tolerance: Duration::from_secs(u64::try_from(row.tolerance_seconds).unwrap_or(0)),
+            fields: FieldMap {
+                external_id: locator(&row.external_id_from)?,
+                event_type: locator(&row.event_type_from)?,
+                entity_id: optional(&row.entity_id_from)?,
+                entity_version: optional(&row.entity_version_from)?,
+                entity_version_fallback: optional(&row.entity_version_fallback_from)?,
+                version_tiebreak: optional(&row.version_tiebreak_from)?,
+                sequence: optional(&row.sequence_from)?,
+            },
+            enabled: row.enabled,
+            gaps: match (
+                row.gap_strategy.as_deref(),
+                row.api_base_url,
+                row.api_secret_ref,
+            ) {
+                (None, _, _) => None,
+                (Some(strategy), Some(api_base_url), Some(api_secret_ref)) => Some(GapConfig {
+                    strategy: match (strategy, row.id_template) {
+                        ("sequence", Some(id_template)) => GapStrategy::Sequence { id_template },
+                        ("list_api", _) => GapStrategy::ListApi,
+                        ("github_deliveries", _) => GapStrategy::github_deliveries(
+                            row.github_hook.as_deref().unwrap_or_default(),
+                            row.github_app_id,
+                        )
+                        .map_err(|reason| StoreError::Corrupt {
+                            what: "source",
+                            reason: format!("{}: {reason}", row.source_id),
+                        })?,
+                        (other, _) => {
+                            return Err(StoreError::Corrupt {
+                                what: "source",
+                                reason: format!("{}: gap strategy {other}", row.source_id),
+                            });
+                        }
+                    },
+                    api_base_url,
+                    api_secret_ref,
+                    grace: Duration::from_secs(u64::try_from(row.gap_grace_seconds).unwrap_or(0)),
+                    window: row.gap_window,
+                    event_types: row.gap_event_types,
+                }),
+                _ => {
+                    return Err(StoreError::Corrupt {
+                        what: "source",
+                        reason: format!("{}: incomplete gap settings", row.source_id),
+                    });
+                }
+            },
+        })
+    }
+}
+
+impl From<&Source> for SourceRow {
+    fn from(source: &Source) -> Self {
+        let text = |l: &Option<FieldLocator>| l.as_ref().map(ToString::to_string);
+        let gaps = source.gaps.as_ref();
+        SourceRow {
+            source_id: source.source_id.as_str().to_owned(),
+            tenant_id: source.tenant_id.as_str().to_owned(),
+            scheme: source.scheme.as_str().to_owned(),
+            secret_ref: source.secret_ref.clone(),
+            tolerance_seconds: i32::try_from(source.tolerance.as_secs()).unwrap_or(i32::MAX),
+            external_id_from: source.fields.external_id.to_string(),
+            event_type_from: source.fields.event_type.to_string(),
+            entity_id_from: text(&source.fields.entity_id),
+            entity_version_from: text(&source.fields.entity_version),
+            entity_version_fallback_from: text(&source.fields.entity_version_fallback),
+            version_tiebreak_from: text(&source.fields.version_tiebreak),
+            sequence_from: text(&source.fields.sequence),
+            enabled: source.enabled,
+            gap_strategy: gaps.map(|g| g.strategy.as_str().to_owned()),
+            id_template: gaps.and_then(|g| match &g.strategy {
+                GapStrategy::Sequence { id_template } => Some(id_template.clone()),
+                GapStrategy::ListApi | GapStrategy::GithubDeliveries { .. } => None,
+            }),
+            api_base_url: gaps.map(|g| g.api_base_url.clone()),
+            api_secret_ref: gaps.map(|g| g.api_secret_ref.clone()),
+            gap_grace_seconds: gaps.map_or(600, |g| {
+                i32::try_from(g.grace.as_secs()).unwrap_or(i32::MAX)
+            }),
+            gap_window: gaps.map_or(100_000, |g| g.window),
+            gap_event_types: gaps.and_then(|g| g.event_types.clone()),
+            github_hook: gaps.and_then(|g| match &g.strategy {
+                GapStrategy::GithubDeliveries { hook, .. } => Some(hook.as_str().to_owned()),
+                _ => None,
+            }),
+            github_app_id: gaps.and_then(|g| match &g.strategy {
+                GapStrategy::GithubDeliveries { app_id, .. } => app_id.clone(),
+                _ => None,
+            }),
+        }
+    }
+}
+
+impl Source {
+    /// An event of this source with the fields read from it, its payload digested here. Ingest
+    /// and backfill both store through this and `store::webhook_events::upsert`.
+    pub fn event<'a>(
+        &'a self,
+        fields: &'a EventFields,
+        payload: &'a [u8],
+        headers: serde_json::Value,
+        verified_with: &'a str,
+    ) -> NewEvent<'a> {
+        use sha2::Digest as _;
+        NewEvent {
+            tenant_id: self.tenant_id.as_str(),
+            external_id: fields.external_id.as_str(),
+            source_id: self.source_id.as_str(),
+            event_type: &fields.event_type,
+            entity_id: fields.entity_id.as_deref(),
+            entity_version: fields.entity_version,
+            version_tiebreak: fields.version_tiebreak,
+            sequence: fields.sequence,
+            payload,
+            payload_sha256: sha2::Sha256::digest(payload).into(),
+            headers,
+            verified_with,
+            provider_retries: 0,
+            id_outside_signature: false,
+        }
+    }
 }
 
 /// How a source is written in a sources file (`hookctl sources apply`, the local runner):
@@ -414,7 +577,7 @@ pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> 
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     store::sources::lock_for_apply(&mut *tx).await?;
     for source in sources {
-        store::sources::upsert(&mut *tx, source).await?;
+        store::sources::upsert(&mut *tx, &SourceRow::from(source)).await?;
     }
     if let Some(clash) = store::sources::shared_id_templates(&mut *tx)
         .await?
@@ -461,7 +624,7 @@ impl SourceRegistry {
         {
             return Ok(source.clone());
         }
-        let source = store::sources::find(&self.pool, id)
+        let source = find(&self.pool, id)
             .await?
             .filter(|s| s.enabled)
             .map(Arc::new);

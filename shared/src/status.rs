@@ -172,7 +172,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         })
         .collect();
 
-    let has_gap_sources = store::sources::list(pool)
+    let has_gap_sources = crate::sources::list(pool)
         .await?
         .iter()
         .any(|s| s.enabled && s.gaps.is_some());

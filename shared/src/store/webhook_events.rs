@@ -31,36 +31,6 @@ pub struct NewEvent<'a> {
     pub id_outside_signature: bool,
 }
 
-impl<'a> NewEvent<'a> {
-    /// An event of `source` with the fields read from it, its payload digested here. Ingest and
-    /// backfill both store through this and [`upsert`].
-    pub fn new(
-        source: &'a crate::sources::Source,
-        fields: &'a crate::extract::EventFields,
-        payload: &'a [u8],
-        headers: serde_json::Value,
-        verified_with: &'a str,
-    ) -> Self {
-        use sha2::Digest as _;
-        Self {
-            tenant_id: source.tenant_id.as_str(),
-            external_id: fields.external_id.as_str(),
-            source_id: source.source_id.as_str(),
-            event_type: &fields.event_type,
-            entity_id: fields.entity_id.as_deref(),
-            entity_version: fields.entity_version,
-            version_tiebreak: fields.version_tiebreak,
-            sequence: fields.sequence,
-            payload,
-            payload_sha256: sha2::Sha256::digest(payload).into(),
-            headers,
-            verified_with,
-            provider_retries: 0,
-            id_outside_signature: false,
-        }
-    }
-}
-
 /// What the delivery turned out to be.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryOutcome {
