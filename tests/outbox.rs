@@ -360,3 +360,44 @@ async fn reconcile_leaves_leased_rows_to_their_sender(pool: PgPool) {
         "each message POSTed once"
     );
 }
+
+/// Ages every stored event past the identity horizon and runs one retention pass: what it
+/// purged.
+async fn retention_past_the_horizon(pool: &PgPool) -> u64 {
+    sqlx::query(
+        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
+         last_seen_at = now() - interval '40 days'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    shared::retention::run_once(pool, &Default::default(), "test")
+        .await
+        .unwrap()
+        .identities_purged
+}
+
+/// A message that failed for good is an effect that never happened: retention must not forget
+/// it (nor its event) when the event passes the identity horizon, weeks after the failure.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_failed_message_outlives_the_identity_horizon(pool: PgPool) {
+    outbox_rows(&pool, 1).await;
+    let (_target, url) = spawn_target(&[422]).await;
+    let sender = OutboxSender::new(pool.clone(), settings(&url)).unwrap();
+    send_until_settled(&sender, &pool).await;
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox WHERE status = 'failed'").await,
+        1
+    );
+
+    assert_eq!(retention_past_the_horizon(&pool).await, 0);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox WHERE status = 'failed'").await,
+        1,
+        "the failed message is still there for an operator to resend or discard"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        1
+    );
+}

@@ -1,10 +1,11 @@
 //! Retention: payload bytes are purged first, event identity (the dedup key) only after a
 //! horizon longer than the longest provider retry window, in bounded batches each its own
-//! statement. Dead letters, tombstones, entities and orders are kept; an open dead letter keeps
-//! its copy of the payload (its replay reads it once the event's is purged), a closed one loses
-//! it after the payload horizon. A delivery arriving after
-//! its identity was purged is accepted as new, but its effect is not repeated (the version
-//! guard and the payment state machine see it applied) and it is recorded as an anomaly.
+//! statement. An event stays while a dead letter or an outbox message not yet delivered (pending,
+//! or failed and waiting for an operator) needs it. Dead letters, tombstones, entities and orders
+//! are kept; an open dead letter keeps its copy of the payload (its replay reads it once the
+//! event's is purged), a closed one loses it after the payload horizon. A delivery arriving after
+//! its identity was purged is accepted as new, but its effect is not repeated (the version guard
+//! and the payment state machine see it applied) and it is recorded as an anomaly.
 
 use std::time::Duration;
 

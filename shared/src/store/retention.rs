@@ -40,8 +40,9 @@ pub async fn purge_payloads(
 }
 
 /// Deletes up to `limit` processed events neither received nor seen within `horizon_seconds`,
-/// with their outbox rows. Events with a dead letter (the letter needs them) or an undelivered
-/// outbox row are kept.
+/// with their outbox rows. Events with a dead letter (the letter needs them) or an outbox row
+/// still to deliver (pending) or still to decide (failed: an operator resends or discards it)
+/// are kept.
 pub async fn purge_identities(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
@@ -54,7 +55,7 @@ pub async fn purge_identities(
                AND e.status = 'processed' \
                AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id) \
                AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
-                               AND o.status = 'pending') \
+                               AND o.status IN ('pending', 'failed')) \
              ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          outbox_gone AS ( \
              DELETE FROM outbox AS o USING batch \
