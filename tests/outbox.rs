@@ -401,3 +401,238 @@ async fn a_failed_message_outlives_the_identity_horizon(pool: PgPool) {
         1
     );
 }
+
+/// The operator's answer to `request`, as JSON (what the operator function returns).
+async fn operator(pool: &PgPool, request: serde_json::Value) -> serde_json::Value {
+    let request = shared::operator::parse(request).unwrap();
+    let registry = shared::effects::EffectRegistry::standard();
+    let answer = shared::operator::handle(pool, &registry, request)
+        .await
+        .unwrap();
+    serde_json::to_value(answer).unwrap()
+}
+
+fn ids(answer: &serde_json::Value, key: &str) -> Vec<i64> {
+    answer[key]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_i64().unwrap())
+        .collect()
+}
+
+/// Weeks after a target refused three messages, an operator who fixed it resends two and
+/// discards the third: the two reach the target under the keys they were first sent with, the
+/// status verdict clears, and retention may then take the events with their outbox rows.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool: PgPool) {
+    outbox_rows(&pool, 3).await;
+    let (target, url) = spawn_target(&[422, 422, 422]).await;
+    let sender = OutboxSender::new(pool.clone(), settings(&url)).unwrap();
+    send_until_settled(&sender, &pool).await;
+
+    let report = shared::status::report(&pool, &Default::default())
+        .await
+        .unwrap();
+    let finding = report
+        .findings
+        .iter()
+        .find(|f| f.kind == shared::status::FindingKind::FailedOutbox)
+        .expect("a failed-outbox finding");
+    assert_eq!(
+        (finding.count, finding.next.as_str()),
+        (3, "hookctl outbox list")
+    );
+
+    let listed = operator(
+        &pool,
+        serde_json::json!({"action": "list_failed_outbox", "filter": {"error_contains": "UNPROCESSABLE"}}),
+    )
+    .await;
+    let failed = listed["failed_outbox"].as_array().unwrap();
+    assert_eq!(failed.len(), 3, "{listed}");
+    for m in failed {
+        assert_eq!(m["last_error"], "target answered 422 Unprocessable Entity");
+        assert_eq!(
+            (m["attempts"].as_i64(), m["resent_count"].as_i64()),
+            (Some(1), Some(0))
+        );
+        assert_eq!(m["action"], "entity.changed");
+    }
+    let all: Vec<i64> = failed
+        .iter()
+        .map(|m| m["outbox_id"].as_i64().unwrap())
+        .collect();
+    let keys: Vec<String> = failed
+        .iter()
+        .map(|m| m["idempotency_key"].as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        retention_past_the_horizon(&pool).await,
+        0,
+        "nothing decided yet"
+    );
+
+    // The target is fixed; two are wanted.
+    let resent = operator(
+        &pool,
+        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}}),
+    )
+    .await;
+    assert_eq!(ids(&resent, "resent"), vec![all[0], all[1]]);
+    let rows: Vec<(String, i32, i32, bool)> = sqlx::query_as(
+        "SELECT status, attempts, resent_count, resent_at IS NOT NULL FROM outbox ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            ("pending".to_owned(), 0, 1, true),
+            ("pending".to_owned(), 0, 1, true),
+            ("failed".to_owned(), 1, 0, false),
+        ],
+        "due again with a fresh attempt budget, the resend recorded"
+    );
+    let again = operator(
+        &pool,
+        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}}),
+    )
+    .await;
+    assert_eq!(
+        ids(&again, "resent"),
+        Vec::<i64>::new(),
+        "resent once, not twice"
+    );
+
+    send_until_settled(&sender, &pool).await;
+    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY outbox_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(statuses, ["delivered", "delivered", "failed"]);
+    let received: Vec<String> = target
+        .received
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(k, _)| k.clone())
+        .collect();
+    assert_eq!(
+        received.len(),
+        5,
+        "three refused tries, then the two resent"
+    );
+    for key in &keys[..2] {
+        assert_eq!(
+            received.iter().filter(|k| *k == key).count(),
+            2,
+            "a resent message carries the key of its first try"
+        );
+    }
+
+    // The third is not wanted; the first is delivered and cannot be discarded.
+    let discarded = operator(
+        &pool,
+        serde_json::json!({"action": "discard_outbox", "outbox_ids": [all[2], all[0]]}),
+    )
+    .await;
+    assert_eq!(ids(&discarded, "discarded"), vec![all[2]]);
+    assert_eq!(ids(&discarded, "not_failed"), vec![all[0]]);
+    let resend_discarded = operator(
+        &pool,
+        serde_json::json!({"action": "resend_outbox", "filter": {}}),
+    )
+    .await;
+    assert_eq!(
+        ids(&resend_discarded, "resent"),
+        Vec::<i64>::new(),
+        "a discarded message is never sent again"
+    );
+    let report = shared::status::report(&pool, &Default::default())
+        .await
+        .unwrap();
+    assert_eq!(report.outbox.failed, 0);
+    assert!(
+        report
+            .findings
+            .iter()
+            .all(|f| f.kind != shared::status::FindingKind::FailedOutbox),
+        "{:?}",
+        report.findings
+    );
+
+    assert_eq!(retention_past_the_horizon(&pool).await, 3);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 0);
+}
+
+/// Discarding names what it discards: an empty list is refused with its reason.
+#[sqlx::test(migrations = "../migrations")]
+async fn a_discard_without_ids_is_refused(pool: PgPool) {
+    let request =
+        shared::operator::parse(serde_json::json!({"action": "discard_outbox", "outbox_ids": []}))
+            .unwrap();
+    let registry = shared::effects::EffectRegistry::standard();
+    let refused = shared::operator::handle(&pool, &registry, request)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused.to_string(),
+        "invalid request: discard_outbox needs the outbox_ids to discard"
+    );
+}
+
+/// A deploy of the operator's decisions over a live outbox: every stored message keeps its
+/// status, the widened status check ends validated over them, and it still refuses a status
+/// nobody defined.
+#[sqlx::test(migrations = false)]
+async fn the_upgrade_keeps_every_stored_message(pool: PgPool) {
+    let migrator = &shared::store::MIGRATOR;
+    migrator.run_to(20261201000031, &pool).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key, status, attempts) \
+         SELECT 't', 'evt_' || s, 'entity.changed', '{}', 'key-' || s, s, n \
+         FROM unnest(ARRAY['pending', 'delivered', 'failed'], ARRAY[0, 1, 8]) AS u(s, n)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    migrator.run(&pool).await.unwrap();
+
+    let rows: Vec<(String, i32, i32, bool)> = sqlx::query_as(
+        "SELECT status, attempts, resent_count, resent_at IS NULL AND discarded_at IS NULL \
+         FROM outbox ORDER BY outbox_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            ("pending".to_owned(), 0, 0, true),
+            ("delivered".to_owned(), 1, 0, true),
+            ("failed".to_owned(), 8, 0, true),
+        ]
+    );
+    let validated: bool = sqlx::query_scalar(
+        "SELECT convalidated FROM pg_constraint WHERE conname = 'outbox_status_check'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(validated);
+    let refused = sqlx::query("UPDATE outbox SET status = 'lost' WHERE status = 'failed'")
+        .execute(&pool)
+        .await
+        .unwrap_err();
+    assert_eq!(
+        refused
+            .as_database_error()
+            .and_then(|e| e.code())
+            .as_deref(),
+        Some("23514"),
+        "{refused}"
+    );
+}

@@ -1,4 +1,5 @@
-//! The operator's commands: `status`, `dead-letters`, `tombstones`, `gaps`, `runs`, `checks`.
+//! The operator's commands: `status`, `dead-letters`, `outbox`, `tombstones`, `gaps`, `runs`,
+//! `checks`.
 //! Each builds an operator request, sends it through a [`Backend`] and renders the answer: a
 //! table for people, `--json` for scripts. Exit codes: 0 all accounted for (or done), 1 needs a
 //! human (or something failed again), 2 could not tell.
@@ -14,6 +15,7 @@ use shared::store::anomaly::StoredResult;
 use shared::store::dead_letters::{DeadLetter, DeadLetterDetail, ReplayFilter};
 use shared::store::gaps::{OpenGap, Tombstone};
 use shared::store::maintenance_runs::RunRecord;
+use shared::store::outbox::{FailedFilter, FailedMessage};
 
 use crate::backend::{Backend, CallError};
 use crate::render;
@@ -68,6 +70,51 @@ pub enum DeadLettersAction {
     /// Replay the matching open letters through the normal processing path.
     Replay(LetterFilter),
     /// Close letters without replaying them (the event is not wanted).
+    Discard {
+        #[arg(required = true)]
+        ids: Vec<i64>,
+    },
+}
+
+/// Which failed outbox messages: every flag narrows; none matches every failed message.
+#[derive(Args, Debug, Clone, Default)]
+pub struct OutboxFilter {
+    /// An outbox message id (repeatable).
+    #[arg(long = "id")]
+    pub ids: Vec<i64>,
+    #[arg(long)]
+    pub tenant: Option<String>,
+    /// The message's action (`entity.changed`, `fulfil_order`).
+    #[arg(long)]
+    pub action: Option<String>,
+    /// A case-insensitive substring of the last error.
+    #[arg(long)]
+    pub error_contains: Option<String>,
+    /// At most this many.
+    #[arg(long, default_value_t = 1000)]
+    pub limit: i64,
+}
+
+impl OutboxFilter {
+    fn to_filter(&self) -> FailedFilter {
+        FailedFilter {
+            ids: self.ids.clone(),
+            tenant_id: self.tenant.clone(),
+            action: self.action.clone(),
+            error_contains: self.error_contains.clone(),
+            limit: Some(self.limit),
+        }
+    }
+}
+
+#[derive(Subcommand, Debug)]
+pub enum OutboxAction {
+    /// Messages that failed for good (refused by the target, or out of attempts), oldest first.
+    List(OutboxFilter),
+    /// Send the matching failed messages again, once the target is fixed: due at once, with a
+    /// fresh attempt budget and the same Idempotency-Key. The outbox function sends them.
+    Resend(OutboxFilter),
+    /// Close failed messages whose effect is not wanted: never sent, no longer a finding.
     Discard {
         #[arg(required = true)]
         ids: Vec<i64>,
@@ -293,6 +340,81 @@ async fn replay(backend: &Backend, json: bool, filter: &LetterFilter) -> Result<
     bar.finish_and_clear();
     show(json, &total, render::replay);
     Ok(if total.failed > 0 { 1 } else { 0 })
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct FailedOutbox {
+    failed_outbox: Vec<FailedMessage>,
+}
+#[derive(Deserialize, serde::Serialize)]
+struct Resent {
+    resent: Vec<i64>,
+}
+#[derive(Deserialize, serde::Serialize)]
+struct Discarded {
+    discarded: Vec<i64>,
+    not_failed: Vec<i64>,
+}
+
+/// Lists, resends or discards failed outbox messages. Exit 1 when a discard named a message
+/// that was not failed.
+pub async fn outbox(backend: &Backend, json: bool, action: OutboxAction) -> Exit {
+    let result = match action {
+        OutboxAction::List(filter) => {
+            let request = OperatorRequest::ListFailedOutbox {
+                filter: filter.to_filter(),
+            };
+            return answer(backend, json, request, |f: &FailedOutbox| {
+                render::failed_outbox(&f.failed_outbox)
+            })
+            .await;
+        }
+        OutboxAction::Resend(filter) => backend
+            .call::<Resent>(&OperatorRequest::ResendOutbox {
+                filter: filter.to_filter(),
+            })
+            .await
+            .map(|r| {
+                show(json, &r, |r| {
+                    format!(
+                        "resent {} message(s){}: the next outbox run sends them\n",
+                        r.resent.len(),
+                        ids(&r.resent)
+                    )
+                });
+                0
+            }),
+        OutboxAction::Discard { ids: asked } => backend
+            .call::<Discarded>(&OperatorRequest::DiscardOutbox { outbox_ids: asked })
+            .await
+            .map(|d| {
+                show(json, &d, |d| {
+                    let mut out = format!(
+                        "discarded {} message(s){}\n",
+                        d.discarded.len(),
+                        ids(&d.discarded)
+                    );
+                    if !d.not_failed.is_empty() {
+                        out.push_str(&format!(
+                            "not failed, left as they were{}\n",
+                            ids(&d.not_failed)
+                        ));
+                    }
+                    out
+                });
+                u8::from(!d.not_failed.is_empty())
+            }),
+    };
+    result.unwrap_or_else(fail)
+}
+
+/// `: 1, 2, 3`, or nothing for no ids.
+fn ids(list: &[i64]) -> String {
+    if list.is_empty() {
+        return String::new();
+    }
+    let joined: Vec<String> = list.iter().map(i64::to_string).collect();
+    format!(": {}", joined.join(", "))
 }
 
 #[derive(Deserialize, serde::Serialize)]

@@ -8,7 +8,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use hookctl::backend::Backend;
 use hookctl::commands::{
-    self, ChecksAction, DeadLettersAction, GapsAction, RunsAction, TombstonesAction,
+    self, ChecksAction, DeadLettersAction, GapsAction, OutboxAction, RunsAction, TombstonesAction,
 };
 use hookctl::{captured, drill, serve, verify};
 use shared::config::{SecretsBackend, Vars};
@@ -69,6 +69,11 @@ enum Command {
     DeadLetters {
         #[command(subcommand)]
         action: DeadLettersAction,
+    },
+    /// Outbox messages that failed for good: list, resend, discard.
+    Outbox {
+        #[command(subcommand)]
+        action: OutboxAction,
     },
     /// Tombstones: IDs declared never to arrive.
     Tombstones {
@@ -201,6 +206,10 @@ async fn main() -> ExitCode {
         },
         Command::DeadLetters { action } => match operator_backend().await {
             Ok(b) => return exit(commands::dead_letters(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Outbox { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::outbox(&b, json, action).await),
             Err(e) => Err(e),
         },
         Command::Tombstones { action } => match operator_backend().await {

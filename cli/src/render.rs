@@ -11,6 +11,7 @@ use shared::store::anomaly::StoredResult;
 use shared::store::dead_letters::{DeadLetter, DeadLetterDetail};
 use shared::store::gaps::{OpenGap, Tombstone};
 use shared::store::maintenance_runs::RunRecord;
+use shared::store::outbox::FailedMessage;
 
 fn table(header: &[&str]) -> Table {
     let mut t = Table::new();
@@ -189,6 +190,35 @@ pub fn dead_letters(list: &[DeadLetter]) -> String {
             d.status.clone(),
             d.attempts.to_string(),
             d.error.clone(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+pub fn failed_outbox(list: &[FailedMessage]) -> String {
+    if list.is_empty() {
+        return "no failed outbox messages\n".into();
+    }
+    let mut t = table(&[
+        "id",
+        "tenant",
+        "event",
+        "action",
+        "created",
+        "attempts",
+        "resent",
+        "last error",
+    ]);
+    for m in list {
+        t.add_row(vec![
+            m.outbox_id.to_string(),
+            m.tenant_id.clone(),
+            m.external_id.clone(),
+            m.action.clone(),
+            time(Some(m.created_at)),
+            m.attempts.to_string(),
+            m.resent_count.to_string(),
+            m.last_error.clone().unwrap_or_default(),
         ]);
     }
     format!("{t}\n")

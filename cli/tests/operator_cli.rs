@@ -1,7 +1,8 @@
 //! The operator's commands as a person on call runs them: `hookctl status`, `dead-letters`,
-//! `tombstones`, `gaps`, `runs`, `checks`, spawned as the binary, against a real database, read
-//! by their output and exit code; then the same commands through `--function`, with a local
-//! HTTP server standing in for the Lambda Invoke API in front of the real operator handler.
+//! `outbox`, `tombstones`, `gaps`, `runs`, `checks`, spawned as the binary, against a real
+//! database, read by their output and exit code; then the same commands through `--function`,
+//! with a local HTTP server standing in for the Lambda Invoke API in front of the real operator
+//! handler.
 
 use std::process::Output;
 use std::sync::{Arc, Mutex};
@@ -647,5 +648,111 @@ async fn every_command_answers_through_the_operator_function(
         unreachable.stderr.contains("invoking webhooks-operator"),
         "{}",
         unreachable.stderr
+    );
+}
+
+/// A target that was down past the outbox's attempt budget: the on-call reads the finding, lists
+/// the failed messages, resends one once the target is back and discards another, through the
+/// operator function as against a deployed stack.
+#[sqlx::test(migrations = "../migrations")]
+async fn failed_outbox_messages_are_listed_resent_and_discarded(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        db.deliver(id).await;
+    }
+    ok(&db.hookctl(&["drain"]).await);
+    // Nothing listens there: each message's one try fails, and the budget is one try.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let down = format!("http://{}/hook", listener.local_addr().unwrap());
+    drop(listener);
+    let sender = shared::outbox::OutboxSender::new(
+        db.pool.clone(),
+        shared::outbox::OutboxSettings {
+            max_attempts: 1,
+            ..shared::outbox::OutboxSettings::new(down)
+        },
+    )
+    .unwrap();
+    let sent = sender
+        .send_until(std::time::Instant::now() + std::time::Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(sent.failed, 3, "{sent:?}");
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    let status = through(&endpoint, &["status"]).await;
+    assert_eq!(status.code, Some(1), "{}", status.stdout);
+    assert!(
+        status.stdout.contains(
+            "3 outbox message(s) failed for good: their side effect never reached the target\n      next: hookctl outbox list"
+        ),
+        "{}",
+        status.stdout
+    );
+
+    let table = through(&endpoint, &["outbox", "list"]).await;
+    ok(&table);
+    for id in ["evt_1", "evt_2", "evt_3"] {
+        assert!(table.stdout.contains(id), "{}", table.stdout);
+    }
+    assert!(table.stdout.contains("request failed"), "{}", table.stdout);
+    let listed = through(&endpoint, &["outbox", "list", "--json"])
+        .await
+        .json();
+    let failed = listed["failed_outbox"].as_array().unwrap();
+    let id_of = |event: &str| {
+        failed
+            .iter()
+            .find(|m| m["external_id"] == event)
+            .and_then(|m| m["outbox_id"].as_i64())
+            .unwrap()
+    };
+    let (first, second, third) = (id_of("evt_1"), id_of("evt_2"), id_of("evt_3"));
+
+    let resent = through(&endpoint, &["outbox", "resend", "--id", &first.to_string()]).await;
+    ok(&resent);
+    assert_eq!(
+        resent.stdout,
+        format!("resent 1 message(s): {first}: the next outbox run sends them\n")
+    );
+    let discarded = through(
+        &endpoint,
+        &["outbox", "discard", &second.to_string(), &first.to_string()],
+    )
+    .await;
+    assert_eq!(discarded.code, Some(1), "{discarded:?}");
+    assert_eq!(
+        discarded.stdout,
+        format!("discarded 1 message(s): {second}\nnot failed, left as they were: {first}\n")
+    );
+    let left = db.hookctl(&["outbox", "list", "--json"]).await.json();
+    assert_eq!(left["failed_outbox"].as_array().unwrap().len(), 1);
+    assert_eq!(left["failed_outbox"][0]["outbox_id"], third);
+
+    ok(&db.hookctl(&["outbox", "discard", &third.to_string()]).await);
+    let statuses: Vec<(i64, String)> =
+        sqlx::query_as("SELECT outbox_id, status FROM outbox ORDER BY outbox_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let mut expected = vec![
+        (first, "pending".to_owned()),
+        (second, "discarded".to_owned()),
+        (third, "discarded".to_owned()),
+    ];
+    expected.sort();
+    assert_eq!(statuses, expected);
+    let status = through(&endpoint, &["status"]).await;
+    assert!(
+        !status.stdout.contains("outbox message(s) failed"),
+        "{}",
+        status.stdout
+    );
+    assert_eq!(
+        db.hookctl(&["outbox", "list"]).await.stdout,
+        "no failed outbox messages\n"
     );
 }

@@ -13,6 +13,9 @@
 //! {"action": "list_checks", "breached_only": true}
 //! {"action": "list_gaps", "source_id": "stripe-prod"}
 //! {"action": "list_tombstones", "source_id": "stripe-prod", "limit": 50}
+//! {"action": "list_failed_outbox", "filter": {"action": "fulfil_order"}}
+//! {"action": "resend_outbox", "filter": {"error_contains": "503"}}
+//! {"action": "discard_outbox", "outbox_ids": [12, 13]}
 //! ```
 //!
 //! The read actions are what `hookctl` calls with `--function`: the deployed database sits in
@@ -30,6 +33,7 @@ use crate::store::anomaly::StoredResult;
 use crate::store::dead_letters::{self, DeadLetter, DeadLetterDetail, ReplayFilter};
 use crate::store::gaps::{OpenGap, Tombstone};
 use crate::store::maintenance_runs::RunRecord;
+use crate::store::outbox::{self, FailedFilter, FailedMessage};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
@@ -88,6 +92,19 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// Outbox messages that failed for good matching the filter, oldest first.
+    ListFailedOutbox {
+        #[serde(default)]
+        filter: FailedFilter,
+    },
+    /// Sends the failed messages matching the filter again (once the target is fixed): due at
+    /// once, a fresh attempt budget, the same Idempotency-Key.
+    ResendOutbox {
+        #[serde(default)]
+        filter: FailedFilter,
+    },
+    /// Closes failed messages whose effect is not wanted.
+    DiscardOutbox { outbox_ids: Vec<i64> },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -104,15 +121,45 @@ pub enum OperatorError {
 #[serde(untagged)]
 pub enum OperatorResponse {
     Replay(ReplayOutcome),
-    DeadLetters { dead_letters: Vec<DeadLetter> },
-    StatusChanged { dead_letter_id: i64, status: String },
-    Tombstoned { external_id: String, created: bool },
+    DeadLetters {
+        dead_letters: Vec<DeadLetter>,
+    },
+    StatusChanged {
+        dead_letter_id: i64,
+        status: String,
+    },
+    Tombstoned {
+        external_id: String,
+        created: bool,
+    },
     Status(Box<StatusReport>),
-    DeadLetter { dead_letter: Box<DeadLetterDetail> },
-    Runs { runs: Vec<RunRecord> },
-    Checks { checks: Vec<StoredResult> },
-    Gaps { gaps: Vec<OpenGap> },
-    Tombstones { tombstones: Vec<Tombstone> },
+    DeadLetter {
+        dead_letter: Box<DeadLetterDetail>,
+    },
+    Runs {
+        runs: Vec<RunRecord>,
+    },
+    Checks {
+        checks: Vec<StoredResult>,
+    },
+    Gaps {
+        gaps: Vec<OpenGap>,
+    },
+    Tombstones {
+        tombstones: Vec<Tombstone>,
+    },
+    FailedOutbox {
+        failed_outbox: Vec<FailedMessage>,
+    },
+    Resent {
+        resent: Vec<i64>,
+    },
+    OutboxDiscarded {
+        discarded: Vec<i64>,
+        /// Asked for but not failed (pending, delivered, already discarded, or no such id):
+        /// left as they were.
+        not_failed: Vec<i64>,
+    },
 }
 
 /// Limits of the listing actions.
@@ -241,6 +288,36 @@ pub async fn handle(
             )
             .await?;
             Ok(OperatorResponse::Tombstones { tombstones })
+        }
+        OperatorRequest::ListFailedOutbox { filter } => Ok(OperatorResponse::FailedOutbox {
+            failed_outbox: outbox::select_failed(pool, &filter).await?,
+        }),
+        OperatorRequest::ResendOutbox { filter } => {
+            let resent = outbox::resend_failed(pool, &filter).await?;
+            tracing::info!(resent = resent.len(), "failed outbox messages resent");
+            Ok(OperatorResponse::Resent { resent })
+        }
+        OperatorRequest::DiscardOutbox { outbox_ids } => {
+            if outbox_ids.is_empty() {
+                return Err(OperatorError::BadRequest(
+                    "discard_outbox needs the outbox_ids to discard".into(),
+                ));
+            }
+            let discarded = outbox::discard_failed(pool, &outbox_ids).await?;
+            let not_failed: Vec<i64> = outbox_ids
+                .iter()
+                .copied()
+                .filter(|id| !discarded.contains(id))
+                .collect();
+            tracing::info!(
+                discarded = discarded.len(),
+                not_failed = not_failed.len(),
+                "failed outbox messages discarded"
+            );
+            Ok(OperatorResponse::OutboxDiscarded {
+                discarded,
+                not_failed,
+            })
         }
     }
 }

@@ -294,7 +294,7 @@ pub fn findings(
             "{} outbox message(s) failed for good: their side effect never reached the target",
             outbox.failed
         ),
-        "hookctl runs list --job reconcile",
+        "hookctl outbox list",
     );
     add(
         FindingKind::OverdueOutbox,

@@ -122,3 +122,108 @@ pub async fn counts(
         .fetch_one(executor)
         .await?)
 }
+
+/// Which failed messages: every field narrows; none matches every failed message.
+#[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct FailedFilter {
+    #[serde(default)]
+    pub ids: Vec<i64>,
+    pub tenant_id: Option<String>,
+    pub action: Option<String>,
+    /// Case-insensitive substring of the last error.
+    pub error_contains: Option<String>,
+    /// At most this many (default 1000).
+    pub limit: Option<i64>,
+}
+
+/// A message that failed for good: what it was, and why it failed.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct FailedMessage {
+    pub outbox_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub action: String,
+    pub idempotency_key: String,
+    /// Tries spent since it was written or last resent.
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: chrono::DateTime<chrono::Utc>,
+    /// How many times an operator resent it before.
+    pub resent_count: i32,
+}
+
+/// The failed messages matching the filter, oldest first.
+pub async fn select_failed(
+    executor: impl PgExecutor<'_>,
+    f: &FailedFilter,
+) -> Result<Vec<FailedMessage>, StoreError> {
+    const SQL: &str = "SELECT outbox_id, tenant_id, external_id, action, idempotency_key, attempts, \
+                last_error, created_at, resent_count \
+         FROM outbox \
+         WHERE status = 'failed' \
+           AND (cardinality($1::bigint[]) = 0 OR outbox_id = ANY($1)) \
+           AND ($2::text IS NULL OR tenant_id = $2) \
+           AND ($3::text IS NULL OR action = $3) \
+           AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
+         ORDER BY created_at, outbox_id \
+         LIMIT $5";
+    Ok(sqlx::query_as(SQL)
+        .bind(&f.ids)
+        .bind(&f.tenant_id)
+        .bind(&f.action)
+        .bind(&f.error_contains)
+        .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
+        .fetch_all(executor)
+        .await?)
+}
+
+/// Makes the failed messages matching the filter due again at once, with a fresh attempt
+/// budget and the same Idempotency-Key (a target that did receive an earlier try keeps one);
+/// the next sender pass delivers them. Returns their ids.
+pub async fn resend_failed(
+    executor: impl PgExecutor<'_>,
+    f: &FailedFilter,
+) -> Result<Vec<i64>, StoreError> {
+    const SQL: &str = "UPDATE outbox AS o SET status = 'pending', attempts = 0, next_attempt_at = now(), \
+             leased_until = NULL, resent_count = o.resent_count + 1, resent_at = now() \
+         FROM (SELECT outbox_id FROM outbox \
+               WHERE status = 'failed' \
+                 AND (cardinality($1::bigint[]) = 0 OR outbox_id = ANY($1)) \
+                 AND ($2::text IS NULL OR tenant_id = $2) \
+                 AND ($3::text IS NULL OR action = $3) \
+                 AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
+               ORDER BY created_at, outbox_id \
+               LIMIT $5 \
+               FOR UPDATE) AS chosen \
+         WHERE o.outbox_id = chosen.outbox_id AND o.status = 'failed' \
+         RETURNING o.outbox_id";
+    let mut ids: Vec<i64> = sqlx::query_scalar(SQL)
+        .bind(&f.ids)
+        .bind(&f.tenant_id)
+        .bind(&f.action)
+        .bind(&f.error_contains)
+        .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
+        .fetch_all(executor)
+        .await?;
+    ids.sort_unstable();
+    Ok(ids)
+}
+
+/// Closes failed messages whose effect is not wanted: they are never sent again, no longer
+/// need a human, and retention may take them with their events. Returns the ids it closed (a
+/// message that is not failed is left as it is).
+pub async fn discard_failed(
+    executor: impl PgExecutor<'_>,
+    outbox_ids: &[i64],
+) -> Result<Vec<i64>, StoreError> {
+    const SQL: &str = "UPDATE outbox SET status = 'discarded', discarded_at = now() \
+         WHERE outbox_id = ANY($1) AND status = 'failed' \
+         RETURNING outbox_id";
+    let mut ids: Vec<i64> = sqlx::query_scalar(SQL)
+        .bind(outbox_ids)
+        .fetch_all(executor)
+        .await?;
+    ids.sort_unstable();
+    Ok(ids)
+}
