@@ -192,7 +192,7 @@ pub async fn has_outbox_row(
         .await?)
 }
 
-/// Outbox rows not delivered (pending or failed).
+/// Outbox rows not delivered (pending, failed, or discarded by an operator).
 pub async fn undelivered(executor: impl PgExecutor<'_>) -> Result<i64, StoreError> {
     const SQL: &str = "SELECT count(*) FROM outbox WHERE status <> 'delivered'";
     Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
