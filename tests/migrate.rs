@@ -237,3 +237,39 @@ async fn an_answer_that_cannot_be_delivered_is_an_error_so_lambda_retries(pool: 
     // The migration itself ran; the retried invocation finds nothing to do and answers again.
     assert_eq!(tables(&pool).await, 3);
 }
+
+/// A stack whose migrate function was built before its newest migrations were written (a stale
+/// build deployed with a new template) asks for a schema the function does not hold: the
+/// answer is FAILED with the reason and nothing is applied, so the deploy stops before code that
+/// needs that schema. A SchemaVersion that is not a version at all is refused the same way.
+#[sqlx::test(migrations = false)]
+async fn a_schema_the_build_does_not_hold_is_answered_failed_and_nothing_is_applied(pool: PgPool) {
+    let vars = vars(&[("DATABASE_URL", &url_of(&pool))]);
+    let ahead = (shared::store::schema::newest_version() + 1).to_string();
+    for (asked, expected) in [
+        (
+            ahead.as_str(),
+            format!(
+                "the template asks for schema {ahead}, and this build of the migrate function holds the migrations up to {}",
+                newest()
+            ),
+        ),
+        (
+            "latest",
+            "SchemaVersion \"\\\"latest\\\"\" is not a migration version".to_owned(),
+        ),
+    ] {
+        let (url, answers) = cloudformation_response_url().await;
+        let mut request = custom_resource_request("Update", &url);
+        request["ResourceProperties"]["SchemaVersion"] = asked.into();
+        migrate::handler(invocation(request, Duration::from_secs(60)), &vars.vars)
+            .await
+            .expect("answered");
+        let answers = answers.lock().unwrap().clone();
+        assert_eq!(answers.len(), 1, "exactly one answer");
+        let answer = &answers[0].1;
+        assert_eq!(answer["Status"], "FAILED", "{answer}");
+        assert!(reason(answer).contains(&expected), "{}", reason(answer));
+        assert_eq!(tables(&pool).await, 0, "nothing applied");
+    }
+}

@@ -22,6 +22,14 @@ pub enum MigrateError {
          back: look for a long transaction holding a table, then deploy again"
     )]
     Deadline { waited: Duration },
+    #[error(
+        "the template asks for schema {requested}, and this build of the migrate function holds \
+         the migrations up to {held} only: it was built before the newer ones were written. \
+         Nothing was applied; build again (sam build) and deploy"
+    )]
+    BuildBehindTemplate { requested: i64, held: i64 },
+    #[error("SchemaVersion {0:?} is not a migration version (the newest migration's number)")]
+    BadSchemaVersion(String),
 }
 
 impl MigrateError {
@@ -32,8 +40,33 @@ impl MigrateError {
             MigrateError::Schema(SchemaError::Store(e)) => e.diagnostic_type(),
             MigrateError::Schema(SchemaError::Migrate(_)) => "MigrationFailed",
             MigrateError::Deadline { .. } => "MigrationDeadline",
+            MigrateError::BuildBehindTemplate { .. } | MigrateError::BadSchemaVersion(_) => {
+                "SchemaVersionNotHeld"
+            }
         }
     }
+}
+
+/// The schema a deploy asks for (the template's `SchemaVersion`, when there is one) must be one
+/// this build holds. A newer one means the function was built before its migrations were
+/// written: applying what it holds and answering SUCCESS would let the deploy go on to code
+/// that finds the schema it needs missing.
+pub fn check_requested(requested: Option<&serde_json::Value>) -> Result<(), MigrateError> {
+    let Some(requested) = requested else {
+        return Ok(());
+    };
+    let version = requested
+        .as_str()
+        .and_then(|v| v.trim().parse::<i64>().ok())
+        .ok_or_else(|| MigrateError::BadSchemaVersion(requested.to_string()))?;
+    let held = schema::newest_version();
+    if version > held {
+        return Err(MigrateError::BuildBehindTemplate {
+            requested: version,
+            held,
+        });
+    }
+    Ok(())
 }
 
 /// Reads the settings, connects (fetching the database secret if that is where it lives) and

@@ -1,7 +1,9 @@
 //! The migrate Lambda. As a CloudFormation custom resource it applies the migrations on Create
 //! and Update and answers CloudFormation's pre-signed URL on every path; invoked by hand with
 //! any other payload (`{}`), it applies them and returns the version. Applying is idempotent:
-//! sqlx records what ran in `_sqlx_migrations`.
+//! sqlx records what ran in `_sqlx_migrations`. A Create or Update whose `SchemaVersion` is newer
+//! than the newest migration this build holds is answered FAILED, with nothing applied: the
+//! function was built before those migrations existed.
 //!
 //! CloudFormation waits for the answer (up to the resource's `ServiceTimeout`), and a stack
 //! that gets none hangs, then hangs again rolling back. So nothing fallible is built at init:
@@ -52,14 +54,14 @@ pub async fn handler<F: Fn(&str) -> Option<String>>(
             r.stack_id,
             r.request_id,
             r.logical_resource_id,
-            schema::bring_up_to_date(vars, stop_at).await.map(Some),
+            apply(vars, &r.resource_properties, stop_at).await,
         ),
         CloudFormationCustomResourceRequest::Update(r) => (
             r.response_url,
             r.stack_id,
             r.request_id,
             r.logical_resource_id,
-            schema::bring_up_to_date(vars, stop_at).await.map(Some),
+            apply(vars, &r.resource_properties, stop_at).await,
         ),
         // The schema outlives the stack's resource: deleting the stack (or rolling back a
         // failed create) must never wait on, or fail for, the database.
@@ -95,6 +97,16 @@ pub async fn handler<F: Fn(&str) -> Option<String>>(
         error_type: "ResponseFailed".into(),
         error_message: e.to_string(),
     })
+}
+
+/// Applies the migrations a Create or Update asks for, once this build is known to hold them.
+async fn apply<F: Fn(&str) -> Option<String>>(
+    vars: &Vars<F>,
+    properties: &serde_json::Value,
+    stop_at: Instant,
+) -> Result<Option<i64>, MigrateError> {
+    schema::check_requested(properties.get("SchemaVersion"))?;
+    schema::bring_up_to_date(vars, stop_at).await.map(Some)
 }
 
 fn answer(
