@@ -153,27 +153,47 @@ pub struct FailedMessage {
     pub resent_count: i32,
 }
 
-/// The failed messages matching the filter, oldest first.
-pub async fn select_failed(
-    executor: impl PgExecutor<'_>,
-    f: &FailedFilter,
-) -> Result<Vec<FailedMessage>, StoreError> {
-    const SQL: &str = "SELECT outbox_id, tenant_id, external_id, action, idempotency_key, attempts, \
-                last_error, created_at, resent_count \
-         FROM outbox \
+/// The ids of the failed messages a [`FailedFilter`] picks, oldest first; bound by
+/// [`bind_filter`].
+macro_rules! failed_matching {
+    () => {
+        "SELECT outbox_id FROM outbox \
          WHERE status = 'failed' \
            AND (cardinality($1::bigint[]) = 0 OR outbox_id = ANY($1)) \
            AND ($2::text IS NULL OR tenant_id = $2) \
            AND ($3::text IS NULL OR action = $3) \
            AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
          ORDER BY created_at, outbox_id \
-         LIMIT $5";
-    Ok(sqlx::query_as(SQL)
+         LIMIT $5"
+    };
+}
+
+fn bind_filter<'q, O>(
+    query: sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments>,
+    f: &'q FailedFilter,
+) -> sqlx::query::QueryAs<'q, sqlx::Postgres, O, sqlx::postgres::PgArguments> {
+    query
         .bind(&f.ids)
         .bind(&f.tenant_id)
         .bind(&f.action)
         .bind(&f.error_contains)
         .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
+}
+
+/// The failed messages matching the filter, oldest first.
+pub async fn select_failed(
+    executor: impl PgExecutor<'_>,
+    f: &FailedFilter,
+) -> Result<Vec<FailedMessage>, StoreError> {
+    const SQL: &str = concat!(
+        "SELECT o.outbox_id, o.tenant_id, o.external_id, o.action, o.idempotency_key, o.attempts, \
+                o.last_error, o.created_at, o.resent_count \
+         FROM (",
+        failed_matching!(),
+        ") AS chosen JOIN outbox AS o USING (outbox_id) \
+         ORDER BY o.created_at, o.outbox_id"
+    );
+    Ok(bind_filter(sqlx::query_as(SQL), f)
         .fetch_all(executor)
         .await?)
 }
@@ -185,27 +205,19 @@ pub async fn resend_failed(
     executor: impl PgExecutor<'_>,
     f: &FailedFilter,
 ) -> Result<Vec<i64>, StoreError> {
-    const SQL: &str = "UPDATE outbox AS o SET status = 'pending', attempts = 0, next_attempt_at = now(), \
+    const SQL: &str = concat!(
+        "UPDATE outbox AS o SET status = 'pending', attempts = 0, next_attempt_at = now(), \
              leased_until = NULL, resent_count = o.resent_count + 1, resent_at = now() \
-         FROM (SELECT outbox_id FROM outbox \
-               WHERE status = 'failed' \
-                 AND (cardinality($1::bigint[]) = 0 OR outbox_id = ANY($1)) \
-                 AND ($2::text IS NULL OR tenant_id = $2) \
-                 AND ($3::text IS NULL OR action = $3) \
-                 AND ($4::text IS NULL OR strpos(lower(last_error), lower($4)) > 0) \
-               ORDER BY created_at, outbox_id \
-               LIMIT $5 \
-               FOR UPDATE) AS chosen \
+         FROM (",
+        failed_matching!(),
+        " FOR UPDATE) AS chosen \
          WHERE o.outbox_id = chosen.outbox_id AND o.status = 'failed' \
-         RETURNING o.outbox_id";
-    let mut ids: Vec<i64> = sqlx::query_scalar(SQL)
-        .bind(&f.ids)
-        .bind(&f.tenant_id)
-        .bind(&f.action)
-        .bind(&f.error_contains)
-        .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
+         RETURNING o.outbox_id"
+    );
+    let resent: Vec<(i64,)> = bind_filter(sqlx::query_as(SQL), f)
         .fetch_all(executor)
         .await?;
+    let mut ids: Vec<i64> = resent.into_iter().map(|(id,)| id).collect();
     ids.sort_unstable();
     Ok(ids)
 }
