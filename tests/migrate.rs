@@ -256,7 +256,7 @@ async fn a_schema_the_build_does_not_hold_is_answered_failed_and_nothing_is_appl
         ),
         (
             "latest",
-            "SchemaVersion \"\\\"latest\\\"\" is not a migration version".to_owned(),
+            "SchemaVersion \"latest\" is not a migration version".to_owned(),
         ),
     ] {
         let (url, answers) = cloudformation_response_url().await;

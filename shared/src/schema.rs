@@ -58,7 +58,13 @@ pub fn check_requested(requested: Option<&serde_json::Value>) -> Result<(), Migr
     let version = requested
         .as_str()
         .and_then(|v| v.trim().parse::<i64>().ok())
-        .ok_or_else(|| MigrateError::BadSchemaVersion(requested.to_string()))?;
+        .ok_or_else(|| {
+            MigrateError::BadSchemaVersion(
+                requested
+                    .as_str()
+                    .map_or_else(|| requested.to_string(), str::to_owned),
+            )
+        })?;
     let held = schema::newest_version();
     if version > held {
         return Err(MigrateError::BuildBehindTemplate {
