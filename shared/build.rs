@@ -1,5 +1,6 @@
-// The migrations are embedded at compile time (`sqlx::migrate!`, `#[sqlx::test(migrations)]`):
-// build again whenever one is added or changed, so no build holds a stale schema.
+// `store::MIGRATOR` embeds `migrations/` at compile time (`sqlx::migrate!`), and every test
+// database is built from it: build again whenever a migration is added or changed, so neither
+// the functions nor the tests hold a stale schema.
 fn main() {
     println!("cargo:rerun-if-changed=../migrations");
 }

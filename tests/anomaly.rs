@@ -30,7 +30,7 @@ async fn healthy(pool: &PgPool) -> TestApp {
     app
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_healthy_pipeline_runs_every_check_and_breaches_none(pool: PgPool) {
     healthy(&pool).await;
     let sources = scalar(&pool, "SELECT count(*) FROM sources").await as usize;
@@ -74,7 +74,7 @@ async fn a_healthy_pipeline_runs_every_check_and_breaches_none(pool: PgPool) {
     assert_eq!(families, 5);
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
     let app = healthy(&pool).await;
     // A semantic duplicate: the same entity version under two event ids.
@@ -140,7 +140,7 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
 }
 
 /// Silence and spikes per source, each against the same hour of the week in its own history.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgPool) {
     let _app = app(pool.clone()).await;
     sqlx::query("UPDATE sources SET created_at = now() - interval '22 days'")
@@ -210,7 +210,7 @@ async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgP
 }
 
 /// A run whose results cannot be stored ends `failed` on its run row, never stuck `running`.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_run_that_cannot_store_its_results_is_recorded_as_failed(pool: PgPool) {
     healthy(&pool).await;
     sqlx::query("ALTER TABLE anomaly_results ADD CONSTRAINT refuse_rows CHECK (false) NOT VALID")
@@ -240,7 +240,7 @@ async fn a_run_that_cannot_store_its_results_is_recorded_as_failed(pool: PgPool)
 /// A sequence source's watermark that stands still while newer events keep arriving (a gap that
 /// never resolves, a stalled detector) breaches `stalled_gap_watermarks`; a watermark that
 /// waits out a gap's grace period does not.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_watermark_standing_still_while_newer_events_arrive_breaches(pool: PgPool) {
     use pipeline_tests::gaps;
     let provider = gaps::provider(30, vec![]);

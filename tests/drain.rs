@@ -43,7 +43,7 @@ async fn entity(pool: &PgPool, id: &str) -> Option<Entity> {
         .unwrap()
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_accepted_event_is_queued_processed_and_announced_once(pool: PgPool) {
     let app = app(pool.clone()).await;
     deliver(&app, entity_event("e1", "cust-1", 1, "customer.created")).await;
@@ -85,7 +85,7 @@ async fn an_accepted_event_is_queued_processed_and_announced_once(pool: PgPool) 
 }
 
 /// (b) A delete is a versioned soft delete; a late update never resurrects the entity.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn deletes_are_not_resurrected_by_late_updates(pool: PgPool) {
     let app = app(pool.clone()).await;
     let drainer = standard_drainer(&pool);
@@ -127,7 +127,7 @@ async fn deletes_are_not_resurrected_by_late_updates(pool: PgPool) {
 }
 
 /// (c) Four drainers, each with its own pool, over 10,000 events.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn four_concurrent_drainers_process_ten_thousand_events_exactly_once(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -201,7 +201,7 @@ async fn four_concurrent_drainers_process_ten_thousand_events_exactly_once(
 }
 
 /// (d) A drainer whose connection is killed mid-batch loses nothing and doubles nothing.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_drainer_killed_mid_batch_loses_and_doubles_nothing(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -297,7 +297,7 @@ impl shared::effects::EffectHandler for Gate {
 }
 
 /// (e) A poison event is dead-lettered after its attempt budget while the rest drains.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_poison_event_is_dead_lettered_after_its_budget_while_the_queue_drains(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
@@ -364,7 +364,7 @@ async fn a_poison_event_is_dead_lettered_after_its_budget_while_the_queue_drains
     assert_eq!(application_counts(&pool).await, (1, 1, 60));
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_fatal_failure_is_dead_lettered_at_once(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
@@ -391,7 +391,7 @@ async fn a_fatal_failure_is_dead_lettered_at_once(pool: PgPool) {
 
 /// (f) A replay after the fix processes once; a second replay is a no-op; a failed replay
 /// keeps the letter open with the new error.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn replay_after_a_fix_processes_once_and_a_second_replay_is_a_no_op(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
@@ -451,7 +451,7 @@ async fn replay_after_a_fix_processes_once_and_a_second_replay_is_a_no_op(pool: 
 
 /// (g) An amount mismatch records an exception and produces no fulfilment; a matching payment
 /// pays once; a second payment for a paid order is an exception too.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
     let app = app(pool.clone()).await;
     let drainer = standard_drainer(&pool);
@@ -524,7 +524,7 @@ async fn payments_pay_once_and_never_on_a_mismatch(pool: PgPool) {
 /// (tenant, event, action), which the outbox admits once, so keys are unique by construction.
 /// Every path that writes the outbox (the projection, fulfilment, reconcile's re-announcement
 /// of a lost row) must keep deriving them that way.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn every_outbox_key_is_the_digest_of_its_tenant_event_and_action(pool: PgPool) {
     let app = app(pool.clone()).await;
     let drainer = standard_drainer(&pool);
@@ -572,7 +572,7 @@ async fn every_outbox_key_is_the_digest_of_its_tenant_event_and_action(pool: PgP
 
 /// (h) Our 2xx was lost after the commit: the provider redelivers; the redelivery is a
 /// duplicate and nothing happens twice. Likewise a drain invocation retried after it committed.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_redelivery_after_commit_is_a_duplicate_with_no_second_effect(pool: PgPool) {
     let app = app(pool.clone()).await;
     let drainer = standard_drainer(&pool);
@@ -604,7 +604,7 @@ async fn a_redelivery_after_commit_is_a_duplicate_with_no_second_effect(pool: Pg
 
 /// A delivery that conflicts with an event being processed waits for the drain's commit and
 /// then finds it processed: the processed payload is never rewritten.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_conflicting_delivery_during_processing_never_rewrites_the_processed_payload(
     pool: PgPool,
 ) {
@@ -640,7 +640,7 @@ async fn a_conflicting_delivery_during_processing_never_rewrites_the_processed_p
 /// A dead letter stays replayable for as long as it is open: retention purges payloads of
 /// finished events after 7 days, but the letter keeps what its replay needs. Once the letter is
 /// closed, its own copy of the payload goes the same way.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_dead_letter_older_than_the_payload_horizon_is_still_replayable(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
@@ -764,7 +764,7 @@ impl shared::effects::EffectHandler for SubtransactionProbe {
 /// events fail (here every other one, the worst case for isolating them), a drain transaction
 /// never holds more than 64 live subtransactions, and every event still gets its own verdict:
 /// each poison dead-lettered alone, every other event processed exactly once.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn no_batch_holds_more_than_64_subtransactions_however_many_events_fail(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -875,7 +875,7 @@ async fn processing_state(pool: &PgPool) -> Vec<String> {
 /// two different changes with one version, two payments of one order, a mismatch, an unknown
 /// and a cancelled order, an unreadable payment) drained one by one and in one batch leave the
 /// same entities, outbox, orders, exceptions, anomalies and event rows.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn one_batch_ends_where_one_event_at_a_time_ends(pool: PgPool) {
     let app = app(pool.clone()).await;
     let deliveries = || {
@@ -954,7 +954,7 @@ async fn one_batch_ends_where_one_event_at_a_time_ends(pool: PgPool) {
 /// until the table is next analyzed): the drain decayed to half its rate within minutes. The
 /// entity projection's statement is therefore planned afresh every batch, never prepared on the
 /// connection, while the claim, whose plan does not depend on the batch, stays prepared.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_set_statements_are_never_cached_as_prepared_plans(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -1000,7 +1000,7 @@ fn rows_removed_by_join_filter(plan: &serde_json::Value) -> i64 {
 /// (which guesses ten rows for an array) ran that join as a nested loop over the whole batch for
 /// every row: 39,800 comparisons thrown away for a batch of 200 (9,900 per 100 in the drain
 /// bench, more than half the completion's time), quadratic in DRAIN_BATCH_SIZE.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn finishing_a_batch_never_compares_each_row_with_the_whole_batch(pool: PgPool) {
     use shared::store::{dead_letters, event_queue};
     let app = app(pool.clone()).await;
@@ -1122,7 +1122,7 @@ async fn event_pages(pool: &PgPool) -> Vec<(String, i64)> {
 /// old versions cannot be pruned before the batch commits). With the kilobyte-and-a-half payloads
 /// providers send (a Stripe event, a Shopify order), delivered and drained: every row is still on
 /// the page it was first written to, so processing never grew the table's indexes.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn completing_events_keeps_each_row_on_its_page(pool: PgPool) {
     let app = app(pool.clone()).await;
     for i in 0..120 {

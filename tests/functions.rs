@@ -24,7 +24,7 @@ fn scheduled(deadline_in: Duration) -> LambdaEvent<EventBridgeEvent> {
     LambdaEvent::new(event, context)
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_drain_function_drains_and_reports_counts(pool: PgPool) {
     let app = app(pool.clone()).await;
     for i in 0..120 {
@@ -48,7 +48,7 @@ async fn the_drain_function_drains_and_reports_counts(pool: PgPool) {
     assert_eq!(queue_len(&pool).await, 0);
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_drain_function_stops_at_its_deadline(pool: PgPool) {
     let app = app(pool.clone()).await;
     let d = entity_event("late-1", "x", 1, "thing.updated");
@@ -66,7 +66,7 @@ async fn the_drain_function_stops_at_its_deadline(pool: PgPool) {
     assert_eq!(queue_len(&pool).await, 1);
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_order(&pool, "ord-1", "REF-1", 100, "eur").await;
@@ -158,7 +158,7 @@ fn the_reconcile_function_tells_its_triggers_apart() {
     assert_eq!(junk.error_type, "UnrecognisedTrigger");
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_reconcile_function_runs_a_pass_and_records_its_trigger(pool: PgPool) {
     let drainer = standard_drainer(&pool);
     let payload = serde_json::json!({
@@ -187,7 +187,7 @@ async fn the_reconcile_function_runs_a_pass_and_records_its_trigger(pool: PgPool
     assert_eq!(trigger, "schedule");
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_anomaly_function_runs_the_checks_and_reports_them(pool: PgPool) {
     app(pool.clone()).await;
     let report = ::anomaly::handler(

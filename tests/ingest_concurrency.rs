@@ -73,7 +73,7 @@ async fn send_all(instances: &[Arc<Ingestor>], deliveries: Vec<Delivery>) -> Vec
     replies
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn twenty_concurrent_copies_land_once_with_twenty_deliveries(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -112,7 +112,7 @@ async fn twenty_concurrent_copies_land_once_with_twenty_deliveries(
     assert!(anomalies(&admin).await.is_empty());
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn concurrent_conflicting_payloads_land_once_and_every_conflict_is_recorded(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

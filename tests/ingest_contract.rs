@@ -21,7 +21,7 @@ fn stripe(id: &str, extra: serde_json::Value) -> Delivery {
     delivery(STRIPE, &secret_of(STRIPE), id, now(), extra)
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_new_event_is_accepted_and_committed_before_the_response(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     // The body claims another tenant: the tenant must come from the source, never the body.
@@ -65,7 +65,7 @@ async fn a_new_event_is_accepted_and_committed_before_the_response(pool: PgPool)
     assert!(anomalies(&app.pool).await.is_empty());
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn every_scheme_lands_one_row_with_its_own_id_and_type(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for scheme in Scheme::ALL {
@@ -96,7 +96,7 @@ async fn every_scheme_lands_one_row_with_its_own_id_and_type(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_redelivery_with_the_same_digest_is_a_duplicate(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let d = stripe("evt_dup", json!({}));
@@ -129,7 +129,7 @@ async fn a_redelivery_with_the_same_digest_is_a_duplicate(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_changed_payload_under_a_pending_id_is_a_conflict_and_takes_the_newer_payload(
     pool: PgPool,
 ) {
@@ -170,7 +170,7 @@ async fn a_changed_payload_under_a_pending_id_is_a_conflict_and_takes_the_newer_
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_changed_payload_never_rewrites_a_processed_row(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let first = stripe("evt_done", json!({"amount": 100}));
@@ -205,7 +205,7 @@ async fn a_changed_payload_never_rewrites_a_processed_row(pool: PgPool) {
     assert_eq!(found[0].stored_sha256, Some(sha256(&first.body)));
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_conflicting_older_entity_version_does_not_replace_a_newer_one(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let secret = secret_of(Scheme::Shopify);
@@ -249,7 +249,7 @@ async fn assert_nothing_stored(pool: &PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_forged_signature_is_401_and_stores_nothing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for scheme in Scheme::ALL {
@@ -280,7 +280,7 @@ async fn a_forged_signature_is_401_and_stores_nothing(pool: PgPool) {
     assert_nothing_stored(&app.pool).await;
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn missing_and_malformed_signature_headers_are_401(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let d = stripe("evt_headers", json!({}));
@@ -312,7 +312,7 @@ async fn missing_and_malformed_signature_headers_are_401(pool: PgPool) {
     assert_nothing_stored(&app.pool).await;
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn stale_and_future_timestamps_are_401(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for scheme in [Scheme::Stripe, Scheme::StandardWebhooks, Scheme::Slack] {
@@ -342,7 +342,7 @@ async fn stale_and_future_timestamps_are_401(pool: PgPool) {
     assert!(rows.iter().all(|r| r.external_id.starts_with("evt_ok_")));
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn unknown_disabled_and_malformed_sources_are_404(pool: PgPool) {
     let mut list = sources_for_every_scheme();
     let mut disabled = source("old-stripe", TENANT, STRIPE, "secret/stripe");
@@ -361,7 +361,7 @@ async fn unknown_disabled_and_malformed_sources_are_404(pool: PgPool) {
     assert_nothing_stored(&app.pool).await;
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_signed_but_unreadable_body_is_400_and_recorded_never_queued(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let secret = secret_of(STRIPE);
@@ -417,7 +417,7 @@ async fn a_signed_but_unreadable_body_is_400_and_recorded_never_queued(pool: PgP
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_body_over_the_limit_is_413_and_stores_nothing(pool: PgPool) {
     let app = TestApp::with_limits(
         pool,
@@ -454,7 +454,7 @@ fn unreachable_pool() -> PgPool {
         .connect_lazy_with(options)
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_unreachable_database_is_503_never_2xx(pool: PgPool) {
     sources::apply(&pool, &sources_for_every_scheme())
         .await
@@ -517,7 +517,7 @@ async fn an_unreachable_database_is_503_never_2xx(pool: PgPool) {
 /// [`store::PING_IF_IDLE_FOR`] or longer is pinged and replaced before a delivery sees it; one
 /// that died within that time fails the delivery as an unavailable database (503, nothing
 /// stored, never a 2xx) and is discarded, so the provider's retry lands.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_dead_pooled_connection_never_turns_into_a_2xx_and_is_replaced(pool: PgPool) {
     sources::apply(&pool, &sources_for_every_scheme())
         .await
@@ -593,7 +593,7 @@ async fn a_dead_pooled_connection_never_turns_into_a_2xx_and_is_replaced(pool: P
     assert_eq!(send("evt_after_idle").await.outcome(), "accepted");
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_previous_secret_verifies_during_a_rotation_and_is_recorded(pool: PgPool) {
     let secrets = SecretStore::memory([(
         "secret/stripe".to_owned(),
@@ -639,7 +639,7 @@ async fn the_previous_secret_verifies_during_a_rotation_and_is_recorded(pool: Pg
     assert!(event(&app.pool, TENANT, "evt_other").await.is_none());
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_same_event_id_under_two_tenants_is_two_events(pool: PgPool) {
     let list = [
         source("acme-stripe", "acme", STRIPE, "secret/stripe"),
@@ -667,7 +667,7 @@ async fn the_same_event_id_under_two_tenants_is_two_events(pool: PgPool) {
     assert_eq!(tenants, ["acme", "globex"]);
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_source_added_at_runtime_is_served_without_a_restart(pool: PgPool) {
     let app = TestApp::with_limits(
         pool,

@@ -410,7 +410,7 @@ fn quiet(found: &reconcile::Found, repaired: &reconcile::Repaired) -> bool {
         && repaired.outbox_made_due == 0
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
     let started = Instant::now();
     let secrets = SecretsFile::new();

@@ -20,7 +20,7 @@ async fn spawn_runner(app: &TestApp, max_body: usize) -> String {
     format!("http://{address}")
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_signed_post_over_http_lands_a_row(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let base = spawn_runner(&app, MAX_BODY).await;
@@ -87,7 +87,7 @@ async fn a_signed_post_over_http_lands_a_row(pool: PgPool) {
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_oversized_post_over_http_is_413(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let base = spawn_runner(&app, 1024).await;
@@ -111,7 +111,7 @@ async fn an_oversized_post_over_http_is_413(pool: PgPool) {
 
 /// The whole local pipeline: ingest over HTTP, the drain and the outbox on their timer, the
 /// outbox delivering to the runner's own sink.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_local_pipeline_takes_a_payment_from_post_to_delivered_fulfilment(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     pipeline_tests::drain::create_order(&pool, "ord-1", "REF-1", 2500, "eur").await;

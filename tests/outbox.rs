@@ -99,7 +99,7 @@ async fn send_until_settled(sender: &OutboxSender, pool: &PgPool) {
     }
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn messages_are_delivered_with_their_idempotency_key_and_retried_on_5xx(pool: PgPool) {
     outbox_rows(&pool, 3).await;
     let (target, url) = spawn_target(&[503, 500]).await;
@@ -135,7 +135,7 @@ async fn messages_are_delivered_with_their_idempotency_key_and_retried_on_5xx(po
     assert_eq!(body["payload"]["entity_type"], "thing");
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_refusing_target_fails_the_message_and_a_dead_target_exhausts_it(pool: PgPool) {
     outbox_rows(&pool, 1).await;
     let (target, url) = spawn_target(&[422]).await;
@@ -172,7 +172,7 @@ async fn a_refusing_target_fails_the_message_and_a_dead_target_exhausts_it(pool:
     );
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn concurrent_senders_lease_each_message_to_one_of_them(pool: PgPool) {
     outbox_rows(&pool, 40).await;
     let (target, url) = spawn_target(&[]).await;
@@ -220,7 +220,7 @@ async fn concurrent_senders_lease_each_message_to_one_of_them(pool: PgPool) {
 /// before each message and hands back what it leased and did not send: it ends by its deadline
 /// (a Lambda invocation would be killed past it), each row's attempts equal the requests the
 /// target received for it, and nothing reaches `failed` for having been leased.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_slow_target_spends_attempts_only_on_tries(pool: PgPool) {
     outbox_rows(&pool, 10).await;
     let (target, url) = serve_target(Target {
@@ -294,7 +294,7 @@ async fn a_slow_target_spends_attempts_only_on_tries(pool: PgPool) {
 
 /// Reconcile never makes a row that a sender holds leased due: a second sender would POST the
 /// same message while the first is still sending it.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn reconcile_leaves_leased_rows_to_their_sender(pool: PgPool) {
     outbox_rows(&pool, 3).await;
     let gate = Arc::new(tokio::sync::Semaphore::new(0));
@@ -379,7 +379,7 @@ async fn retention_past_the_horizon(pool: &PgPool) -> u64 {
 
 /// A message that failed for good is an effect that never happened: retention must not forget
 /// it (nor its event) when the event passes the identity horizon, weeks after the failure.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_failed_message_outlives_the_identity_horizon(pool: PgPool) {
     outbox_rows(&pool, 1).await;
     let (_target, url) = spawn_target(&[422]).await;
@@ -424,7 +424,7 @@ fn ids(answer: &serde_json::Value, key: &str) -> Vec<i64> {
 /// Weeks after a target refused three messages, an operator who fixed it resends two and
 /// discards the third: the two reach the target under the keys they were first sent with, the
 /// status verdict clears, and retention may then take the events with their outbox rows.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool: PgPool) {
     outbox_rows(&pool, 3).await;
     let (target, url) = spawn_target(&[422, 422, 422]).await;
@@ -568,7 +568,7 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
 }
 
 /// Discarding names what it discards: an empty list is refused with its reason.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_discard_without_ids_is_refused(pool: PgPool) {
     let request =
         shared::operator::parse(serde_json::json!({"action": "discard_outbox", "outbox_ids": []}))

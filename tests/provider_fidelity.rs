@@ -27,7 +27,7 @@ fn slack_signed(body: &[u8], at: i64) -> Delivery {
 
 /// Slack's request URL handshake, as Slack sends it when an Events API URL is saved: signed, and
 /// answered with the challenge. Nothing is stored, not even as an anomaly; an unsigned one is 401.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn slack_url_verification_is_answered_with_the_challenge_and_stores_nothing(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let body = br#"{"token":"Jhj5dZrVaK7ZwHHjRyZWjbDl","challenge":"3eZbrw1aBm2rZgRNFdxV2595E9CY3gmdALWMmHkvFXO7tYXAYM8P","type":"url_verification"}"#;
@@ -66,7 +66,7 @@ async fn slack_url_verification_is_answered_with_the_challenge_and_stores_nothin
 
 /// Slack redelivers an event it thinks failed with `X-Slack-Retry-Num` and a fresh signature
 /// over the same body: a duplicate of the stored event, counted as a provider retry.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn slack_retries_are_duplicates_counted_as_provider_retries(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let body = serde_json::to_vec(&json!({"type": "event_callback", "event_id": "Ev0RETRY", "event": {"type": "message", "text": "hi"}})).unwrap();
@@ -138,7 +138,7 @@ async fn assert_breached(pool: &PgPool, check: &str) {
 /// A NUL (`\u0000`) in a signed field: PostgreSQL's text cannot hold it. The delivery is
 /// unusable as sent, so it is 400 with an `invalid_field` anomaly, never a 500 the provider
 /// retries forever.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_nul_in_a_signed_field_is_400_invalid_field_not_500(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let stripe = Scheme::Stripe;
@@ -200,7 +200,7 @@ async fn a_nul_in_a_signed_field_is_400_invalid_field_not_500(pool: PgPool) {
 /// GitHub and Shopify sign only the body: their id and event type headers are outside the HMAC.
 /// Whoever holds one signed delivery can replay it under fresh ids; each replay is answered
 /// `duplicate`, stored once, and recorded.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     for (scheme, id_header, type_header) in [
@@ -254,7 +254,7 @@ async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: 
 }
 
 /// Replays racing each other on real connections: one is stored, every other is a duplicate.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let original = delivery(
@@ -293,7 +293,7 @@ async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
 /// to an event the same `X-GitHub-Delivery` (a repository hook and its organisation's hook), and
 /// two Stripe accounts can number alike. The second source's delivery is an anomaly kept with
 /// its bytes; the first source's row is never replaced.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_event_id_stored_under_another_source_of_the_tenant_is_an_anomaly_never_a_replacement(
     pool: PgPool,
 ) {
@@ -407,7 +407,7 @@ async fn an_event_id_stored_under_another_source_of_the_tenant_is_an_anomaly_nev
 
 /// `hookctl sources apply` refuses two sequence sources of one tenant whose IDs follow the same
 /// template: their numbers would name each other's events.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn sources_apply_refuses_two_sequence_sources_of_a_tenant_with_one_id_template(pool: PgPool) {
     let dir =
         std::env::temp_dir().join(format!("fidelity-sources-{}-{}", std::process::id(), now()));
@@ -479,7 +479,7 @@ async fn sources_apply_refuses_two_sequence_sources_of_a_tenant_with_one_id_temp
 /// `request` in the API version of the call, not the endpoint's): an event backfilled during an
 /// outage, then delivered when Stripe's retry finally gets through, is the same event. Its
 /// delivery is a duplicate, never a digest conflict.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_backfilled_event_delivered_late_is_a_duplicate_not_a_conflict(pool: PgPool) {
     use pipeline_tests::gaps::*;
     use std::sync::Arc;
@@ -601,7 +601,7 @@ async fn entities(pool: &PgPool) -> Vec<(String, String, Option<String>, bool)> 
 /// A `products/delete` body is only `{"id": N}`: no GraphQL id, no `updated_at`. It lands on the
 /// entity its updates land on, versioned by `X-Shopify-Triggered-At`, and a late update never
 /// resurrects it.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_shopify_delete_lands_on_the_entity_of_its_updates(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let update = shopify(
@@ -662,7 +662,7 @@ async fn a_shopify_delete_lands_on_the_entity_of_its_updates(pool: PgPool) {
 
 /// `updated_at` has one-second precision. Two updates in one second carry one version; the
 /// later trigger time decides, whatever order they are processed in.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn two_shopify_updates_in_one_second_keep_the_later(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let second = "2026-11-30T10:00:05-05:00";
@@ -711,7 +711,7 @@ async fn two_shopify_updates_in_one_second_keep_the_later(pool: PgPool) {
 
 /// Two different changes with one version and one trigger time: nothing says which is later.
 /// The same one wins in any processing order (the greater event id), and it is recorded.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn two_changes_nothing_orders_are_settled_alike_and_recorded(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
     let second = "2026-11-30T10:00:05-05:00";
@@ -825,7 +825,7 @@ async fn shopify_sources_applied_before_keep_one_entity_per_resource(pool: PgPoo
 /// One Stripe account, three event types, two endpoints: billing subscribed to `invoice.paid`,
 /// crm to `customer.updated`; nobody to `charge.refunded`. Each source lists only its own types:
 /// it backfills its own drops, never the other endpoint's events or ones nobody subscribed to.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn list_backfill_asks_only_for_the_types_the_endpoint_subscribed_to(pool: PgPool) {
     use pipeline_tests::gaps::*;
     use std::sync::Arc;
@@ -929,7 +929,7 @@ async fn list_backfill_asks_only_for_the_types_the_endpoint_subscribed_to(pool: 
 
 /// A listing longer than `BACKFILL_MAX_LIST_PAGES` is cut: what was listed is still used, and
 /// the cut is recorded in the pass and breaches a check (it used to fail the source quietly).
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_listing_past_its_page_limit_is_recorded_and_trips_a_check(pool: PgPool) {
     use pipeline_tests::gaps::*;
     use std::sync::Arc;
@@ -996,7 +996,7 @@ async fn a_listing_past_its_page_limit_is_recorded_and_trips_a_check(pool: PgPoo
 }
 
 /// Stripe's `types[]` takes up to 20 types: an endpoint subscribed to more is listed in groups.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn more_than_twenty_subscribed_types_are_listed_in_groups(pool: PgPool) {
     use pipeline_tests::gaps::*;
     use std::sync::Arc;
@@ -1102,7 +1102,7 @@ mod github {
     /// redeliver each failed event by its newest delivery id, and GitHub's signed redeliveries
     /// land through ingest under the same GUID. One delivery GitHub no longer keeps is
     /// tombstoned. A second pass finds nothing to do.
-    #[sqlx::test(migrations = "../migrations")]
+    #[sqlx::test(migrator = "shared::store::MIGRATOR")]
     async fn github_failed_deliveries_are_redelivered_through_ingest(pool: PgPool) {
         let signing = secret_of(Scheme::Github);
         let hook = GithubHook::new(HookConfig {
@@ -1220,7 +1220,7 @@ mod github {
 
     /// A GitHub App's hook (`/app/hook`) answers only to a JSON Web Token the App signs with its
     /// private key; an organisation hook to a token. One pass backfills both.
-    #[sqlx::test(migrations = "../migrations")]
+    #[sqlx::test(migrator = "shared::store::MIGRATOR")]
     async fn github_app_and_organisation_hooks_are_backfilled(pool: PgPool) {
         let dir =
             std::env::temp_dir().join(format!("fidelity-app-key-{}-{}", std::process::id(), now()));

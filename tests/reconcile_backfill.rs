@@ -59,7 +59,7 @@ async fn projection(pool: &PgPool) -> BTreeMap<String, (i64, String)> {
 
 /// (a) 5% of 2,000 deliveries dropped (with duplicates and reorders besides): one backfill pass
 /// later every event is stored exactly once and the drained state matches the provider's.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(pool: PgPool) {
     for (source_id, strategy, seed) in [
         ("by-sequence", sequence_strategy(), 11),
@@ -148,7 +148,7 @@ async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(po
 }
 
 /// (b) An ID that never existed is tombstoned once and never flagged again.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_legitimately_missing_id_is_tombstoned_once_and_never_reflagged(pool: PgPool) {
     let provider = provider(300, vec![150]);
     let base = Arc::clone(&provider).serve().await;
@@ -199,7 +199,7 @@ async fn a_legitimately_missing_id_is_tombstoned_once_and_never_reflagged(pool: 
 
 /// (c) A late event inside the grace period is not fetched; when it arrives, its candidate
 /// closes as `arrived`.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
     let provider = provider(100, vec![]);
     let base = Arc::clone(&provider).serve().await;
@@ -235,7 +235,7 @@ async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
 }
 
 /// An operator tombstone stops a gap from being flagged.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
     let provider = provider(50, vec![]);
     let base = Arc::clone(&provider).serve().await;
@@ -279,7 +279,7 @@ async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
 }
 
 /// (d) Two concurrent reconcile triggers: one pass, one `skipped`.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn two_concurrent_reconcile_triggers_run_one_pass(pool: PgPool) {
     // Enough consistent history that a pass takes a while to scan.
     shared::sources::apply(&pool, &[pipeline_tests::drain::entity_source()])
@@ -337,7 +337,7 @@ async fn two_concurrent_reconcile_triggers_run_one_pass(pool: PgPool) {
 
 /// (e) A processed event whose effect row was deleted, and one whose outbox row was lost, are
 /// repaired by the next pass through the normal path.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     for (id, entity) in [("e-1", "cust-1"), ("e-2", "cust-2"), ("e-3", "cust-3")] {
@@ -425,7 +425,7 @@ async fn a_pass_repairs_lost_effects_and_outbox_rows(pool: PgPool) {
 }
 
 /// Orphaned pending events (queue row lost) and overdue outbox rows are found and repaired.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_pass_requeues_orphans_and_hurries_overdue_outbox_rows(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     let d = pipeline_tests::drain::entity_event("o-1", "x-1", 1, "thing.updated");
@@ -468,7 +468,7 @@ async fn a_pass_requeues_orphans_and_hurries_overdue_outbox_rows(pool: PgPool) {
 
 /// Retention purges payloads, then identities past the horizon (keeping dead-lettered ones);
 /// a delivery arriving after its identity was purged makes no second effect and is recorded.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn retention_purges_in_order_and_a_late_redelivery_has_no_second_effect(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     create_order(&pool, "ord-9", "REF-9", 900, "usd").await;
@@ -569,7 +569,7 @@ async fn retention_purges_in_order_and_a_late_redelivery_has_no_second_effect(po
 
 /// A pass that fails after taking its lock (here: its run row cannot be finished) still
 /// releases the lock: the next pass, from another environment's pool, runs.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_failed_backfill_pass_releases_its_lock(
     pool_options: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
@@ -624,7 +624,7 @@ impl shared::effects::EffectHandler for Panics {
 /// A pass that panics (here: reconcile drains a stuck event through a handler that panics)
 /// releases its advisory lock and records its run as failed: the next trigger, from another
 /// execution environment, runs instead of recording `skipped`.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_pass_that_panics_releases_its_lock(
     pool_options: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
@@ -699,7 +699,7 @@ async fn a_pass_that_panics_releases_its_lock(
 /// A processed row is never rewritten, including while reconcile has it re-queued for a repair:
 /// a conflicting delivery arriving meanwhile is recorded as a conflict and changes nothing, and
 /// the repair re-applies the payload that was processed.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_processed_event_requeued_by_reconcile_is_never_rewritten(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     let original = pipeline_tests::drain::entity_event("rq-1", "cust-1", 1, "customer.updated");
@@ -801,7 +801,7 @@ fn versioned_payment(id: &str, order_id: &str, reference: &str, amount: i64) -> 
 /// outbox row, by design) are never re-queued. Pass after pass finds and repairs nothing,
 /// records no further anomaly, bumps no attempt, and once their payloads are purged nothing
 /// becomes a dead letter.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn reconcile_converges_over_payments_and_redeliveries_after_the_identity_purge(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     let mut stripe = source(
@@ -923,7 +923,7 @@ async fn reconcile_converges_over_payments_and_redeliveries_after_the_identity_p
 /// A processed event whose effect went missing after retention purged its payload cannot be
 /// re-run: reconcile reports it, and neither re-queues it pass after pass nor turns it into a
 /// dead letter.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_lost_effect_whose_payload_was_purged_is_reported_not_requeued(pool: PgPool) {
     let app = pipeline_tests::drain::app(pool.clone()).await;
     let d = pipeline_tests::drain::entity_event("gone-1", "cust-9", 2, "customer.updated");
@@ -970,7 +970,7 @@ async fn watermark(pool: &PgPool) -> i64 {
 
 /// An operator tombstone as the README writes it (no sequence): its sequence is resolved from
 /// the source's id template, so its number is never flagged and the watermark passes it.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: PgPool) {
     let provider = provider(50, vec![20]);
     let base = Arc::clone(&provider).serve().await;
@@ -1029,7 +1029,7 @@ async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: 
 
 /// A window with no rows below newer events is all gap: it is flagged and backfilled, and the
 /// watermark moves past it instead of standing still.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_window_without_rows_does_not_stall_the_watermark(pool: PgPool) {
     let provider = provider(40, vec![]);
     let base = Arc::clone(&provider).serve().await;
@@ -1067,7 +1067,7 @@ async fn a_window_without_rows_does_not_stall_the_watermark(pool: PgPool) {
 
 /// While a gap waits out its grace period the watermark stands below it, but detection goes on
 /// above `watermark + window`: later gaps are flagged (and start their own grace) meanwhile.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool) {
     let provider = provider(40, vec![]);
     let base = Arc::clone(&provider).serve().await;

@@ -70,7 +70,7 @@ async fn app_with_secret(pool: PgPool, name: &str, ttl: Duration, clock: &TestCl
     .await
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_rotated_secret_is_picked_up_without_a_restart(pool: PgPool) {
     let admin = admin_client(&moto_endpoint()).await;
     let name = new_secret(&admin, "webhooks/stripe", "whsec_first").await;
@@ -136,7 +136,7 @@ async fn a_rotated_secret_is_picked_up_without_a_restart(pool: PgPool) {
 /// The current and previous values are one snapshot: at no moment after a rotation is the new
 /// secret accepted while the retired one is refused (providers switch over gradually, and
 /// deliveries signed with the old secret are still in flight and in their retry queues).
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_rotation_is_seen_whole_at_every_moment_of_the_cache_ttl(pool: PgPool) {
     let admin = admin_client(&moto_endpoint()).await;
     let name = new_secret(&admin, "webhooks/stripe", "whsec_old").await;
@@ -173,7 +173,7 @@ async fn a_rotation_is_seen_whole_at_every_moment_of_the_cache_ttl(pool: PgPool)
     assert!(new_seen, "the rotation was picked up within two TTLs");
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_missing_secret_is_a_500_and_stores_nothing(pool: PgPool) {
     let endpoint = moto_endpoint();
     let secrets = AwsSecrets::connect(&AwsSecretsSettings {
@@ -202,7 +202,7 @@ async fn a_missing_secret_is_a_500_and_stores_nothing(pool: PgPool) {
     assert!(events(&pool).await.is_empty());
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_unreachable_secrets_manager_is_a_503(pool: PgPool) {
     let secrets = AwsSecrets::connect(&AwsSecretsSettings {
         endpoint_url: Some("http://127.0.0.1:1".into()),

@@ -172,7 +172,7 @@ async fn passes(db: &Db) {
     }
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn status_says_accounted_for_then_names_what_needs_a_human(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -435,7 +435,7 @@ async fn status_exits_2_when_it_cannot_tell() {
     assert_eq!(bad.code, Some(2));
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_replay_of_many_goes_in_chunks_and_counts_them_all(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -533,7 +533,7 @@ async fn through(endpoint: &str, args: &[&str]) -> Out {
     .await
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn every_command_answers_through_the_operator_function(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
@@ -654,7 +654,7 @@ async fn every_command_answers_through_the_operator_function(
 /// A target that was down past the outbox's attempt budget: the on-call reads the finding, lists
 /// the failed messages, resends one once the target is back and discards another, through the
 /// operator function as against a deployed stack.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn failed_outbox_messages_are_listed_resent_and_discarded(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

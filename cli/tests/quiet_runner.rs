@@ -23,7 +23,7 @@ async fn until(pool: &PgPool, sql: &'static str, n: i64) {
     }
 }
 
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_idle_runner_is_quiet_and_work_is_logged_as_key_value_fields(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,

@@ -181,7 +181,7 @@ fn usage_errors_exit_2() {
 
 /// Against a configured source: its scheme, secrets and field map come from the database and
 /// the secrets backend, exactly as ingest reads them.
-#[sqlx::test(migrations = "../migrations")]
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn verify_against_a_configured_source(
     pool_options: sqlx::postgres::PgPoolOptions,
     connect: sqlx::postgres::PgConnectOptions,
