@@ -273,3 +273,53 @@ async fn a_schema_the_build_does_not_hold_is_answered_failed_and_nothing_is_appl
         assert_eq!(tables(&pool).await, 0, "nothing applied");
     }
 }
+
+/// The migrations after 032 run while the pipeline writes: validating the outbox's status check
+/// (033) and giving `webhook_events` room to complete (034) must not wait for a transaction
+/// that is writing those tables, as every ingest and every drain batch is during a deploy, or
+/// the deploy fails on `MIGRATE_LOCK_TIMEOUT_MS` (here 300 ms) behind live traffic.
+#[sqlx::test(migrations = false)]
+async fn the_migrations_after_032_wait_for_no_live_write(pool: PgPool) {
+    shared::store::MIGRATOR
+        .run_to(20261201000032, &pool)
+        .await
+        .unwrap();
+    let mut writer = sqlx::PgConnection::connect(&url_of(&pool)).await.unwrap();
+    sqlx::query("BEGIN").execute(&mut writer).await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
+         VALUES ('t', 'evt_live', 'entity.changed', '{}', 'key-live')",
+    )
+    .execute(&mut writer)
+    .await
+    .unwrap();
+    // What an ingest's upsert or a drain's completion holds until it commits.
+    sqlx::query("LOCK TABLE webhook_events IN ROW EXCLUSIVE MODE")
+        .execute(&mut writer)
+        .await
+        .unwrap();
+
+    let impatient = vars(&[
+        ("DATABASE_URL", &url_of(&pool)),
+        ("MIGRATE_LOCK_TIMEOUT_MS", "300"),
+    ]);
+    let answer = answer_of("Update", &impatient, Duration::from_secs(60)).await;
+    assert_eq!(answer["Status"], "SUCCESS", "{answer}");
+
+    sqlx::query("COMMIT").execute(&mut writer).await.unwrap();
+    let (validated, options): (bool, Vec<String>) = sqlx::query_as(
+        "SELECT (SELECT convalidated FROM pg_constraint WHERE conname = 'outbox_status_check'), \
+                (SELECT reloptions FROM pg_class WHERE relname = 'webhook_events')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(validated);
+    assert_eq!(options, ["fillfactor=50"]);
+    let live: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM outbox WHERE external_id = 'evt_live'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(live, 1);
+}
