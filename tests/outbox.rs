@@ -402,6 +402,28 @@ async fn a_failed_message_outlives_the_identity_horizon(pool: PgPool) {
     );
 }
 
+/// Each message's status, attempts, resent count, and whether it was resent and discarded, in id
+/// order: what the sender and an operator's decisions left on it.
+async fn decisions(pool: &PgPool) -> Vec<(String, i32, i32, bool, bool)> {
+    sqlx::query_as(
+        "SELECT status, attempts, resent_count, resent_at IS NOT NULL, discarded_at IS NOT NULL \
+         FROM outbox ORDER BY outbox_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+fn decided(
+    status: &str,
+    attempts: i32,
+    resent_count: i32,
+    resent: bool,
+    discarded: bool,
+) -> (String, i32, i32, bool, bool) {
+    (status.to_owned(), attempts, resent_count, resent, discarded)
+}
+
 /// The operator's answer to `request`, as JSON (what the operator function returns).
 async fn operator(pool: &PgPool, request: serde_json::Value) -> serde_json::Value {
     let request = shared::operator::parse(request).unwrap();
@@ -480,18 +502,12 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     )
     .await;
     assert_eq!(ids(&resent, "resent"), vec![all[0], all[1]]);
-    let rows: Vec<(String, i32, i32, bool)> = sqlx::query_as(
-        "SELECT status, attempts, resent_count, resent_at IS NOT NULL FROM outbox ORDER BY outbox_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
     assert_eq!(
-        rows,
-        vec![
-            ("pending".to_owned(), 0, 1, true),
-            ("pending".to_owned(), 0, 1, true),
-            ("failed".to_owned(), 1, 0, false),
+        decisions(&pool).await,
+        [
+            decided("pending", 0, 1, true, false),
+            decided("pending", 0, 1, true, false),
+            decided("failed", 1, 0, false, false),
         ],
         "due again with a fresh attempt budget, the resend recorded"
     );
@@ -507,11 +523,14 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     );
 
     send_until_settled(&sender, &pool).await;
-    let statuses: Vec<String> = sqlx::query_scalar("SELECT status FROM outbox ORDER BY outbox_id")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(statuses, ["delivered", "delivered", "failed"]);
+    assert_eq!(
+        decisions(&pool).await,
+        [
+            decided("delivered", 1, 1, true, false),
+            decided("delivered", 1, 1, true, false),
+            decided("failed", 1, 0, false, false),
+        ]
+    );
     let received: Vec<String> = target
         .received
         .lock()
@@ -540,6 +559,15 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     .await;
     assert_eq!(ids(&discarded, "discarded"), vec![all[2]]);
     assert_eq!(ids(&discarded, "not_failed"), vec![all[0]]);
+    assert_eq!(
+        decisions(&pool).await,
+        [
+            decided("delivered", 1, 1, true, false),
+            decided("delivered", 1, 1, true, false),
+            decided("discarded", 1, 0, false, true),
+        ],
+        "only the failed one is discarded"
+    );
     let resend_discarded = operator(
         &pool,
         serde_json::json!({"action": "resend_outbox", "filter": {}}),
@@ -601,19 +629,12 @@ async fn the_upgrade_keeps_every_stored_message(pool: PgPool) {
 
     migrator.run(&pool).await.unwrap();
 
-    let rows: Vec<(String, i32, i32, bool)> = sqlx::query_as(
-        "SELECT status, attempts, resent_count, resent_at IS NULL AND discarded_at IS NULL \
-         FROM outbox ORDER BY outbox_id",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
     assert_eq!(
-        rows,
-        vec![
-            ("pending".to_owned(), 0, 0, true),
-            ("delivered".to_owned(), 1, 0, true),
-            ("failed".to_owned(), 8, 0, true),
+        decisions(&pool).await,
+        [
+            decided("pending", 0, 0, false, false),
+            decided("delivered", 1, 0, false, false),
+            decided("failed", 8, 0, false, false),
         ]
     );
     let validated: bool = sqlx::query_scalar(
