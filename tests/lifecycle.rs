@@ -131,7 +131,7 @@ fn provider_source(api_base_url: &str) -> Source {
     s
 }
 
-/// The shop's payments: Stripe, reading entity versions as the README's example source does.
+/// The shop's payments: Stripe, reading entity versions as docs/configuration.md's example source does.
 fn shop_source() -> Source {
     let mut s = source("shop", TENANT, Scheme::Stripe, "shop-signing");
     s.fields.entity_version = Some(FieldLocator::json("/data/object/version"));
@@ -707,7 +707,7 @@ async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
 
         // Operator actions.
         if day == 14 {
-            // A number the provider never used, tombstoned as the README shows (no sequence).
+            // A number the provider never used, tombstoned as docs/operating.md shows (no sequence).
             let request = shared::operator::parse(serde_json::json!({
                 "action": "tombstone", "tenant_id": TENANT, "source_id": "provider",
                 "external_id": format!("evt_{OPERATOR_TOMBSTONED}"),

@@ -777,8 +777,8 @@ async fn age_days(pool: &PgPool, days: i32) {
     }
 }
 
-/// A payment event on a Stripe source that reads entity versions (as the README's example
-/// source does): the payments handler writes no projection row.
+/// A payment event on a Stripe source that reads entity versions (as the example source of
+/// docs/configuration.md does): the payments handler writes no projection row.
 fn versioned_payment(id: &str, order_id: &str, reference: &str, amount: i64) -> Delivery {
     let body = serde_json::json!({
         "id": id, "object": "event", "type": "payment_intent.succeeded",
@@ -968,7 +968,7 @@ async fn watermark(pool: &PgPool) -> i64 {
     scalar(pool, "SELECT contiguous_through FROM gap_watermarks").await
 }
 
-/// An operator tombstone as the README writes it (no sequence): its sequence is resolved from
+/// An operator tombstone as docs/operating.md writes it (no sequence): its sequence is resolved from
 /// the source's id template, so its number is never flagged and the watermark passes it.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: PgPool) {

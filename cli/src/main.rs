@@ -119,7 +119,7 @@ enum Command {
 struct ServeArgs {
     #[arg(long, default_value = "127.0.0.1:8080")]
     listen: SocketAddr,
-    /// Sources file applied at start (see README, "Sources").
+    /// Sources file applied at start (see docs/configuration.md, "Sources").
     #[arg(long)]
     sources: Option<PathBuf>,
     /// Read signing secrets from this TOML file instead of Secrets Manager.
