@@ -826,3 +826,43 @@ async fn the_live_write_check_tells_a_blocking_migration_from_a_concurrent_one(p
     .unwrap();
     assert!(valid);
 }
+
+/// The same through the function, as CloudFormation rolls an Update back: the database holds a
+/// migration newer than this build (applied by the release being rolled back), and the
+/// rollback's Update asks for the schema this build holds. SUCCESS, and nothing changes.
+#[sqlx::test(migrations = false)]
+async fn rolling_back_to_this_build_over_a_newer_schema_answers_success(pool: PgPool) {
+    let mut newer: Vec<_> = shared::store::MIGRATOR.iter().cloned().collect();
+    newer.push(synthetic(
+        shared::store::schema::newest_version() + 1,
+        "CREATE TABLE next_release (id bigint PRIMARY KEY)",
+    ));
+    shared::store::schema::apply_migrations(
+        &newer,
+        pool.connect_options().as_ref(),
+        shared::config::DEFAULT_MIGRATE_LOCK_TIMEOUT,
+        Instant::now() + Duration::from_secs(30),
+    )
+    .await
+    .unwrap();
+    let applied = || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM _sqlx_migrations")
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+    };
+    let before = applied().await;
+
+    let vars = vars(&[("DATABASE_URL", &url_of(&pool))]);
+    let (url, answers) = cloudformation_response_url().await;
+    let mut request = custom_resource_request("Update", &url);
+    request["ResourceProperties"]["SchemaVersion"] = newest().into();
+    migrate::handler(invocation(request, Duration::from_secs(60)), &vars.vars)
+        .await
+        .expect("answered");
+
+    let answer = answers.lock().unwrap()[0].1.clone();
+    assert_eq!(answer["Status"], "SUCCESS", "{answer}");
+    assert_eq!(answer["Data"]["SchemaVersion"], newest().as_str());
+    assert_eq!(applied().await, before, "nothing changed");
+}

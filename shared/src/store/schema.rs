@@ -113,9 +113,7 @@ pub async fn apply_migrations(
             let _ = conn.close().await;
             match result {
                 // The server ended a statement at the deadline (`statement_timeout`).
-                Err(SchemaError::Migrate(e)) if is_statement_timeout(&e) => {
-                    Err(SchemaError::Deadline)
-                }
+                Err(e) if is_statement_timeout(&e) => Err(SchemaError::Deadline),
                 other => other.map(|()| newest_of(migrations)),
             }
         }
@@ -129,9 +127,12 @@ pub async fn apply_migrations(
 
 /// `statement_timeout` is set only by [`statement_deadline`]: a statement it cancelled ran
 /// into the deadline.
-fn is_statement_timeout(error: &MigrateError) -> bool {
-    let (MigrateError::Execute(sqlx::Error::Database(db))
-    | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _)) = error
+fn is_statement_timeout(error: &SchemaError) -> bool {
+    let (SchemaError::Migrate(
+        MigrateError::Execute(sqlx::Error::Database(db))
+        | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
+    )
+    | SchemaError::Store(StoreError::Query(sqlx::Error::Database(db)))) = error
     else {
         return false;
     };
@@ -218,7 +219,8 @@ async fn run_each(
 /// A `CREATE INDEX CONCURRENTLY` that was ended (by the deadline, `lock_timeout`, a failover)
 /// leaves its index behind, INVALID: never used, yet written by every insert. Trying again
 /// would fail on the name, or skip it for `IF NOT EXISTS`, so an INVALID index of the name
-/// the migration builds is dropped first (concurrently too).
+/// the migration builds is dropped first (concurrently too), unless a build of it is under
+/// way (another migrate invocation's).
 async fn drop_unfinished_index(
     conn: &mut PgConnection,
     migration: &Migration,
@@ -229,7 +231,9 @@ async fn drop_unfinished_index(
     let invalid: Option<String> = sqlx::query_scalar(
         "SELECT format('%I.%I', n.nspname, c.relname) FROM pg_index AS i \
          JOIN pg_class AS c ON c.oid = i.indexrelid JOIN pg_namespace AS n ON n.oid = c.relnamespace \
-         WHERE NOT i.indisvalid AND c.relname = $1 AND n.nspname = current_schema()",
+         WHERE NOT i.indisvalid AND c.relname = $1 AND n.nspname = current_schema() \
+           AND NOT EXISTS (SELECT 1 FROM pg_stat_progress_create_index AS p \
+                           WHERE p.index_relid = i.indexrelid)",
     )
     .bind(&name)
     .fetch_optional(&mut *conn)
