@@ -18,8 +18,10 @@ pub enum MigrateError {
     Schema(#[from] SchemaError),
     #[error(
         "the migrations did not finish before the invocation's deadline (gave up after \
-         {waited:?}); each migration is its own transaction, so an unfinished one was rolled \
-         back: look for a long transaction holding a table, then deploy again"
+         {waited:?}); their session was ended on the server, so an unfinished migration was \
+         rolled back and holds no lock (an index it was building CONCURRENTLY is dropped and \
+         built again by the next attempt): look for a long transaction holding a table, then \
+         deploy again"
     )]
     Deadline { waited: Duration },
     #[error(
@@ -39,6 +41,7 @@ impl MigrateError {
             MigrateError::Settings(_) => "MigrateSettingsInvalid",
             MigrateError::Schema(SchemaError::Store(e)) => e.diagnostic_type(),
             MigrateError::Schema(SchemaError::Migrate(_)) => "MigrationFailed",
+            MigrateError::Schema(SchemaError::Deadline) => "MigrationDeadline",
             MigrateError::Deadline { .. } => "MigrationDeadline",
             MigrateError::BuildBehindTemplate { .. } | MigrateError::BadSchemaVersion(_) => {
                 "SchemaVersionNotHeld"
@@ -82,18 +85,26 @@ pub async fn bring_up_to_date<F: Fn(&str) -> Option<String>>(
     stop_at: Instant,
 ) -> Result<i64, MigrateError> {
     let started = Instant::now();
-    let work = async {
+    let deadline = || MigrateError::Deadline {
+        waited: started.elapsed(),
+    };
+    let settings = async {
         let database = vars.database()?;
         let lock_timeout = vars.migrate_lock_timeout()?;
         let options = database.connect_options(&vars.aws_secrets()?).await?;
-        let version = schema::apply(&options, lock_timeout).await?;
-        tracing::info!(version, "schema is up to date");
-        Ok(version)
+        Ok::<_, MigrateError>((options, lock_timeout))
     };
-    match tokio::time::timeout_at(stop_at.into(), work).await {
-        Ok(result) => result,
-        Err(_) => Err(MigrateError::Deadline {
-            waited: started.elapsed(),
-        }),
+    let (options, lock_timeout) = tokio::time::timeout_at(stop_at.into(), settings)
+        .await
+        .map_err(|_| deadline())??;
+    // Not under a timeout of its own here: at the deadline it ends its session on the server
+    // before it returns, and cutting it short would leave that undone.
+    match schema::apply(&options, lock_timeout, stop_at).await {
+        Ok(version) => {
+            tracing::info!(version, "schema is up to date");
+            Ok(version)
+        }
+        Err(SchemaError::Deadline) => Err(deadline()),
+        Err(e) => Err(e.into()),
     }
 }
