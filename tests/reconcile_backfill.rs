@@ -1130,7 +1130,11 @@ async fn effects_of_a_batch_begun_before_a_delivery_carry_their_own_time(pool: P
         .unwrap();
     let replaced = pipeline_tests::drain::entity_event("early-1", "cust-1", 2, "customer.updated");
     let reply = app
-        .post(pipeline_tests::drain::ENTITIES, replaced.headers, &replaced.body)
+        .post(
+            pipeline_tests::drain::ENTITIES,
+            replaced.headers,
+            &replaced.body,
+        )
         .await;
     assert_eq!(reply.outcome(), "conflict", "{:?}", reply.json);
     let late = pipeline_tests::drain::entity_event("late-1", "cust-2", 1, "customer.updated");
@@ -1138,14 +1142,16 @@ async fn effects_of_a_batch_begun_before_a_delivery_carry_their_own_time(pool: P
         .post(pipeline_tests::drain::ENTITIES, late.headers, &late.body)
         .await;
     assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
-    let received_after_start: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM webhook_events WHERE received_at > $1",
-    )
-    .bind(started)
-    .fetch_one(&pool)
-    .await
-    .unwrap();
-    assert_eq!(received_after_start, 2, "both deliveries came after the batch began");
+    let received_after_start: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_events WHERE received_at > $1")
+            .bind(started)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        received_after_start, 2,
+        "both deliveries came after the batch began"
+    );
 
     // The batch, as the drain runs it: claim, apply, complete, commit.
     let registry = EffectRegistry::standard();
@@ -1153,7 +1159,11 @@ async fn effects_of_a_batch_begun_before_a_delivery_carry_their_own_time(pool: P
         .await
         .unwrap();
     let claimed_ids: Vec<&str> = claimed.iter().map(|e| e.external_id.as_str()).collect();
-    assert_eq!(claimed_ids, ["early-1"], "an event received after the batch began waits");
+    assert_eq!(
+        claimed_ids,
+        ["early-1"],
+        "an event received after the batch began waits"
+    );
     let (mut tenants, mut ids, mut expects) = (Vec::new(), Vec::new(), Vec::new());
     for event in &claimed {
         let handler = registry.handler_for(event);
@@ -1190,7 +1200,11 @@ async fn effects_of_a_batch_begun_before_a_delivery_carry_their_own_time(pool: P
         .unwrap();
     let (found, repaired) = reconciled(&pool, &drainer).await;
     assert_eq!(
-        (found.missing_outbox, repaired.requeued, repaired.drained.repairs),
+        (
+            found.missing_outbox,
+            repaired.requeued,
+            repaired.drained.repairs
+        ),
         (2, 2, 2),
         "the lost outbox rows are found and repaired: {found:?} {repaired:?}"
     );
@@ -1266,10 +1280,18 @@ async fn an_unrepairable_loss_keeps_the_verdict_from_accounted_for(pool: PgPool)
         .execute(&pool)
         .await
         .unwrap();
-    assert_eq!(verdict(&pool).await.0, "accounted_for", "nothing checked yet");
+    assert_eq!(
+        verdict(&pool).await.0,
+        "accounted_for",
+        "nothing checked yet"
+    );
 
     let (found, _) = reconciled(&pool, &drainer).await;
-    assert_eq!((found.missing_effects, found.unrepairable), (1, 1), "{found:?}");
+    assert_eq!(
+        (found.missing_effects, found.unrepairable),
+        (1, 1),
+        "{found:?}"
+    );
     shared::anomaly::run_once(&pool, &Default::default(), "test")
         .await
         .unwrap();
@@ -1329,7 +1351,11 @@ async fn a_failed_repair_keeps_the_verdict_from_accounted_for(pool: PgPool) {
 
     let (found, repaired) = reconciled(&pool, &drainer).await;
     assert_eq!(
-        (found.missing_effects, repaired.requeued, repaired.drained.repairs_failed),
+        (
+            found.missing_effects,
+            repaired.requeued,
+            repaired.drained.repairs_failed
+        ),
         (1, 1, 1),
         "{found:?} {repaired:?}"
     );
