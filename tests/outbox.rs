@@ -361,6 +361,64 @@ async fn reconcile_leaves_leased_rows_to_their_sender(pool: PgPool) {
     );
 }
 
+/// A target behind a login page or a trailing-slash redirect answers 302: following it would
+/// turn the POST into a bodiless GET that lands on a 200 page, and the message would read
+/// `delivered` while nothing arrived. The redirect is not followed: the message fails with a
+/// reason naming the status and where it pointed, and the page it pointed to is never asked.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_redirecting_target_is_a_failure_not_a_delivery(pool: PgPool) {
+    outbox_rows(&pool, 1).await;
+    let landed = Arc::new(Mutex::new(0_usize));
+    let posted = Arc::new(Mutex::new(0_usize));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let app = axum::Router::new()
+        .route(
+            "/hook",
+            post({
+                let posted = posted.clone();
+                move || async move {
+                    *posted.lock().unwrap() += 1;
+                    (StatusCode::FOUND, [("location", "/login")])
+                }
+            }),
+        )
+        .route(
+            "/login",
+            axum::routing::any({
+                let landed = landed.clone();
+                move || async move {
+                    *landed.lock().unwrap() += 1;
+                    StatusCode::OK
+                }
+            }),
+        );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+    let sender = OutboxSender::new(pool.clone(), settings(&format!("{base}/hook"))).unwrap();
+
+    send_until_settled(&sender, &pool).await;
+
+    let (status, attempts, error): (String, i32, Option<String>) =
+        sqlx::query_as("SELECT status, attempts, last_error FROM outbox")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (status.as_str(), attempts, error.as_deref()),
+        (
+            "failed",
+            1,
+            Some("target answered 302 Found, a redirect to /login (not followed)")
+        ),
+        "a redirect is not a delivery"
+    );
+    assert_eq!(
+        (*posted.lock().unwrap(), *landed.lock().unwrap()),
+        (1, 0),
+        "one POST, and the redirect's target never asked"
+    );
+}
+
 /// Ages every stored event past the identity horizon and runs one retention pass: what it
 /// purged.
 async fn retention_past_the_horizon(pool: &PgPool) -> u64 {

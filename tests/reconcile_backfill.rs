@@ -1105,3 +1105,274 @@ async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool
     assert_eq!((later.backfilled, later.errors), (2, 0), "{later:?}");
     assert_eq!(watermark(&pool).await, 40);
 }
+
+/// A drain batch's transaction may begin before a delivery commits and still process what it
+/// brought: a conflicting delivery that replaces a pending event's payload (its `received_at`
+/// moves on) between the batch's start and its claim. What the batch writes carries the time it
+/// was written, never the transaction's start: no effect and no `processed_at` older than the
+/// payload it came from. An event first received after the batch began is not claimed by it
+/// (its queue row is ready from its receipt): the next batch takes it. Then the outbox rows
+/// are lost, and reconcile restores them without reading either event as a redelivery after
+/// the identity purge. The batch runs on one connection, open across the deliveries on others.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn effects_of_a_batch_begun_before_a_delivery_carry_their_own_time(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let first = pipeline_tests::drain::entity_event("early-1", "cust-1", 1, "customer.updated");
+    let reply = app
+        .post(pipeline_tests::drain::ENTITIES, first.headers, &first.body)
+        .await;
+    assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+
+    let mut batch = pool.begin().await.unwrap();
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&mut *batch)
+        .await
+        .unwrap();
+    let replaced = pipeline_tests::drain::entity_event("early-1", "cust-1", 2, "customer.updated");
+    let reply = app
+        .post(
+            pipeline_tests::drain::ENTITIES,
+            replaced.headers,
+            &replaced.body,
+        )
+        .await;
+    assert_eq!(reply.outcome(), "conflict", "{:?}", reply.json);
+    let late = pipeline_tests::drain::entity_event("late-1", "cust-2", 1, "customer.updated");
+    let reply = app
+        .post(pipeline_tests::drain::ENTITIES, late.headers, &late.body)
+        .await;
+    assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    let received_after_start: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_events WHERE received_at > $1")
+            .bind(started)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        received_after_start, 2,
+        "both deliveries came after the batch began"
+    );
+
+    // The batch, as the drain runs it: claim, apply, complete, commit.
+    let registry = EffectRegistry::standard();
+    let claimed = shared::store::event_queue::claim(&mut batch, 10)
+        .await
+        .unwrap();
+    let claimed_ids: Vec<&str> = claimed.iter().map(|e| e.external_id.as_str()).collect();
+    assert_eq!(
+        claimed_ids,
+        ["early-1"],
+        "an event received after the batch began waits"
+    );
+    let (mut tenants, mut ids, mut expects) = (Vec::new(), Vec::new(), Vec::new());
+    for event in &claimed {
+        let handler = registry.handler_for(event);
+        let effects = handler.apply_all(&mut batch, &[event]).await.unwrap();
+        assert_eq!(effects, [shared::effects::Effect::Applied]);
+        tenants.push(event.tenant_id.clone());
+        ids.push(event.external_id.clone());
+        expects.push(handler.expects(event).as_str());
+    }
+    shared::store::event_queue::complete(&mut *batch, &tenants, &ids, &expects)
+        .await
+        .unwrap();
+    batch.commit().await.unwrap();
+
+    let (version, processed_in_time, changed_in_time): (i64, bool, bool) = sqlx::query_as(
+        "SELECT x.version, e.processed_at >= e.received_at, x.updated_at >= e.received_at \
+         FROM webhook_events AS e JOIN entities AS x ON x.last_event_id = e.external_id \
+         WHERE e.external_id = 'early-1'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (version, processed_in_time, changed_in_time),
+        (2, true, true),
+        "processed, and the entity changed, after the payload they used arrived"
+    );
+
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    sqlx::query("DELETE FROM outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (found, repaired) = reconciled(&pool, &drainer).await;
+    assert_eq!(
+        (
+            found.missing_outbox,
+            repaired.requeued,
+            repaired.drained.repairs
+        ),
+        (2, 2, 2),
+        "the lost outbox rows are found and repaired: {found:?} {repaired:?}"
+    );
+    let restored: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, action FROM outbox ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        restored,
+        [
+            ("early-1".to_owned(), "entity.changed".to_owned()),
+            ("late-1".to_owned(), "entity.changed".to_owned())
+        ]
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM ingest_anomalies WHERE kind = 'redelivered_after_purge'"
+        )
+        .await,
+        0,
+        "nothing was redelivered"
+    );
+}
+
+/// The verdict's findings as (kind, count), as `hookctl status --json` shows them.
+async fn verdict(pool: &PgPool) -> (String, Vec<(String, i64)>) {
+    let report = shared::status::report(pool, &Default::default())
+        .await
+        .unwrap();
+    let json = serde_json::to_value(&report).unwrap();
+    let findings = json["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["kind"].as_str().unwrap().to_owned(),
+                f["count"].as_i64().unwrap(),
+            )
+        })
+        .collect();
+    (json["verdict"].as_str().unwrap().to_owned(), findings)
+}
+
+/// A two-day-old processed event whose entity row was deleted and whose payload was purged is
+/// a loss nothing can repair: reconcile finds it, and `status` must not read "every event
+/// accounted for" (the one-day anomaly check no longer sees it). Once a newer change restores
+/// the entity, the next pass finds the event consistent and the verdict clears.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_unrepairable_loss_keeps_the_verdict_from_accounted_for(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let d = pipeline_tests::drain::entity_event("lost-1", "cust-9", 2, "customer.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    age_days(&pool, 2).await;
+    let retention = shared::retention::RetentionSettings {
+        payload_after: Duration::from_secs(24 * 3600),
+        ..Default::default()
+    };
+    let purged = shared::retention::run_once(&pool, &retention, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(purged.payloads_purged, 1, "{purged:?}");
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        verdict(&pool).await.0,
+        "accounted_for",
+        "nothing checked yet"
+    );
+
+    let (found, _) = reconciled(&pool, &drainer).await;
+    assert_eq!(
+        (found.missing_effects, found.unrepairable),
+        (1, 1),
+        "{found:?}"
+    );
+    shared::anomaly::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        verdict(&pool).await,
+        (
+            "needs_attention".to_owned(),
+            vec![("unrepaired_losses".to_owned(), 1)]
+        )
+    );
+    reconciled(&pool, &drainer).await;
+    assert_eq!(
+        verdict(&pool).await.1,
+        [("unrepaired_losses".to_owned(), 1)],
+        "the next pass finds it again: counted once"
+    );
+
+    let newer = pipeline_tests::drain::entity_event("lost-2", "cust-9", 3, "customer.updated");
+    app.post(pipeline_tests::drain::ENTITIES, newer.headers, &newer.body)
+        .await;
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    reconciled(&pool, &drainer).await;
+    assert_eq!(
+        verdict(&pool).await,
+        ("accounted_for".to_owned(), vec![]),
+        "the entity holds a newer version: nothing is lost any more"
+    );
+}
+
+/// A repair that fails (the stored payload no longer reads) leaves the event as it was: the
+/// verdict names it until a later repair succeeds.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_failed_repair_keeps_the_verdict_from_accounted_for(pool: PgPool) {
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    let d = pipeline_tests::drain::entity_event("bad-1", "cust-7", 1, "customer.updated");
+    app.post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+        .await;
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM entities")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let original: Vec<u8> = sqlx::query_scalar("SELECT payload FROM webhook_events")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    sqlx::query("UPDATE webhook_events SET payload = '\\xff'::bytea")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (found, repaired) = reconciled(&pool, &drainer).await;
+    assert_eq!(
+        (
+            found.missing_effects,
+            repaired.requeued,
+            repaired.drained.repairs_failed
+        ),
+        (1, 1, 1),
+        "{found:?} {repaired:?}"
+    );
+    assert_eq!(
+        verdict(&pool).await,
+        (
+            "needs_attention".to_owned(),
+            vec![("unrepaired_losses".to_owned(), 1)]
+        )
+    );
+
+    sqlx::query("UPDATE webhook_events SET payload = $1")
+        .bind(&original)
+        .execute(&pool)
+        .await
+        .unwrap();
+    let (_, repaired) = reconciled(&pool, &drainer).await;
+    assert_eq!(repaired.drained.repairs, 1, "{repaired:?}");
+    assert_eq!(verdict(&pool).await, ("accounted_for".to_owned(), vec![]));
+}

@@ -26,6 +26,7 @@ use sqlx::PgPool;
 use crate::effects::{Effect, EffectError, EffectHandler, EffectRegistry};
 use crate::store::dead_letters::{self, ReplayFilter};
 use crate::store::event_queue::{self, ClaimedEvent};
+use crate::store::unrepaired_losses;
 use crate::store::{self, StoreError};
 
 /// Drain settings, with the defaults named here.
@@ -144,6 +145,10 @@ struct Decisions {
     /// Repairs, done or failed: they only leave the queue.
     repairs: (Vec<String>, Vec<String>),
     repairs_failed: u64,
+    /// Repairs that failed, with their errors; and those that succeeded: the standing losses
+    /// (`unrepaired_losses`) they record and clear.
+    failed_repairs: (Vec<String>, Vec<String>, Vec<String>),
+    repaired: (Vec<String>, Vec<String>),
     retry: (Vec<String>, Vec<String>, Vec<i64>, Vec<String>),
     dead: (Vec<String>, Vec<String>, Vec<String>, Vec<&'static str>),
 }
@@ -252,8 +257,14 @@ impl Drainer {
                     Err(error) => {
                         tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, %error, "repair of a processed event failed");
                         decisions.repairs_failed += 1;
+                        decisions.failed_repairs.0.push(event.tenant_id.clone());
+                        decisions.failed_repairs.1.push(event.external_id.clone());
+                        decisions.failed_repairs.2.push(error.to_string());
                     }
-                    Ok(_) => {}
+                    Ok(_) => {
+                        decisions.repaired.0.push(event.tenant_id.clone());
+                        decisions.repaired.1.push(event.external_id.clone());
+                    }
                 }
                 decisions.repairs.0.push(event.tenant_id.clone());
                 decisions.repairs.1.push(event.external_id.clone());
@@ -298,6 +309,9 @@ impl Drainer {
         let fixed = &decisions.repairs;
         event_queue::complete(&mut *tx, &d.0, &d.1, &d.2).await?;
         event_queue::dequeue(&mut *tx, &fixed.0, &fixed.1).await?;
+        let (failed, repaired) = (&decisions.failed_repairs, &decisions.repaired);
+        unrepaired_losses::record_failed_repairs(&mut *tx, &failed.0, &failed.1, &failed.2).await?;
+        unrepaired_losses::clear(&mut *tx, &repaired.0, &repaired.1).await?;
         event_queue::retry_later(&mut *tx, &r.0, &r.1, &r.2, &r.3).await?;
         dead_letters::bury(&mut *tx, &x.0, &x.1, &x.2, &x.3).await?;
         tx.commit().await?;

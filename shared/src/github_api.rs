@@ -194,9 +194,13 @@ impl GithubApi {
         credential: Credential,
         timeout: Duration,
     ) -> Result<Self, String> {
+        // No redirect is followed: GitHub answers a renamed repository's hook path with a 301,
+        // which would turn a redelivery POST into a GET (read as "gone"); the 3xx names the new
+        // path for the operator to configure.
         let http = reqwest::Client::builder()
             .timeout(timeout)
             .user_agent(USER_AGENT)
+            .redirect(crate::redirects::never())
             .build()
             .map_err(|e| e.to_string())?;
         let base_url = base_url.trim_end_matches('/').to_owned();
@@ -246,6 +250,10 @@ impl GithubApi {
                 .await
                 .and_then(reqwest::Response::error_for_status)
                 .map_err(|e| format!("listing deliveries: {e}"))?;
+            if response.status().is_redirection() {
+                let why = crate::redirects::reason("GitHub", &response);
+                return Err(format!("listing deliveries: {why}"));
+            }
             next = next_link(response.headers(), &self.base_url);
             let page: Vec<HookDelivery> = response
                 .json()
@@ -288,6 +296,9 @@ impl GithubApi {
         match request.send().await {
             Ok(r) if r.status().is_success() => Redelivery::Requested,
             Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Redelivery::Gone,
+            Ok(r) if r.status().is_redirection() => {
+                Redelivery::Failed(crate::redirects::reason("GitHub", &r))
+            }
             Ok(r) => Redelivery::Failed(format!("GitHub answered {}", r.status())),
             Err(e) => Redelivery::Failed(format!("request failed: {e}")),
         }

@@ -19,6 +19,7 @@ pub mod outbox;
 pub mod protocol;
 pub mod provider_api;
 pub mod reconcile;
+pub mod redirects;
 pub mod retention;
 pub mod schema;
 pub mod secrets;

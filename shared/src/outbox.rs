@@ -86,14 +86,18 @@ enum Delivery {
     Delivered,
     /// Worth trying again (timeouts, 408, 429, 5xx, connection errors).
     Transient(String),
-    /// The target refused the message for good (other 4xx).
+    /// The target refused the message for good (other 4xx), or redirected it (3xx).
     Refused(String),
 }
 
 impl OutboxSender {
     pub fn new(pool: PgPool, settings: OutboxSettings) -> Result<Self, reqwest::Error> {
+        // Never follow a redirect: reqwest would turn a 301/302/303 POST into a bodiless GET,
+        // and the 200 of the page it lands on (a login page, the same path with a trailing
+        // slash) would mark the message delivered while nothing arrived.
         let http = reqwest::Client::builder()
             .timeout(settings.request_timeout)
+            .redirect(crate::redirects::never())
             .build()?;
         Ok(Self {
             pool,
@@ -206,6 +210,12 @@ impl OutboxSender {
             .await;
         match sent {
             Ok(response) if response.status().is_success() => Delivery::Delivered,
+            Ok(response) if response.status().is_redirection() => {
+                // Permanent: the target sends every message to the same place (single sign-on,
+                // a moved URL), and retrying cannot change that. The message waits, failed,
+                // for an operator who fixes the target URL and resends it.
+                Delivery::Refused(crate::redirects::reason("target", &response))
+            }
             Ok(response) => {
                 let status = response.status();
                 let why = format!("target answered {status}");

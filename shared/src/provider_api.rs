@@ -29,6 +29,7 @@ impl ProviderApi {
     pub fn new(base_url: &str, api_key: &str, timeout: Duration) -> Result<Self, String> {
         let http = reqwest::Client::builder()
             .timeout(timeout)
+            .redirect(crate::redirects::never())
             .build()
             .map_err(|e| e.to_string())?;
         Ok(Self {
@@ -52,6 +53,9 @@ impl ProviderApi {
                 Err(e) => Fetched::Failed(format!("reading the event failed: {e}")),
             },
             Ok(r) if r.status() == reqwest::StatusCode::NOT_FOUND => Fetched::NotFound,
+            Ok(r) if r.status().is_redirection() => {
+                Fetched::Failed(crate::redirects::reason("provider", &r))
+            }
             Ok(r) => Fetched::Failed(format!("provider answered {}", r.status())),
             Err(e) => Fetched::Failed(format!("request failed: {e}")),
         }
@@ -111,7 +115,7 @@ impl ProviderApi {
             if let Some(a) = &after {
                 query.push(("starting_after", a.clone()));
             }
-            let page: Value = self
+            let response = self
                 .http
                 .get(format!("{}/v1/events", self.base_url))
                 .bearer_auth(self.api_key.expose_secret())
@@ -119,7 +123,12 @@ impl ProviderApi {
                 .send()
                 .await
                 .and_then(reqwest::Response::error_for_status)
-                .map_err(|e| format!("listing events: {e}"))?
+                .map_err(|e| format!("listing events: {e}"))?;
+            if response.status().is_redirection() {
+                let why = crate::redirects::reason("provider", &response);
+                return Err(format!("listing events: {why}"));
+            }
+            let page: Value = response
                 .json()
                 .await
                 .map_err(|e| format!("listing events: {e}"))?;

@@ -6,6 +6,10 @@
 //! The scan of `webhook_events` reads bounded chunks by primary key from a persisted cursor,
 //! each its own short statement, so a pass over a large table holds no long lock and starves
 //! no ingestion; a pass covers at most `max_chunks` chunks and the next pass continues.
+//!
+//! What it finds lost and cannot repair (payload purged, or a repair that failed) is kept in
+//! `unrepaired_losses` until a later scan finds the event consistent, so the status verdict
+//! sees every standing loss whichever part of the table the latest pass covered.
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +18,7 @@ use sqlx::PgPool;
 
 use crate::drain::{DrainOutcome, Drainer};
 use crate::maintenance::{self, Run, RunCounts};
-use crate::store::{StoreError, reconcile as checks};
+use crate::store::{StoreError, reconcile as checks, unrepaired_losses as losses};
 
 /// Advisory lock key of the reconcile pass ("reconcil" in ASCII).
 pub const RECONCILE_LOCK: i64 = 0x7265_636f_6e63_696c;
@@ -180,9 +184,13 @@ async fn checks_and_repairs(
         let chunk = checks::scan_chunk(pool, &tenant, &id, settings.chunk_size).await?;
         found.events_scanned += chunk.len() as u64;
         let wrapped = (chunk.len() as i64) < settings.chunk_size;
+        let after = (tenant.clone(), id.clone());
         if let Some(last) = chunk.last() {
             (tenant, id) = (last.tenant_id.clone(), last.external_id.clone());
         }
+        // What this chunk finds lost (kept in `unrepaired_losses`), and the unrepairable part.
+        let mut lost: (Vec<String>, Vec<String>) = Default::default();
+        let mut purged: (Vec<String>, Vec<String>, Vec<String>) = Default::default();
         for event in chunk {
             match event.problem.as_deref() {
                 Some("orphaned_pending") => found.orphaned_pending += 1,
@@ -190,16 +198,26 @@ async fn checks_and_repairs(
                 Some("missing_outbox") => found.missing_outbox += 1,
                 _ => continue,
             }
+            lost.0.push(event.tenant_id.clone());
+            lost.1.push(event.external_id.clone());
             if !event.has_payload {
-                // Its handler cannot run again: re-queued, it would only fail. Reported.
+                // Its handler cannot run again: re-queued, it would only fail. Reported, and
+                // kept for the status verdict until the event is consistent again.
                 found.unrepairable += 1;
                 tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = event.problem.as_deref().unwrap_or(""), "reconcile found, payload purged: cannot repair");
+                purged.0.push(event.tenant_id);
+                purged.1.push(event.external_id);
+                purged.2.push(event.problem.unwrap_or_default());
                 continue;
             }
             tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = event.problem.as_deref().unwrap_or(""), "reconcile found");
             to_requeue.0.push(event.tenant_id);
             to_requeue.1.push(event.external_id);
         }
+        // The losses recorded in the range this chunk covered stand only if it found them again.
+        let through = (!wrapped).then_some((tenant.as_str(), id.as_str()));
+        losses::clear_scanned(pool, (&after.0, &after.1), through, (&lost.0, &lost.1)).await?;
+        losses::record_purged(pool, &purged.0, &purged.1, &purged.2).await?;
         if wrapped {
             // End of the table: the next pass starts again from the beginning.
             (tenant, id) = Default::default();

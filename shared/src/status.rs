@@ -12,6 +12,7 @@ use sqlx::PgPool;
 use crate::store::anomaly::{SourceFlow, StoredResult};
 use crate::store::maintenance_runs::LatestRun;
 use crate::store::outbox::OutboxCounts;
+use crate::store::unrepaired_losses::LossCounts;
 use crate::store::webhook_events::SourceActivity;
 use crate::store::{self, StoreError};
 
@@ -65,6 +66,9 @@ pub enum FindingKind {
     BreachingChecks,
     FailedOutbox,
     OverdueOutbox,
+    /// Processed events whose effect or outbox row reconcile found missing and could not
+    /// repair (payload purged, or the repair failed).
+    UnrepairedLosses,
     PassStopped,
 }
 
@@ -114,6 +118,9 @@ pub struct StatusReport {
     pub sources: Vec<SourceStatus>,
     pub queue: QueueStatus,
     pub outbox: OutboxCounts,
+    /// What reconcile found lost and could not repair, standing now.
+    #[serde(default)]
+    pub unrepaired_losses: LossCounts,
     pub open_dead_letters: i64,
     /// Open gaps past their grace period and allowance, and those still being handled.
     pub open_gaps: i64,
@@ -147,6 +154,8 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         pending_sla_seconds: sla,
     };
     let outbox = store::outbox::counts(pool, settings.outbox_overdue.as_secs_f64()).await?;
+    // A table as small as the losses, whichever part of `webhook_events` reconcile last read.
+    let unrepaired_losses = store::unrepaired_losses::counts(pool).await?;
     let open_dead_letters = store::dead_letters::count_open(pool).await?;
     let (open_gaps, gaps_in_grace) =
         store::gaps::count_open_past_grace(pool, settings.gap_allowance.as_secs_f64()).await?;
@@ -202,6 +211,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
     let findings = findings(
         &queue,
         &outbox,
+        &unrepaired_losses,
         open_dead_letters,
         open_gaps,
         &passes,
@@ -217,6 +227,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         sources,
         queue,
         outbox,
+        unrepaired_losses,
         open_dead_letters,
         open_gaps,
         gaps_in_grace,
@@ -230,6 +241,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
 pub fn findings(
     queue: &QueueStatus,
     outbox: &OutboxCounts,
+    losses: &LossCounts,
     open_dead_letters: i64,
     open_gaps: i64,
     passes: &[PassStatus],
@@ -305,6 +317,18 @@ pub fn findings(
         ),
         "hookctl runs list --job reconcile",
     );
+    add(
+        FindingKind::UnrepairedLosses,
+        losses.total(),
+        format!(
+            "{} processed event(s) lost an effect or outbox row that reconcile cannot repair \
+             ({} with the payload purged, {} whose repair failed)",
+            losses.total(),
+            losses.payload_purged,
+            losses.repair_failed
+        ),
+        "hookctl runs list --job reconcile",
+    );
     let stopped: Vec<&str> = passes
         .iter()
         .filter(|p| p.stopped)
@@ -337,14 +361,26 @@ mod tests {
 
     #[test]
     fn nothing_outstanding_is_no_finding_and_each_count_is_one() {
-        let none = findings(&queue(0), &OutboxCounts::default(), 0, 0, &[], &[]);
+        let none = findings(
+            &queue(0),
+            &OutboxCounts::default(),
+            &LossCounts::default(),
+            0,
+            0,
+            &[],
+            &[],
+        );
         assert!(none.is_empty());
         let outbox = OutboxCounts {
             pending: 3,
             overdue: 1,
             failed: 2,
         };
-        let kinds: Vec<FindingKind> = findings(&queue(4), &outbox, 1, 5, &[], &[])
+        let losses = LossCounts {
+            payload_purged: 1,
+            repair_failed: 1,
+        };
+        let kinds: Vec<FindingKind> = findings(&queue(4), &outbox, &losses, 1, 5, &[], &[])
             .into_iter()
             .map(|f| f.kind)
             .collect();
@@ -355,7 +391,8 @@ mod tests {
                 FindingKind::OpenDeadLetters,
                 FindingKind::OpenGaps,
                 FindingKind::FailedOutbox,
-                FindingKind::OverdueOutbox
+                FindingKind::OverdueOutbox,
+                FindingKind::UnrepairedLosses
             ]
         );
     }

@@ -129,10 +129,10 @@ pub async fn mark_replayed(
     expects: &str,
 ) -> Result<(), StoreError> {
     const SQL: &str = "WITH letter AS ( \
-             UPDATE dead_letters SET status = 'replayed', replayed_at = now(), \
-                 replay_count = replay_count + 1, updated_at = now() \
+             UPDATE dead_letters SET status = 'replayed', replayed_at = statement_timestamp(), \
+                 replay_count = replay_count + 1, updated_at = statement_timestamp() \
              WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
-         UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), \
+         UPDATE webhook_events AS e SET status = 'processed', processed_at = statement_timestamp(), \
              attempts = e.attempts + 1, last_error = NULL, expects = $2 \
          FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
     sqlx::query(SQL)

@@ -51,6 +51,11 @@ pub struct Applied {
 /// recorded. The entities are locked first, all of them, in key order (so concurrent drainers
 /// never deadlock on them), and compared with what is committed; new ones are inserted in key
 /// order too.
+///
+/// A change is stamped with the time of this statement, never the transaction's start: the
+/// statement runs after the claim that read the event, so the stamp is never older than the
+/// event's receipt, however long before it the drain's transaction began. `changed_before`
+/// and reconcile compare against that stamp.
 pub async fn apply_versioned(
     executor: impl PgExecutor<'_>,
     changes: &[EntityChange<'_>],
@@ -69,9 +74,10 @@ pub async fn apply_versioned(
              FOR UPDATE OF e), \
          applied AS ( \
              INSERT INTO entities AS cur (tenant_id, entity_type, entity_id, version, version_tiebreak, \
-                 state, deleted, deleted_at, last_event_id) \
+                 state, deleted, deleted_at, last_event_id, updated_at) \
              SELECT c.tenant_id, c.entity_type, c.entity_id, c.version, c.version_tiebreak, \
-                 c.state::jsonb, c.deleted, CASE WHEN c.deleted THEN now() END, c.external_id \
+                 c.state::jsonb, c.deleted, CASE WHEN c.deleted THEN statement_timestamp() END, c.external_id, \
+                 statement_timestamp() \
              FROM c \
              WHERE (SELECT count(*) FROM before) >= 0 \
              ORDER BY c.tenant_id, c.entity_type, c.entity_id \
@@ -80,9 +86,9 @@ pub async fn apply_versioned(
                  version_tiebreak = EXCLUDED.version_tiebreak, \
                  state = CASE WHEN EXCLUDED.deleted THEN cur.state ELSE EXCLUDED.state END, \
                  deleted = EXCLUDED.deleted, \
-                 deleted_at = CASE WHEN EXCLUDED.deleted THEN now() END, \
+                 deleted_at = CASE WHEN EXCLUDED.deleted THEN statement_timestamp() END, \
                  last_event_id = EXCLUDED.last_event_id, \
-                 updated_at = now() \
+                 updated_at = statement_timestamp() \
              WHERE (cur.version, COALESCE(cur.version_tiebreak, -9223372036854775808), cur.last_event_id) \
                  < (EXCLUDED.version, COALESCE(EXCLUDED.version_tiebreak, -9223372036854775808), EXCLUDED.last_event_id) \
              RETURNING tenant_id, entity_type, entity_id, version, deleted), \

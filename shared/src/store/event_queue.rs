@@ -45,6 +45,8 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
 
 /// Marks events processed and removes them from the queue, in one statement, recording what
 /// each event's handler expects reconciliation to find (`webhook_events.expects`).
+/// `processed_at` is this statement's time: after the claim, so never before the payload it
+/// processed was received.
 pub async fn complete(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -58,7 +60,7 @@ pub async fn complete(
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
              RETURNING q.tenant_id, q.external_id, d.expects) \
          UPDATE webhook_events AS e \
-         SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, last_error = NULL, \
+         SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
              expects = done.expects \
          FROM done \
          WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending'";

@@ -17,6 +17,7 @@ pub mod reconcile;
 pub mod retention;
 pub mod schema;
 pub mod sources;
+pub mod unrepaired_losses;
 pub mod webhook_events;
 
 use std::time::Duration;

@@ -90,14 +90,16 @@ impl Settlement {
 /// (awaiting_payment → paid), the fulfilment outbox rows (`fulfilment_action`, once per paying
 /// event: written again, a no-op) and the exception rows (once per event and kind). Returns
 /// how many orders it paid: fewer than asked means an order was not awaiting payment after all.
+/// A payment is stamped with the time of this statement, never the transaction's start (see
+/// `entities::apply_versioned`): `paid_at` is never older than the paying event's receipt.
 pub async fn settle(
     executor: impl PgExecutor<'_>,
     settlement: &Settlement,
     fulfilment_action: &str,
 ) -> Result<u64, StoreError> {
     const SQL: &str = "WITH paid AS ( \
-             UPDATE orders AS o SET state = 'paid', paid_by_event = p.external_id, paid_at = now(), \
-                 gateway_order_id = COALESCE(o.gateway_order_id, p.gateway_order_id), updated_at = now() \
+             UPDATE orders AS o SET state = 'paid', paid_by_event = p.external_id, paid_at = statement_timestamp(), \
+                 gateway_order_id = COALESCE(o.gateway_order_id, p.gateway_order_id), updated_at = statement_timestamp() \
              FROM unnest($1::text[], $2::text[], $3::text[], $4::text[]) \
                  AS p(tenant_id, order_id, gateway_order_id, external_id) \
              WHERE o.tenant_id = p.tenant_id AND o.order_id = p.order_id AND o.state = 'awaiting_payment' \
