@@ -288,8 +288,7 @@ async fn an_rds_managed_secret_connects_with_the_location_from_the_settings(pool
         .vars
         .pool()
         .await
-        .err()
-        .expect("no host: refused")
+        .expect_err("no host: refused")
         .to_string();
     assert!(error.contains("DATABASE_HOST"), "{error}");
     assert!(!error.contains("managed-by-rds"), "{error}");
