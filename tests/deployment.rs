@@ -602,3 +602,38 @@ fn the_alarm_table_documents_every_alarm() {
         );
     }
 }
+
+/// Every function is told its own timeout (its sessions' timeouts derive from it) and where the
+/// database is when the secret does not say (RDS's managed master-user secret holds only the
+/// user name and password).
+#[test]
+fn every_function_knows_its_deadline_and_where_the_database_is() {
+    let t = template();
+    let default_timeout = t["Globals"]["Function"]["Timeout"].as_u64().unwrap();
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        let timeout = f["Properties"]["Timeout"]
+            .as_u64()
+            .unwrap_or(default_timeout);
+        let told = &f["Properties"]["Environment"]["Variables"]["FUNCTION_TIMEOUT_SECONDS"];
+        assert_eq!(
+            told.as_str(),
+            Some(timeout.to_string().as_str()),
+            "{name}: FUNCTION_TIMEOUT_SECONDS against a Timeout of {timeout} s"
+        );
+    }
+    let globals = &t["Globals"]["Function"]["Environment"]["Variables"];
+    for var in [
+        "DATABASE_SECRET_ID",
+        "DATABASE_HOST",
+        "DATABASE_PORT",
+        "DATABASE_NAME",
+    ] {
+        assert!(!globals[var].is_null(), "Globals do not set {var}");
+    }
+    for parameter in ["DatabaseHost", "DatabasePort", "DatabaseName"] {
+        assert!(
+            !t["Parameters"][parameter].is_null(),
+            "no {parameter} parameter"
+        );
+    }
+}

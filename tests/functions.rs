@@ -209,3 +209,93 @@ async fn the_anomaly_function_runs_the_checks_and_reports_them(pool: PgPool) {
         ("anomaly", "schedule", "completed")
     );
 }
+
+/// A setting of the session, in milliseconds (`SHOW` answers `8s`, `500ms`, `2min`, or `0`).
+async fn session_ms(pool: &PgPool, setting: &str) -> u64 {
+    let shown: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {setting}")))
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let (number, unit) = shown.split_at(
+        shown
+            .find(|c: char| !c.is_ascii_digit())
+            .unwrap_or(shown.len()),
+    );
+    let n: u64 = number.parse().unwrap();
+    n * match unit {
+        "" | "ms" => 1,
+        "s" => 1000,
+        "min" => 60_000,
+        "h" => 3_600_000,
+        other => panic!("unit {other:?} of {setting} = {shown}"),
+    }
+}
+
+/// Every function's sessions end a runaway statement, a lock wait and an abandoned transaction
+/// before the function's own deadline (`FUNCTION_TIMEOUT_SECONDS`, its Lambda timeout), so a
+/// frozen or half-open session never holds the locks other drainers wait on.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn function_sessions_time_out_below_the_function_deadline(pool: PgPool) {
+    use pipeline_tests::lambda::{url_of, vars};
+    let url = url_of(&pool);
+    for timeout in ["10", "55", "300"] {
+        let function = vars(&[
+            ("DATABASE_URL", &url),
+            ("FUNCTION_TIMEOUT_SECONDS", timeout),
+        ]);
+        let function_pool = function.vars.pool().await.unwrap();
+        let deadline_ms: u64 = timeout.parse::<u64>().unwrap() * 1000;
+        let statement = session_ms(&function_pool, "statement_timeout").await;
+        let lock = session_ms(&function_pool, "lock_timeout").await;
+        let idle = session_ms(&function_pool, "idle_in_transaction_session_timeout").await;
+        for (name, value) in [
+            ("statement_timeout", statement),
+            ("lock_timeout", lock),
+            ("idle_in_transaction_session_timeout", idle),
+        ] {
+            assert!(
+                value > 0 && value < deadline_ms,
+                "{timeout} s function: {name} = {value} ms"
+            );
+        }
+        assert!(
+            lock <= statement,
+            "lock_timeout {lock} > statement_timeout {statement}"
+        );
+    }
+
+    // A session left idle in a transaction is ended by the server, its locks released.
+    let function = vars(&[("DATABASE_URL", &url), ("FUNCTION_TIMEOUT_SECONDS", "2")]);
+    let function_pool = function.vars.pool().await.unwrap();
+    let mut conn = function_pool.acquire().await.unwrap();
+    sqlx::query("BEGIN").execute(&mut *conn).await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    sqlx::query("SELECT 1 FROM pg_class LIMIT 1 FOR SHARE")
+        .execute(&mut *conn)
+        .await
+        .ok();
+    let give_up = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let alive: bool =
+            sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE pid = $1)")
+                .bind(pid)
+                .fetch_one(&pool)
+                .await
+                .unwrap();
+        if !alive {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < give_up,
+            "the session idle in a transaction was not ended"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(
+        sqlx::query("SELECT 1").execute(&mut *conn).await.is_err(),
+        "the abandoned session still answers"
+    );
+}

@@ -120,6 +120,21 @@ start_tls_postgres() {
   export TLS_TEST_DIR="$dir"
 }
 
+# Starts a third throwaway cluster that checks passwords, as RDS does: pg_hba.conf trusts the
+# postgres superuser (the tests' admin) and asks every other role for its password
+# (scram-sha-256). The credential-rotation tests create a role there, change its password and
+# watch a warm function reconnect. Exports PASSWORD_DATABASE_URL (the admin's URL).
+start_password_postgres() {
+  local dir port
+  dir=$(mktemp -d "${TMPDIR:-/tmp}/webhooks-pg-password.XXXXXX")
+  chmod 755 "$dir"
+  port=$(free_port 56532)
+  start_cluster "a password-checking PostgreSQL" "$dir" "$port" \
+    "-c listen_addresses=127.0.0.1 -c max_connections=100 -c password_encryption=scram-sha-256" \
+    "$(printf 'local all all trust\nhost all postgres 127.0.0.0/8 trust\nhost all all 127.0.0.0/8 scram-sha-256\nhost all postgres ::1/128 trust\nhost all all ::1/128 scram-sha-256')"
+  export PASSWORD_DATABASE_URL="postgres://postgres@127.0.0.1:$port/postgres"
+}
+
 # DATABASE_URL if set, else the server on 127.0.0.1:5432 if it answers, else a throwaway cluster.
 ensure_test_postgres() {
   if [ -n "${DATABASE_URL:-}" ]; then

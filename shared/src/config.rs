@@ -10,7 +10,7 @@ use serde::Deserialize;
 use sqlx::postgres::{PgConnectOptions, PgSslMode};
 
 use crate::secrets::AwsSecretsSettings;
-use crate::store::PoolSettings;
+use crate::store::{PoolSettings, SessionTimeouts};
 
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
@@ -30,23 +30,52 @@ pub enum ConfigError {
     Invalid { var: &'static str, reason: String },
     #[error("database credentials from Secrets Manager secret {secret_id:?}: {reason}")]
     DatabaseSecret { secret_id: String, reason: String },
+    /// Secrets Manager could not be asked (unreachable, throttled, slow): may pass.
+    #[error("database credentials from Secrets Manager secret {secret_id:?} unavailable: {reason}")]
+    DatabaseSecretUnavailable { secret_id: String, reason: String },
 }
 
+impl ConfigError {
+    /// The settings may be right: only the secret store could not answer now.
+    pub fn is_unavailable(&self) -> bool {
+        matches!(self, ConfigError::DatabaseSecretUnavailable { .. })
+    }
+}
+
+/// How long a read of the database secret may take before it counts as unavailable: well
+/// inside the shortest function's timeout (ingest, 10 s), where it is read per request while
+/// it cannot be read.
+pub const DATABASE_SECRET_READ_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// Where the database is.
+#[derive(Clone)]
 pub enum DatabaseLocation {
     /// `DATABASE_URL`, as libpq would take it.
     Url(SecretString),
-    /// `DATABASE_SECRET_ID`: a Secrets Manager secret in the format RDS writes
-    /// (`{"host","port","username","password","dbname"}`).
+    /// `DATABASE_SECRET_ID`: a Secrets Manager secret with the credentials, in either shape RDS
+    /// writes: `{"username","password"}` (the master-user secret RDS manages itself,
+    /// `ManageMasterUserPassword`; the host, port and database then come from `DATABASE_HOST`,
+    /// `DATABASE_PORT`, `DATABASE_NAME`), or `{"host","port","username","password","dbname"}`.
     Secret { secret_id: String },
 }
 
+#[derive(Clone)]
 pub struct DatabaseSettings {
     pub location: DatabaseLocation,
-    /// `DATABASE_HOST`: connect here instead (an RDS Proxy endpoint), with the same credentials.
+    /// `DATABASE_HOST`: connect here instead of the secret's (or URL's) host: an RDS Proxy
+    /// endpoint, or the instance's endpoint for a secret that names no host.
     pub host_override: Option<String>,
+    /// `DATABASE_PORT`: this port instead of the secret's (or URL's); 5432 when none says.
+    pub port_override: Option<u16>,
+    /// `DATABASE_NAME`: this database instead of the secret's `dbname` (or the URL's); when
+    /// none says, the server's default (the database named after the user).
+    pub name_override: Option<String>,
     pub tls: DatabaseTls,
     pub pool: PoolSettings,
+    /// From `FUNCTION_TIMEOUT_SECONDS`, the function's own Lambda timeout: the server-side
+    /// limits of every session (see [`SessionTimeouts`]). Unset (the CLI, the local runner):
+    /// the server's defaults.
+    pub session: Option<SessionTimeouts>,
 }
 
 /// How the connection is secured, in libpq's terms. A `sslmode` or `sslrootcert` on
@@ -155,14 +184,34 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
                 reason,
             })?),
         };
+        let port_override = match self.get("DATABASE_PORT") {
+            None => None,
+            Some(_) => Some(self.parsed("DATABASE_PORT", 5432u16)?),
+        };
+        let session = match self.get("FUNCTION_TIMEOUT_SECONDS") {
+            None => None,
+            Some(_) => {
+                let timeout = self.seconds("FUNCTION_TIMEOUT_SECONDS", Duration::ZERO)?;
+                if timeout.is_zero() {
+                    return Err(ConfigError::Invalid {
+                        var: "FUNCTION_TIMEOUT_SECONDS",
+                        reason: "must be at least 1 (the function's Lambda timeout)".into(),
+                    });
+                }
+                Some(SessionTimeouts::below(timeout))
+            }
+        };
         Ok(DatabaseSettings {
             location,
             host_override: self.get("DATABASE_HOST"),
+            port_override,
+            name_override: self.get("DATABASE_NAME"),
             tls: DatabaseTls { mode, root_cert },
             pool: PoolSettings {
                 max_connections,
                 acquire_timeout: Duration::from_millis(acquire_timeout_ms),
             },
+            session,
         })
     }
 
@@ -217,6 +266,17 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
     /// The database pool for a function, lazily connected.
     pub async fn pool(&self) -> Result<sqlx::PgPool, ConfigError> {
         self.database()?.pool(&self.aws_secrets()?).await
+    }
+
+    /// The database for a function: its pool, and for a database located by a secret, what
+    /// reads the secret again when the server refuses the credentials.
+    pub async fn open_database(&self) -> Result<crate::database::Database, ConfigError> {
+        // Boxed: keeps the AWS SDK's deep future out of the functions' `main`.
+        Box::pin(crate::database::Database::open(
+            self.database()?,
+            self.aws_secrets()?,
+        ))
+        .await
     }
 
     /// `MIGRATE_LOCK_TIMEOUT_MS`: how long a migration waits for any one lock.
@@ -335,14 +395,34 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
     }
 }
 
-/// The credentials secret RDS writes for a database.
+/// A credentials secret RDS writes: the master-user secret it manages holds only `username`
+/// and `password`; the secret of the "credentials for an RDS database" type adds `host`,
+/// `port` and `dbname` (and `engine`, ignored here).
 #[derive(Deserialize)]
 struct RdsSecret {
-    host: String,
-    port: Option<u16>,
+    host: Option<String>,
+    #[serde(default)]
+    port: Option<SecretPort>,
     username: String,
     password: String,
     dbname: Option<String>,
+}
+
+/// A port as a number, or as the string some hand-written secrets hold.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum SecretPort {
+    Number(u16),
+    Text(String),
+}
+
+impl SecretPort {
+    fn value(&self) -> Option<u16> {
+        match self {
+            SecretPort::Number(n) => Some(*n),
+            SecretPort::Text(t) => t.trim().parse().ok(),
+        }
+    }
 }
 
 impl DatabaseSettings {
@@ -353,11 +433,19 @@ impl DatabaseSettings {
     ) -> Result<PgConnectOptions, ConfigError> {
         // Boxed: keeps the AWS SDK's deep future out of every caller's future (the compiler's
         // layout query depth has been hit by the functions' `main` in release builds).
-        let (options, explicit) = Box::pin(self.located_options(aws)).await?;
-        let options = match &self.host_override {
-            Some(host) => options.host(host),
-            None => options,
-        };
+        let (mut options, explicit) = Box::pin(self.located_options(aws)).await?;
+        if let Some(host) = &self.host_override {
+            options = options.host(host);
+        }
+        if let Some(port) = self.port_override {
+            options = options.port(port);
+        }
+        if let Some(name) = &self.name_override {
+            options = options.database(name);
+        }
+        if let Some(session) = &self.session {
+            options = session.apply(options);
+        }
         Ok(self.secured(options, explicit))
     }
 
@@ -414,27 +502,70 @@ impl DatabaseSettings {
                     secret_id: secret_id.clone(),
                     reason,
                 };
-                let sdk_config = crate::aws::sdk_config(&aws.endpoint()).await;
-                let client = aws_sdk_secretsmanager::Client::new(&sdk_config);
-                let output = client
-                    .get_secret_value()
-                    .secret_id(secret_id)
-                    .send()
-                    .await
-                    .map_err(|e| {
-                        failed(aws_sdk_secretsmanager::error::DisplayErrorContext(e).to_string())
-                    })?;
+                let unavailable = |reason: String| ConfigError::DatabaseSecretUnavailable {
+                    secret_id: secret_id.clone(),
+                    reason,
+                };
+                let read = async {
+                    let sdk_config = crate::aws::sdk_config(&aws.endpoint()).await;
+                    let client = aws_sdk_secretsmanager::Client::new(&sdk_config);
+                    client.get_secret_value().secret_id(secret_id).send().await
+                };
+                let output = match tokio::time::timeout(DATABASE_SECRET_READ_TIMEOUT, read).await {
+                    Err(_) => {
+                        return Err(unavailable(format!(
+                            "no answer within {DATABASE_SECRET_READ_TIMEOUT:?}"
+                        )));
+                    }
+                    Ok(Err(e)) => {
+                        let misconfigured = e.as_service_error().is_some_and(|s| {
+                            s.is_resource_not_found_exception()
+                                || s.is_decryption_failure()
+                                || s.is_invalid_parameter_exception()
+                                || s.is_invalid_request_exception()
+                        });
+                        let reason =
+                            aws_sdk_secretsmanager::error::DisplayErrorContext(e).to_string();
+                        return Err(if misconfigured {
+                            failed(reason)
+                        } else {
+                            unavailable(reason)
+                        });
+                    }
+                    Ok(Ok(output)) => output,
+                };
                 let text = output
                     .secret_string()
                     .ok_or_else(|| failed("no string value".into()))?;
+                // The parse error may quote the secret: never reported.
                 let secret: RdsSecret = serde_json::from_str(text).map_err(|_| {
                     failed(
-                        "not the JSON RDS writes (host, port, username, password, dbname)".into(),
+                        "not the JSON RDS writes: it needs username and password (and host, \
+                         port, dbname unless DATABASE_HOST, DATABASE_PORT, DATABASE_NAME say \
+                         where the database is)"
+                            .into(),
                     )
                 })?;
+                let host = match (&self.host_override, &secret.host) {
+                    (Some(host), _) | (None, Some(host)) => host,
+                    (None, None) => {
+                        return Err(failed(
+                            "it names no host (RDS's managed master-user secret never does): set \
+                             DATABASE_HOST, the stack's DatabaseHost parameter, to the instance's \
+                             endpoint (or DatabaseProxyEndpoint to an RDS Proxy)"
+                                .into(),
+                        ));
+                    }
+                };
+                let port = match &secret.port {
+                    None => 5432,
+                    Some(port) => port
+                        .value()
+                        .ok_or_else(|| failed("its port is not a port".into()))?,
+                };
                 let mut options = PgConnectOptions::new_without_pgpass()
-                    .host(&secret.host)
-                    .port(secret.port.unwrap_or(5432))
+                    .host(host)
+                    .port(port)
                     .username(&secret.username)
                     .password(&secret.password);
                 if let Some(dbname) = &secret.dbname {

@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
+use crate::database::Database;
 use crate::domain::{ExternalId, FieldLocator, SourceId};
 use crate::extract::{self, ExtractError};
 use crate::protocol;
@@ -107,6 +108,8 @@ pub struct IngestLimits {
 /// The ingest path and its dependencies, built once per process.
 pub struct Ingestor {
     pool: PgPool,
+    /// The pool again, with what reads its credentials when they are refused or unread.
+    database: Database,
     sources: Arc<SourceRegistry>,
     secrets: Arc<SecretStore>,
     limits: IngestLimits,
@@ -120,6 +123,7 @@ impl Ingestor {
         limits: IngestLimits,
     ) -> Self {
         Self {
+            database: Database::from_pool(pool.clone()),
             pool,
             sources,
             secrets,
@@ -128,22 +132,27 @@ impl Ingestor {
     }
 
     /// Builds the pool (lazily connected), the source cache and the secret store from settings.
+    /// A database secret Secrets Manager cannot serve now does not fail the start: deliveries
+    /// are answered as the database being unavailable (503) until it can be read.
     pub async fn from_settings(settings: &IngestSettings) -> Result<Self, ConfigError> {
         let aws = match &settings.secrets {
             SecretsBackend::Aws(aws) => aws.clone(),
             SecretsBackend::File(_) => crate::config::Vars::process().aws_secrets()?,
         };
-        let pool = settings.database.pool(&aws).await?;
+        let database = Database::open_or_read_later(settings.database.clone(), aws).await?;
+        let pool = database.pool().clone();
         let secrets = settings.secrets.open().await;
         let sources = SourceRegistry::new(pool.clone(), settings.source_cache_ttl);
-        Ok(Self::new(
+        let mut ingestor = Self::new(
             pool,
             Arc::new(sources),
             Arc::new(secrets),
             IngestLimits {
                 max_body_bytes: settings.max_body_bytes,
             },
-        ))
+        );
+        ingestor.database = database;
+        Ok(ingestor)
     }
 
     pub fn pool(&self) -> &PgPool {
@@ -157,7 +166,7 @@ impl Ingestor {
         fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
-        let result = self.store_delivery(delivery).await;
+        let result = self.store_with_current_credentials(delivery).await;
         match &result {
             Ok(Received::Stored(receipt)) => {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
@@ -172,6 +181,24 @@ impl Ingestor {
             }
         }
         result
+    }
+
+    /// Stores the delivery; when the database refused the credentials (rotated under this warm
+    /// process), reads them again and tries once more. Nothing was written by the refused
+    /// attempt: a refusal comes before a connection's first statement.
+    async fn store_with_current_credentials(
+        &self,
+        delivery: Delivery<'_>,
+    ) -> Result<Received, IngestError> {
+        self.database.ready().await?;
+        let seen = self.database.credentials_seen();
+        match self.store_delivery(delivery).await {
+            Err(IngestError::Store(error)) if self.database.recover(&error, seen).await => {
+                tracing::info!(%error, "credentials read again: storing once more");
+                self.store_delivery(delivery).await
+            }
+            result => result,
+        }
     }
 
     async fn store_delivery(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {

@@ -6,13 +6,16 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.anomaly()?;
-    let pool = vars.pool().await?;
+    let database = vars.open_database().await?;
     let metrics = shared::metrics::install_emf()?;
-    let (pool, settings) = (&pool, &settings);
+    let (database, settings) = (&database, &settings);
     run(service_fn(move |event| async move {
-        let report = anomaly::handler(event, pool, settings).await;
+        let result = anomaly::handler(event, database.pool(), settings).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
         let _ = metrics.flush(std::io::stdout());
-        report
+        result
     }))
     .await
 }

@@ -8,14 +8,19 @@ use shared::config::Vars;
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
+    let database = vars.open_database().await?;
     let backfiller = Backfiller::new(
-        vars.pool().await?,
+        database.pool().clone(),
         Arc::new(vars.secret_store().await?),
         vars.backfill()?,
     );
-    let backfiller = &backfiller;
-    run(service_fn(move |event| {
-        backfill::handler(event, backfiller)
+    let (database, backfiller) = (&database, &backfiller);
+    run(service_fn(move |event| async move {
+        let result = backfill::handler(event, backfiller).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
+        result
     }))
     .await
 }

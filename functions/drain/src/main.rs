@@ -11,17 +11,21 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let vars = Vars::process();
     let settings = vars.drain()?;
     let margin = vars.deadline_margin()?;
+    let database = vars.open_database().await?;
     let drainer = Drainer::new(
-        vars.pool().await?,
+        database.pool().clone(),
         Arc::new(EffectRegistry::standard()),
         settings,
     );
     let metrics = shared::metrics::install_emf()?;
-    let drainer = &drainer;
+    let (database, drainer) = (&database, &drainer);
     run(service_fn(move |event| async move {
-        let summary = drain::handler(event, drainer, margin).await;
+        let result = drain::handler(event, drainer, margin).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
         let _ = metrics.flush(std::io::stdout());
-        summary
+        result
     }))
     .await
 }

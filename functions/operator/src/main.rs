@@ -5,11 +5,15 @@ use shared::effects::EffectRegistry;
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
-    let pool = Vars::process().pool().await?;
+    let database = Vars::process().open_database().await?;
     let registry = EffectRegistry::standard();
-    let (pool, registry) = (&pool, &registry);
-    run(service_fn(move |event| {
-        operator::handler(event, pool, registry)
+    let (database, registry) = (&database, &registry);
+    run(service_fn(move |event| async move {
+        let result = operator::handler(event, database.pool(), registry).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
+        result
     }))
     .await
 }

@@ -8,10 +8,15 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let vars = Vars::process();
     let settings = vars.outbox()?;
     let margin = vars.deadline_margin()?;
-    let sender = OutboxSender::new(vars.pool().await?, settings)?;
-    let sender = &sender;
-    run(service_fn(move |event| {
-        outbox::handler(event, sender, margin)
+    let database = vars.open_database().await?;
+    let sender = OutboxSender::new(database.pool().clone(), settings)?;
+    let (database, sender) = (&database, &sender);
+    run(service_fn(move |event| async move {
+        let result = outbox::handler(event, sender, margin).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
+        result
     }))
     .await
 }

@@ -10,18 +10,22 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.reconcile()?;
-    let pool = vars.pool().await?;
+    let database = vars.open_database().await?;
+    let pool = database.pool().clone();
     let drainer = Drainer::new(
         pool.clone(),
         Arc::new(EffectRegistry::standard()),
         vars.drain()?,
     );
     let metrics = shared::metrics::install_emf()?;
-    let (pool, drainer, settings) = (&pool, &drainer, &settings);
+    let (database, pool, drainer, settings) = (&database, &pool, &drainer, &settings);
     run(service_fn(move |event| async move {
-        let outcome = reconcile::handler(event, pool, drainer, settings).await;
+        let result = reconcile::handler(event, pool, drainer, settings).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
         let _ = metrics.flush(std::io::stdout());
-        outcome
+        result
     }))
     .await
 }

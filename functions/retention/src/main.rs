@@ -6,10 +6,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.retention()?;
-    let pool = vars.pool().await?;
-    let (pool, settings) = (&pool, &settings);
-    run(service_fn(move |event| {
-        retention::handler(event, pool, settings)
+    let database = vars.open_database().await?;
+    let (database, settings) = (&database, &settings);
+    run(service_fn(move |event| async move {
+        let result = retention::handler(event, database.pool(), settings).await;
+        database
+            .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
+            .await;
+        result
     }))
     .await
 }

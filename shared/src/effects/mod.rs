@@ -75,9 +75,10 @@ impl From<StoreError> for EffectError {
             StoreError::Unavailable(sqlx::Error::Database(_)) => {
                 EffectError::Retryable(error.to_string())
             }
-            StoreError::Unavailable(_) | StoreError::UntrustedServer { .. } => {
-                EffectError::Aborted(error)
-            }
+            StoreError::Unavailable(_)
+            | StoreError::UntrustedServer { .. }
+            | StoreError::CredentialsRejected(_)
+            | StoreError::CredentialsUnavailable { .. } => EffectError::Aborted(error),
             StoreError::Corrupt { .. } => EffectError::Fatal(error.to_string()),
             StoreError::Query(sqlx::Error::Database(db)) => {
                 // 22: data exception, 23: integrity violation, 42: syntax or access rule. The

@@ -45,6 +45,15 @@ pub enum StoreError {
         #[source]
         source: sqlx::Error,
     },
+    /// The server refused the credentials (SQLSTATE 28P01 or 28000): the password was rotated
+    /// under a warm process, or the role changed. Retried like an outage: a function whose
+    /// database is located by a secret reads the secret again and reconnects.
+    #[error("the database refused the credentials: {0}")]
+    CredentialsRejected(#[source] sqlx::Error),
+    /// The database's credentials could not be read (Secrets Manager unreachable or slow); no
+    /// connection was attempted. Retried like an outage.
+    #[error("database credentials unavailable: {reason}")]
+    CredentialsUnavailable { reason: String },
     /// A stored row does not parse into the domain (hand-edited configuration, say).
     #[error("stored {what} is invalid: {reason}")]
     Corrupt { what: &'static str, reason: String },
@@ -56,7 +65,10 @@ impl StoreError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self,
-            StoreError::Unavailable(_) | StoreError::UntrustedServer { .. }
+            StoreError::Unavailable(_)
+                | StoreError::UntrustedServer { .. }
+                | StoreError::CredentialsRejected(_)
+                | StoreError::CredentialsUnavailable { .. }
         )
     }
 
@@ -64,11 +76,16 @@ impl StoreError {
     pub fn diagnostic_type(&self) -> &'static str {
         match self {
             StoreError::UntrustedServer { .. } => "DatabaseCertificateNotTrusted",
+            StoreError::CredentialsRejected(_) => CREDENTIALS_REJECTED,
             _ if self.is_retryable() => "DatabaseUnavailable",
             _ => "DatabaseError",
         }
     }
 }
+
+/// The diagnostic type of a function invocation that failed because the database refused its
+/// credentials: the function reads them again before its next invocation.
+pub const CREDENTIALS_REJECTED: &str = "DatabaseCredentialsRejected";
 
 /// The certificate complaint inside a TLS error, when the server's certificate was refused.
 /// The handshake reports it as an I/O error wrapping rustls's, or as a TLS error.
@@ -94,6 +111,13 @@ impl From<sqlx::Error> for StoreError {
                 source: error,
             };
         }
+        if let sqlx::Error::Database(db) = &error
+            && db
+                .code()
+                .is_some_and(|code| code == "28P01" || code == "28000")
+        {
+            return StoreError::CredentialsRejected(error);
+        }
         let unavailable = match &error {
             sqlx::Error::Io(_)
             | sqlx::Error::Tls(_)
@@ -102,12 +126,16 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::WorkerCrashed => true,
             sqlx::Error::Database(db) => db.code().is_some_and(|code| {
                 // 08: connection exception; 53: insufficient resources; 57P0x: shutdown or
-                // cannot connect now; 40001/40P01: serialization failure, deadlock.
+                // cannot connect now; 40001/40P01: serialization failure, deadlock; 55P03 and
+                // 57014: a lock wait or a statement outlived the session's lock_timeout or
+                // statement_timeout (see [`SessionTimeouts`]).
                 code.starts_with("08")
                     || code.starts_with("53")
                     || code.starts_with("57P0")
                     || code == "40001"
                     || code == "40P01"
+                    || code == "55P03"
+                    || code == "57014"
             }),
             _ => false,
         };
@@ -155,6 +183,46 @@ impl Default for PoolSettings {
             max_connections: 2,
             acquire_timeout: Duration::from_secs(3),
         }
+    }
+}
+
+/// The server-side limits every session of a function carries, all below the function's own
+/// deadline (its Lambda timeout): a statement, a lock wait, and a transaction left idle (the
+/// function frozen, timed out or gone, its TCP connection half-open) are ended by the server, so
+/// no abandoned session holds the entity and order locks other drainers wait on.
+///
+/// Sent as startup parameters (`options=-c ...`), so they hold from a session's first statement
+/// at no extra round trip, and a session may still `SET` its own (migrations set `lock_timeout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SessionTimeouts {
+    pub statement: Duration,
+    pub lock_wait: Duration,
+    pub idle_in_transaction: Duration,
+}
+
+impl SessionTimeouts {
+    /// For a function that times out after `deadline`: a statement may run for 80% of it, a
+    /// lock be waited for, or a transaction sit idle, for half of it.
+    pub fn below(deadline: Duration) -> Self {
+        let at_least = |d: Duration| d.max(Duration::from_millis(1));
+        Self {
+            statement: at_least(deadline * 4 / 5),
+            lock_wait: at_least(deadline / 2),
+            idle_in_transaction: at_least(deadline / 2),
+        }
+    }
+
+    /// The connect options with these limits as startup parameters.
+    pub fn apply(&self, options: PgConnectOptions) -> PgConnectOptions {
+        let ms = |d: Duration| format!("{}ms", d.as_millis());
+        options.options([
+            ("statement_timeout", ms(self.statement)),
+            ("lock_timeout", ms(self.lock_wait)),
+            (
+                "idle_in_transaction_session_timeout",
+                ms(self.idle_in_transaction),
+            ),
+        ])
     }
 }
 
