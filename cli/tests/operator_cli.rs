@@ -120,6 +120,33 @@ impl Db {
     async fn hookctl(&self, args: &[&str]) -> Out {
         run(args, &[("DATABASE_URL", self.url.as_str())]).await
     }
+
+    /// `hookctl` run by the OS user `user`, with no `--actor`.
+    async fn hookctl_by(&self, user: &str, args: &[&str]) -> Out {
+        run(args, &[("DATABASE_URL", self.url.as_str()), ("USER", user)]).await
+    }
+
+    /// The open dead letters' ids by event id.
+    async fn letter_ids(&self) -> std::collections::BTreeMap<String, i64> {
+        sqlx::query_as(
+            "SELECT external_id, dead_letter_id FROM dead_letters WHERE status IN ('new', 'investigating')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+    }
+
+    /// The audit trail, oldest first: (action, actor, reason, via, affected).
+    async fn actions(&self) -> Vec<(String, String, String, String, Value)> {
+        sqlx::query_as(
+            "SELECT action, actor, reason, via, affected FROM operator_actions ORDER BY action_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+    }
 }
 
 #[derive(Debug)]
@@ -473,12 +500,20 @@ struct StandIn {
 /// operator handler. A handler error is answered as Lambda does: 200, `X-Amz-Function-Error`,
 /// and the error's type and message as the payload.
 async fn invoke(State(s): State<StandIn>, Path(name): Path<String>, body: Bytes) -> Response {
-    s.invoked.lock().unwrap().push(name);
+    let request_id = {
+        let mut invoked = s.invoked.lock().unwrap();
+        invoked.push(name.clone());
+        format!("stand-in-request-{}", invoked.len())
+    };
     let payload: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
-    let event = lambda_runtime::LambdaEvent::new(payload, lambda_runtime::Context::default());
+    // What Lambda tells the function about an invocation: its request id and the function.
+    let mut context = lambda_runtime::Context::default();
+    context.request_id = request_id;
+    context.invoked_function_arn = format!("arn:aws:lambda:eu-west-1:123456789012:function:{name}");
+    let event = lambda_runtime::LambdaEvent::new(payload, context);
     match operator::handler(event, &s.pool, &s.registry).await {
         Ok(response) => (StatusCode::OK, axum::Json(response)).into_response(),
         Err(diagnostic) => (
@@ -648,6 +683,239 @@ async fn every_command_answers_through_the_operator_function(
         unreachable.stderr.contains("invoking webhooks-operator"),
         "{}",
         unreachable.stderr
+    );
+}
+
+/// A replay or resend with no filter at all would act on every open letter or failed message:
+/// refused unless `--all` says so, by the command and by the operator function.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_empty_filter_is_refused_unless_all_is_given(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let mut bodies = Vec::new();
+    for id in ["evt_1", "evt_2"] {
+        bodies.push((id, db.poison(id).await));
+    }
+    ok(&db.hookctl(&["drain"]).await);
+    for (id, body) in &bodies {
+        db.fix(id, body).await;
+    }
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    let everything = db
+        .hookctl(&["dead-letters", "replay", "--reason", "fixed upstream"])
+        .await;
+    assert_eq!(everything.code, Some(2), "{everything:?}");
+    assert!(
+        everything.stderr.contains("no filter") && everything.stderr.contains("--all"),
+        "{}",
+        everything.stderr
+    );
+    let remote = through(
+        &endpoint,
+        &["dead-letters", "replay", "--reason", "fixed upstream"],
+    )
+    .await;
+    assert_eq!(remote.code, Some(2), "{remote:?}");
+    let resend = db
+        .hookctl(&["outbox", "resend", "--reason", "target is back"])
+        .await;
+    assert_eq!(resend.code, Some(2), "{resend:?}");
+    assert!(resend.stderr.contains("--all"), "{}", resend.stderr);
+    // The operator function refuses it too, whoever calls it.
+    let raw = through(
+        &endpoint,
+        &[
+            "operator",
+            r#"{"action":"replay","filter":{"limit":5},"actor":"eve","reason":"all of them"}"#,
+        ],
+    )
+    .await;
+    assert_eq!(raw.code, Some(2), "{raw:?}");
+    assert!(raw.stderr.contains(r#""all": true"#), "{}", raw.stderr);
+    assert_eq!(db.letter_ids().await.len(), 2, "nothing was replayed");
+
+    let all = db
+        .hookctl(&["dead-letters", "replay", "--all", "--reason", "fixed upstream", "--json"])
+        .await;
+    ok(&all);
+    assert_eq!(
+        all.json(),
+        serde_json::json!({"selected": 2, "replayed": 2, "failed": 0, "skipped": 0})
+    );
+    assert!(db.letter_ids().await.is_empty());
+}
+
+/// Each state change says who asked for it and why, in `operator_actions`: the `--actor`, else
+/// the OS user; through the function, also what Lambda said about the invocation. A change
+/// without a reason is refused.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn every_state_change_records_who_asked_and_why(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let body = db.poison("evt_1").await;
+    db.poison("evt_2").await;
+    db.poison("evt_3").await;
+    ok(&db.hookctl(&["drain"]).await);
+    let letters = db.letter_ids().await;
+    let (one, two, three) = (letters["evt_1"], letters["evt_2"], letters["evt_3"]);
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    let unexplained = db
+        .hookctl(&["dead-letters", "replay", "--id", &one.to_string()])
+        .await;
+    assert_eq!(unexplained.code, Some(2), "{unexplained:?}");
+    assert!(unexplained.stderr.contains("--reason"), "{}", unexplained.stderr);
+    let unexplained = db
+        .hookctl(&["dead-letters", "discard", &two.to_string()])
+        .await;
+    assert_eq!(unexplained.code, Some(2), "{unexplained:?}");
+    assert_eq!(db.letter_ids().await.len(), 3, "nothing changed");
+
+    db.fix("evt_1", &body).await;
+    let replayed = db
+        .hookctl_by(
+            "root",
+            &[
+                "dead-letters",
+                "replay",
+                "--id",
+                &one.to_string(),
+                "--reason",
+                "payload restored",
+                "--actor",
+                "alice",
+            ],
+        )
+        .await;
+    ok(&replayed);
+    let discarded = db
+        .hookctl_by(
+            "carol",
+            &["dead-letters", "discard", &two.to_string(), "--reason", "a test event"],
+        )
+        .await;
+    ok(&discarded);
+    let remote = through(
+        &endpoint,
+        &[
+            "dead-letters",
+            "replay",
+            "--id",
+            &three.to_string(),
+            "--reason",
+            "try once more",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await;
+    assert_eq!(remote.code, Some(1), "failed again: {remote:?}");
+    let tombstoned = db
+        .hookctl_by(
+            "dave",
+            &[
+                "tombstones", "add", "--tenant", "acme", "--source", "pay", "--id", "evt_gone",
+                "--reason", "deleted in the dashboard",
+            ],
+        )
+        .await;
+    ok(&tombstoned);
+
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        db.actions().await,
+        vec![
+            (s("replay"), s("alice"), s("payload restored"), s("hookctl"), serde_json::json!([one])),
+            (s("set_dead_letter_status"), s("carol"), s("a test event"), s("hookctl"), serde_json::json!([two])),
+            (s("replay"), s("bob"), s("try once more"), s("function"), serde_json::json!([three])),
+            (s("tombstone"), s("dave"), s("deleted in the dashboard"), s("hookctl"), serde_json::json!(["evt_gone"])),
+        ]
+    );
+    let (outcome, invocation): (Value, Value) = sqlx::query_as(
+        "SELECT outcome, invocation FROM operator_actions WHERE actor = 'alice'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        outcome,
+        serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
+    );
+    assert_eq!(invocation, serde_json::json!({}));
+    let (outcome, invocation): (Value, Value) = sqlx::query_as(
+        "SELECT outcome, invocation FROM operator_actions WHERE actor = 'bob'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(outcome["failed"], 1);
+    assert!(
+        invocation["request_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("stand-in-request-")),
+        "{invocation}"
+    );
+    assert_eq!(
+        invocation["invoked_function_arn"],
+        "arn:aws:lambda:eu-west-1:123456789012:function:webhooks-operator"
+    );
+    let created_by: String =
+        sqlx::query_scalar("SELECT created_by FROM tombstones WHERE external_id = 'evt_gone'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(created_by, "operator:dave");
+}
+
+/// A dead letter's signature headers, with its payload, are a delivery anyone could post again:
+/// `show` withholds them (and says which), directly and through the function.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn show_withholds_the_signature_headers(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let body = db.poison("evt_1").await;
+    ok(&db.hookctl(&["drain"]).await);
+    db.fix("evt_1", &body).await;
+    let stored: Value = sqlx::query_scalar("SELECT headers FROM dead_letters")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let signature = stored["stripe-signature"]
+        .as_str()
+        .expect("the letter keeps the signature it arrived with")
+        .to_owned();
+    let id = db.letter_ids().await["evt_1"].to_string();
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    for shown in [
+        db.hookctl(&["dead-letters", "show", &id, "--json"]).await,
+        through(&endpoint, &["dead-letters", "show", &id, "--json"]).await,
+        through(
+            &endpoint,
+            &["operator", &format!(r#"{{"action":"show_dead_letter","dead_letter_id":{id}}}"#)],
+        )
+        .await,
+    ] {
+        ok(&shown);
+        assert!(!shown.stdout.contains(&signature), "{}", shown.stdout);
+        let letter = &shown.json()["dead_letter"];
+        assert_eq!(letter["headers"], serde_json::json!({}), "{letter}");
+        assert_eq!(letter["withheld_headers"], serde_json::json!(["stripe-signature"]));
+    }
+    let table = db.hookctl(&["dead-letters", "show", &id]).await;
+    ok(&table);
+    assert!(!table.stdout.contains(&signature), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("withheld     stripe-signature"),
+        "{}",
+        table.stdout
     );
 }
 
