@@ -97,13 +97,13 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         .as_i64()
         .unwrap();
     assert_eq!(listed["dead_letters"][0]["external_id"], "evt_dl");
-    let triaged = serde_json::to_value(invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "investigating"})).await.unwrap()).unwrap();
+    let triaged = serde_json::to_value(invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "investigating", "actor": "alice", "reason": "upstream timeouts"})).await.unwrap()).unwrap();
     assert_eq!(triaged["status"], "investigating");
     let bad = invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "replayed"})).await.unwrap_err();
     assert_eq!(bad.error_type, "BadRequest");
 
     let replayed = serde_json::to_value(
-        invoke(serde_json::json!({"action": "replay", "filter": {"error_contains": "timeout"}}))
+        invoke(serde_json::json!({"action": "replay", "filter": {"error_contains": "timeout"}, "actor": "alice", "reason": "upstream is back"}))
             .await
             .unwrap(),
     )
@@ -113,7 +113,7 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
     );
     let again = serde_json::to_value(
-        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}}))
+        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "actor": "alice", "reason": "once more"}))
             .await
             .unwrap(),
     )
@@ -165,7 +165,7 @@ async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: P
         operator::handler(LambdaEvent::new(json, context), &pool, &registry)
     };
 
-    let refused = |json: serde_json::Value| async {
+    let refused = |json: serde_json::Value| async move {
         let error = invoke(json).await.unwrap_err();
         assert_eq!(error.error_type, "BadRequest", "{}", error.error_message);
         error.error_message

@@ -117,8 +117,9 @@ impl Db {
             .unwrap();
     }
 
+    /// `hookctl` run by the OS user `oncall`.
     async fn hookctl(&self, args: &[&str]) -> Out {
-        run(args, &[("DATABASE_URL", self.url.as_str())]).await
+        self.hookctl_by("oncall", args).await
     }
 
     /// `hookctl` run by the OS user `user`, with no `--actor`.
@@ -172,7 +173,10 @@ async fn run(args: &[&str], env: &[(&str, &str)]) -> Out {
         .env_remove("DATABASE_URL")
         .env_remove("HOOKCTL_FUNCTION")
         .env_remove("HOOKCTL_LAMBDA_ENDPOINT")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("HOOKCTL_ACTOR");
     for (k, v) in env {
         command.env(k, v);
     }
@@ -322,7 +326,14 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
 
     // Replaying before the data is fixed fails again (exit 1); after, it lands (exit 0).
     let again = db
-        .hookctl(&["dead-letters", "replay", "--id", &id.to_string()])
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--id",
+            &id.to_string(),
+            "--reason",
+            "try it",
+        ])
         .await;
     assert_eq!(again.code, Some(1), "{}{}", again.stdout, again.stderr);
     assert_eq!(
@@ -330,7 +341,9 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
         "selected 1, replayed 0, failed again 1, skipped 0\n"
     );
     db.fix("evt_4", &body).await;
-    let replayed = db.hookctl(&["dead-letters", "replay"]).await;
+    let replayed = db
+        .hookctl(&["dead-letters", "replay", "--all", "--reason", "data fixed"])
+        .await;
     ok(&replayed);
     assert_eq!(
         replayed.stdout,
@@ -351,7 +364,13 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
         .as_i64()
         .unwrap();
     let discard = db
-        .hookctl(&["dead-letters", "discard", &id.to_string()])
+        .hookctl(&[
+            "dead-letters",
+            "discard",
+            &id.to_string(),
+            "--reason",
+            "not wanted",
+        ])
         .await;
     ok(&discard);
     assert_eq!(discard.stdout, format!("dead letter {id} discarded\n"));
@@ -442,6 +461,18 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
     assert_eq!(gaps.stdout, "no open gaps\n");
 }
 
+/// A change nobody can be named for is refused before anything is sent.
+#[tokio::test]
+async fn a_change_without_anyone_to_name_is_refused() {
+    let nobody = run(
+        &["dead-letters", "discard", "7", "--reason", "not wanted"],
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")],
+    )
+    .await;
+    assert_eq!(nobody.code, Some(2), "{nobody:?}");
+    assert!(nobody.stderr.contains("--actor"), "{}", nobody.stderr);
+}
+
 #[tokio::test]
 async fn status_exits_2_when_it_cannot_tell() {
     let down = run(
@@ -477,7 +508,16 @@ async fn a_replay_of_many_goes_in_chunks_and_counts_them_all(
     for (id, body) in &bodies {
         db.fix(id, body).await;
     }
-    let replayed = db.hookctl(&["dead-letters", "replay", "--json"]).await;
+    let replayed = db
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "data fixed",
+            "--json",
+        ])
+        .await;
     ok(&replayed);
     assert_eq!(
         replayed.json(),
@@ -563,6 +603,7 @@ async fn through(endpoint: &str, args: &[&str]) -> Out {
                 "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
             ),
             ("AWS_EC2_METADATA_DISABLED", "true"),
+            ("USER", "oncall"),
         ],
     )
     .await
@@ -612,13 +653,29 @@ async fn every_command_answers_through_the_operator_function(
         "{}",
         show.stdout
     );
-    let replay = through(&endpoint, &["dead-letters", "replay"]).await;
+    let replay = through(
+        &endpoint,
+        &["dead-letters", "replay", "--all", "--reason", "try it", "--actor", "bob"],
+    )
+    .await;
     assert_eq!(replay.code, Some(1));
     assert_eq!(
         replay.stdout,
         "selected 1, replayed 0, failed again 1, skipped 0\n"
     );
-    ok(&through(&endpoint, &["dead-letters", "discard", &id.to_string()]).await);
+    ok(&through(
+        &endpoint,
+        &[
+            "dead-letters",
+            "discard",
+            &id.to_string(),
+            "--reason",
+            "not wanted",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await);
     ok(&through(&endpoint, &["status"]).await);
 
     ok(&through(&endpoint, &["runs", "list", "--job", "anomaly"]).await);
@@ -980,7 +1037,20 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     };
     let (first, second, third) = (id_of("evt_1"), id_of("evt_2"), id_of("evt_3"));
 
-    let resent = through(&endpoint, &["outbox", "resend", "--id", &first.to_string()]).await;
+    let resent = through(
+        &endpoint,
+        &[
+            "outbox",
+            "resend",
+            "--id",
+            &first.to_string(),
+            "--reason",
+            "target is back",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await;
     ok(&resent);
     assert_eq!(
         resent.stdout,
@@ -988,7 +1058,16 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     );
     let discarded = through(
         &endpoint,
-        &["outbox", "discard", &second.to_string(), &first.to_string()],
+        &[
+            "outbox",
+            "discard",
+            &second.to_string(),
+            &first.to_string(),
+            "--reason",
+            "order cancelled",
+            "--actor",
+            "bob",
+        ],
     )
     .await;
     assert_eq!(discarded.code, Some(1), "{discarded:?}");
@@ -1000,7 +1079,33 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     assert_eq!(left["failed_outbox"].as_array().unwrap().len(), 1);
     assert_eq!(left["failed_outbox"][0]["outbox_id"], third);
 
-    ok(&db.hookctl(&["outbox", "discard", &third.to_string()]).await);
+    ok(&db
+        .hookctl_by(
+            "carol",
+            &["outbox", "discard", &third.to_string(), "--reason", "duplicate"],
+        )
+        .await);
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        db.actions().await,
+        vec![
+            (s("resend_outbox"), s("bob"), s("target is back"), s("function"), serde_json::json!([first])),
+            (s("discard_outbox"), s("bob"), s("order cancelled"), s("function"), serde_json::json!([second])),
+            (s("discard_outbox"), s("carol"), s("duplicate"), s("hookctl"), serde_json::json!([third])),
+        ]
+    );
+    let listed = db.hookctl(&["actions", "list", "--json"]).await;
+    ok(&listed);
+    let newest = &listed.json()["actions"][0];
+    assert_eq!(newest["actor"], "carol");
+    assert_eq!(newest["request"]["outbox_ids"], serde_json::json!([third]));
+    let table = through(&endpoint, &["actions", "list"]).await;
+    ok(&table);
+    assert!(
+        table.stdout.lines().nth(1).is_some_and(|l| l.contains("discard_outbox") && l.contains("carol")),
+        "{}",
+        table.stdout
+    );
     let statuses: Vec<(i64, String)> =
         sqlx::query_as("SELECT outbox_id, status FROM outbox ORDER BY outbox_id")
             .fetch_all(&db.pool)

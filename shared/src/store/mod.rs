@@ -12,6 +12,7 @@ pub mod gaps;
 pub mod ingest_anomalies;
 pub mod maintenance_runs;
 pub mod orders;
+pub mod operator_actions;
 pub mod outbox;
 pub mod reconcile;
 pub mod retention;
