@@ -611,7 +611,10 @@ fn the_operator_function_may_be_invoked_by_the_named_principals_only() {
             reference(&p["Properties"]["FunctionName"]).as_deref() == Some("OperatorFunction")
         })
         .collect();
-    assert!(!grants.is_empty(), "no resource policy on the operator function");
+    assert!(
+        !grants.is_empty(),
+        "no resource policy on the operator function"
+    );
     for (name, grant) in &grants {
         let properties = &grant["Properties"];
         assert_eq!(

@@ -170,18 +170,31 @@ async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: P
         assert_eq!(error.error_type, "BadRequest", "{}", error.error_message);
         error.error_message
     };
-    let everything = refused(serde_json::json!({"action": "replay", "filter": {}, "actor": "alice", "reason": "fixed"})).await;
+    let everything = refused(
+        serde_json::json!({"action": "replay", "filter": {}, "actor": "alice", "reason": "fixed"}),
+    )
+    .await;
     assert!(everything.contains(r#""all": true"#), "{everything}");
-    let resend = refused(serde_json::json!({"action": "resend_outbox", "actor": "alice", "reason": "fixed"})).await;
+    let resend = refused(
+        serde_json::json!({"action": "resend_outbox", "actor": "alice", "reason": "fixed"}),
+    )
+    .await;
     assert!(resend.contains(r#""all": true"#), "{resend}");
-    let anonymous = refused(serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "reason": "fixed"})).await;
+    let anonymous = refused(
+        serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "reason": "fixed"}),
+    )
+    .await;
     assert!(anonymous.contains("actor"), "{anonymous}");
     let unexplained = refused(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "discarded", "actor": "alice"})).await;
     assert!(unexplained.contains("reason"), "{unexplained}");
     let blank = refused(serde_json::json!({"action": "discard_outbox", "outbox_ids": [1], "actor": " ", "reason": "x"})).await;
     assert!(blank.contains("actor"), "{blank}");
     assert_eq!(
-        scalar(&pool, "SELECT count(*) FROM dead_letters WHERE status = 'new'").await,
+        scalar(
+            &pool,
+            "SELECT count(*) FROM dead_letters WHERE status = 'new'"
+        )
+        .await,
         1
     );
 
@@ -197,7 +210,9 @@ async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: P
         .unwrap();
     assert!(stored["stripe-signature"].is_string(), "{stored}");
     assert!(
-        shown["dead_letter"]["headers"].get("stripe-signature").is_none(),
+        shown["dead_letter"]["headers"]
+            .get("stripe-signature")
+            .is_none(),
         "{shown}"
     );
     assert_eq!(
@@ -226,7 +241,12 @@ async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: P
     .await
     .unwrap();
     assert_eq!(
-        (action.as_str(), actor.as_str(), reason.as_str(), via.as_str()),
+        (
+            action.as_str(),
+            actor.as_str(),
+            reason.as_str(),
+            via.as_str()
+        ),
         ("replay", "alice", "upstream fixed", "function")
     );
     assert_eq!(affected, serde_json::json!([id]));

@@ -485,13 +485,13 @@ pub async fn outbox(backend: &Backend, json: bool, action: OutboxAction) -> Exit
                     reason: Some(decision.reason),
                 })
                 .await
-            .map(|r| {
-                show(json, &r, |r| {
-                    format!(
-                        "resent {} message(s){}: the next outbox run sends them\n",
-                        r.resent.len(),
-                        ids(&r.resent)
-                    )
+                .map(|r| {
+                    show(json, &r, |r| {
+                        format!(
+                            "resent {} message(s){}: the next outbox run sends them\n",
+                            r.resent.len(),
+                            ids(&r.resent)
+                        )
                     });
                     0
                 })
@@ -511,21 +511,21 @@ pub async fn outbox(backend: &Backend, json: bool, action: OutboxAction) -> Exit
                     reason: Some(decision.reason),
                 })
                 .await
-            .map(|d| {
-                show(json, &d, |d| {
-                    let mut out = format!(
-                        "discarded {} message(s){}\n",
-                        d.discarded.len(),
-                        ids(&d.discarded)
-                    );
-                    if !d.not_failed.is_empty() {
-                        out.push_str(&format!(
-                            "not failed, left as they were{}\n",
-                            ids(&d.not_failed)
-                        ));
-                    }
-                    out
-                });
+                .map(|d| {
+                    show(json, &d, |d| {
+                        let mut out = format!(
+                            "discarded {} message(s){}\n",
+                            d.discarded.len(),
+                            ids(&d.discarded)
+                        );
+                        if !d.not_failed.is_empty() {
+                            out.push_str(&format!(
+                                "not failed, left as they were{}\n",
+                                ids(&d.not_failed)
+                            ));
+                        }
+                        out
+                    });
                     u8::from(!d.not_failed.is_empty())
                 })
         }
@@ -563,25 +563,25 @@ pub async fn tombstones(backend: &Backend, json: bool, action: TombstonesAction)
         } => match decision.actor() {
             Err(e) => Err(e),
             Ok(actor) => backend
-            .call::<Tombstoned>(&OperatorRequest::Tombstone {
-                tenant_id: tenant,
-                source_id: source,
-                external_id,
-                sequence,
-                reason: Some(decision.reason),
-                actor: Some(actor),
-            })
-            .await
-            .map(|t| {
-                show(json, &t, |t| {
-                    if t.created {
-                        format!("tombstoned {}\n", t.external_id)
-                    } else {
-                        format!("{} was already tombstoned\n", t.external_id)
-                    }
-                });
-                0
-            }),
+                .call::<Tombstoned>(&OperatorRequest::Tombstone {
+                    tenant_id: tenant,
+                    source_id: source,
+                    external_id,
+                    sequence,
+                    reason: Some(decision.reason),
+                    actor: Some(actor),
+                })
+                .await
+                .map(|t| {
+                    show(json, &t, |t| {
+                        if t.created {
+                            format!("tombstoned {}\n", t.external_id)
+                        } else {
+                            format!("{} was already tombstoned\n", t.external_id)
+                        }
+                    });
+                    0
+                }),
         },
         TombstonesAction::List { source, limit } => {
             let request = OperatorRequest::ListTombstones {

@@ -9,9 +9,9 @@ use shared::drain::ReplayOutcome;
 use shared::status::{StatusReport, Verdict};
 use shared::store::anomaly::StoredResult;
 use shared::store::dead_letters::{DeadLetter, DeadLetterDetail};
-use shared::store::operator_actions::RecordedAction;
 use shared::store::gaps::{OpenGap, Tombstone};
 use shared::store::maintenance_runs::RunRecord;
+use shared::store::operator_actions::RecordedAction;
 use shared::store::outbox::FailedMessage;
 
 fn table(header: &[&str]) -> Table {

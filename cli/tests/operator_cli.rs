@@ -655,7 +655,15 @@ async fn every_command_answers_through_the_operator_function(
     );
     let replay = through(
         &endpoint,
-        &["dead-letters", "replay", "--all", "--reason", "try it", "--actor", "bob"],
+        &[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "try it",
+            "--actor",
+            "bob",
+        ],
     )
     .await;
     assert_eq!(replay.code, Some(1));
@@ -795,7 +803,14 @@ async fn an_empty_filter_is_refused_unless_all_is_given(
     assert_eq!(db.letter_ids().await.len(), 2, "nothing was replayed");
 
     let all = db
-        .hookctl(&["dead-letters", "replay", "--all", "--reason", "fixed upstream", "--json"])
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "fixed upstream",
+            "--json",
+        ])
         .await;
     ok(&all);
     assert_eq!(
@@ -826,7 +841,11 @@ async fn every_state_change_records_who_asked_and_why(
         .hookctl(&["dead-letters", "replay", "--id", &one.to_string()])
         .await;
     assert_eq!(unexplained.code, Some(2), "{unexplained:?}");
-    assert!(unexplained.stderr.contains("--reason"), "{}", unexplained.stderr);
+    assert!(
+        unexplained.stderr.contains("--reason"),
+        "{}",
+        unexplained.stderr
+    );
     let unexplained = db
         .hookctl(&["dead-letters", "discard", &two.to_string()])
         .await;
@@ -853,7 +872,13 @@ async fn every_state_change_records_who_asked_and_why(
     let discarded = db
         .hookctl_by(
             "carol",
-            &["dead-letters", "discard", &two.to_string(), "--reason", "a test event"],
+            &[
+                "dead-letters",
+                "discard",
+                &two.to_string(),
+                "--reason",
+                "a test event",
+            ],
         )
         .await;
     ok(&discarded);
@@ -876,8 +901,16 @@ async fn every_state_change_records_who_asked_and_why(
         .hookctl_by(
             "dave",
             &[
-                "tombstones", "add", "--tenant", "acme", "--source", "pay", "--id", "evt_gone",
-                "--reason", "deleted in the dashboard",
+                "tombstones",
+                "add",
+                "--tenant",
+                "acme",
+                "--source",
+                "pay",
+                "--id",
+                "evt_gone",
+                "--reason",
+                "deleted in the dashboard",
             ],
         )
         .await;
@@ -887,29 +920,51 @@ async fn every_state_change_records_who_asked_and_why(
     assert_eq!(
         db.actions().await,
         vec![
-            (s("replay"), s("alice"), s("payload restored"), s("hookctl"), serde_json::json!([one])),
-            (s("set_dead_letter_status"), s("carol"), s("a test event"), s("hookctl"), serde_json::json!([two])),
-            (s("replay"), s("bob"), s("try once more"), s("function"), serde_json::json!([three])),
-            (s("tombstone"), s("dave"), s("deleted in the dashboard"), s("hookctl"), serde_json::json!(["evt_gone"])),
+            (
+                s("replay"),
+                s("alice"),
+                s("payload restored"),
+                s("hookctl"),
+                serde_json::json!([one])
+            ),
+            (
+                s("set_dead_letter_status"),
+                s("carol"),
+                s("a test event"),
+                s("hookctl"),
+                serde_json::json!([two])
+            ),
+            (
+                s("replay"),
+                s("bob"),
+                s("try once more"),
+                s("function"),
+                serde_json::json!([three])
+            ),
+            (
+                s("tombstone"),
+                s("dave"),
+                s("deleted in the dashboard"),
+                s("hookctl"),
+                serde_json::json!(["evt_gone"])
+            ),
         ]
     );
-    let (outcome, invocation): (Value, Value) = sqlx::query_as(
-        "SELECT outcome, invocation FROM operator_actions WHERE actor = 'alice'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let (outcome, invocation): (Value, Value) =
+        sqlx::query_as("SELECT outcome, invocation FROM operator_actions WHERE actor = 'alice'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(
         outcome,
         serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
     );
     assert_eq!(invocation, serde_json::json!({}));
-    let (outcome, invocation): (Value, Value) = sqlx::query_as(
-        "SELECT outcome, invocation FROM operator_actions WHERE actor = 'bob'",
-    )
-    .fetch_one(&db.pool)
-    .await
-    .unwrap();
+    let (outcome, invocation): (Value, Value) =
+        sqlx::query_as("SELECT outcome, invocation FROM operator_actions WHERE actor = 'bob'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
     assert_eq!(outcome["failed"], 1);
     assert!(
         invocation["request_id"]
@@ -956,7 +1011,10 @@ async fn show_withholds_the_signature_headers(
         through(&endpoint, &["dead-letters", "show", &id, "--json"]).await,
         through(
             &endpoint,
-            &["operator", &format!(r#"{{"action":"show_dead_letter","dead_letter_id":{id}}}"#)],
+            &[
+                "operator",
+                &format!(r#"{{"action":"show_dead_letter","dead_letter_id":{id}}}"#),
+            ],
         )
         .await,
     ] {
@@ -964,7 +1022,10 @@ async fn show_withholds_the_signature_headers(
         assert!(!shown.stdout.contains(&signature), "{}", shown.stdout);
         let letter = &shown.json()["dead_letter"];
         assert_eq!(letter["headers"], serde_json::json!({}), "{letter}");
-        assert_eq!(letter["withheld_headers"], serde_json::json!(["stripe-signature"]));
+        assert_eq!(
+            letter["withheld_headers"],
+            serde_json::json!(["stripe-signature"])
+        );
     }
     let table = db.hookctl(&["dead-letters", "show", &id]).await;
     ok(&table);
@@ -1082,16 +1143,40 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     ok(&db
         .hookctl_by(
             "carol",
-            &["outbox", "discard", &third.to_string(), "--reason", "duplicate"],
+            &[
+                "outbox",
+                "discard",
+                &third.to_string(),
+                "--reason",
+                "duplicate",
+            ],
         )
         .await);
     let s = |v: &str| v.to_owned();
     assert_eq!(
         db.actions().await,
         vec![
-            (s("resend_outbox"), s("bob"), s("target is back"), s("function"), serde_json::json!([first])),
-            (s("discard_outbox"), s("bob"), s("order cancelled"), s("function"), serde_json::json!([second])),
-            (s("discard_outbox"), s("carol"), s("duplicate"), s("hookctl"), serde_json::json!([third])),
+            (
+                s("resend_outbox"),
+                s("bob"),
+                s("target is back"),
+                s("function"),
+                serde_json::json!([first])
+            ),
+            (
+                s("discard_outbox"),
+                s("bob"),
+                s("order cancelled"),
+                s("function"),
+                serde_json::json!([second])
+            ),
+            (
+                s("discard_outbox"),
+                s("carol"),
+                s("duplicate"),
+                s("hookctl"),
+                serde_json::json!([third])
+            ),
         ]
     );
     let listed = db.hookctl(&["actions", "list", "--json"]).await;
@@ -1102,7 +1187,11 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     let table = through(&endpoint, &["actions", "list"]).await;
     ok(&table);
     assert!(
-        table.stdout.lines().nth(1).is_some_and(|l| l.contains("discard_outbox") && l.contains("carol")),
+        table
+            .stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("discard_outbox") && l.contains("carol")),
         "{}",
         table.stdout
     );

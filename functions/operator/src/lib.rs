@@ -19,9 +19,14 @@ pub async fn handler(
     };
     // Boxed: the replay path's future is deep enough to overflow the compiler's layout query
     // depth in `main` (seen in the release build).
-    Box::pin(operator::handle_invoked(pool, registry, request, &invocation))
-        .await
-        .map_err(diagnostic)
+    Box::pin(operator::handle_invoked(
+        pool,
+        registry,
+        request,
+        &invocation,
+    ))
+    .await
+    .map_err(diagnostic)
 }
 
 /// What Lambda tells the function about an invocation, recorded with each state change: the

@@ -221,7 +221,10 @@ pub fn signature_headers(scheme: Scheme) -> &'static [&'static str] {
 pub fn mac_headers(scheme: Scheme) -> &'static [&'static str] {
     match scheme {
         Scheme::Stripe => &[stripe::SIGNATURE],
-        Scheme::StandardWebhooks => &[standard_webhooks::SIGNATURE, standard_webhooks::SVIX_SIGNATURE],
+        Scheme::StandardWebhooks => &[
+            standard_webhooks::SIGNATURE,
+            standard_webhooks::SVIX_SIGNATURE,
+        ],
         Scheme::Github => &[github::SIGNATURE],
         Scheme::Shopify => &[shopify::SIGNATURE],
         Scheme::Slack => &[slack::SIGNATURE],
@@ -367,11 +370,21 @@ mod tests {
             let secret = secret_for(scheme);
             let mut headers = signed(scheme, secret, NOW, b"{}");
             let names: Vec<String> = headers.keys().map(|n| n.as_str().to_owned()).collect();
-            assert!(names.iter().any(|n| is_signature_header(n)), "{scheme}: {names:?}");
+            assert!(
+                names.iter().any(|n| is_signature_header(n)),
+                "{scheme}: {names:?}"
+            );
             for name in names.iter().filter(|n| is_signature_header(n)) {
                 headers.remove(name.as_str());
             }
-            let refused = verify(scheme, &headers, b"{}", &secrets(secret, None), FIVE_MINUTES, NOW);
+            let refused = verify(
+                scheme,
+                &headers,
+                b"{}",
+                &secrets(secret, None),
+                FIVE_MINUTES,
+                NOW,
+            );
             assert!(
                 matches!(refused, Err(VerifyError::MissingHeader { .. })),
                 "{scheme}: {refused:?}"
