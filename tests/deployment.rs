@@ -637,3 +637,51 @@ fn every_function_knows_its_deadline_and_where_the_database_is() {
         );
     }
 }
+
+/// The operator function's resource policy names who may invoke it: one grant per principal
+/// of the `OperatorPrincipals` parameter (the stack's own account when it is empty), each for
+/// lambda:InvokeFunction only, and no other permission on the function.
+#[test]
+fn the_operator_function_may_be_invoked_by_the_named_principals_only() {
+    let t = template();
+    let parameter = &t["Parameters"]["OperatorPrincipals"];
+    assert_eq!(parameter["Type"].as_str(), Some("CommaDelimitedList"));
+    assert_eq!(parameter["Default"].as_str(), Some(""));
+    let grants: Vec<(String, Value)> = of_type(&t, "AWS::Lambda::Permission")
+        .into_iter()
+        .filter(|(_, p)| {
+            reference(&p["Properties"]["FunctionName"]).as_deref() == Some("OperatorFunction")
+        })
+        .collect();
+    assert!(
+        !grants.is_empty(),
+        "no resource policy on the operator function"
+    );
+    for (name, grant) in &grants {
+        let properties = &grant["Properties"];
+        assert_eq!(
+            properties["Action"].as_str(),
+            Some("lambda:InvokeFunction"),
+            "{name}"
+        );
+        assert!(
+            format!("{:?}", properties["Principal"]).contains("OperatorPrincipals"),
+            "{name}: the principal comes from OperatorPrincipals: {:?}",
+            properties["Principal"]
+        );
+    }
+    // The first grant always exists (the account itself by default); the others only when the
+    // list names that many.
+    let unconditional = grants
+        .iter()
+        .filter(|(_, g)| g["Condition"].as_str().is_none())
+        .count();
+    assert_eq!(unconditional, 1, "{grants:?}");
+    for (name, grant) in grants.iter().filter(|(_, g)| g["Condition"].is_string()) {
+        let condition = grant["Condition"].as_str().unwrap();
+        assert!(
+            !t["Conditions"][condition].is_null(),
+            "{name}: condition {condition} is defined"
+        );
+    }
+}

@@ -97,13 +97,13 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         .as_i64()
         .unwrap();
     assert_eq!(listed["dead_letters"][0]["external_id"], "evt_dl");
-    let triaged = serde_json::to_value(invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "investigating"})).await.unwrap()).unwrap();
+    let triaged = serde_json::to_value(invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "investigating", "actor": "alice", "reason": "upstream timeouts"})).await.unwrap()).unwrap();
     assert_eq!(triaged["status"], "investigating");
     let bad = invoke(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "replayed"})).await.unwrap_err();
     assert_eq!(bad.error_type, "BadRequest");
 
     let replayed = serde_json::to_value(
-        invoke(serde_json::json!({"action": "replay", "filter": {"error_contains": "timeout"}}))
+        invoke(serde_json::json!({"action": "replay", "filter": {"error_contains": "timeout"}, "actor": "alice", "reason": "upstream is back"}))
             .await
             .unwrap(),
     )
@@ -113,7 +113,7 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
     );
     let again = serde_json::to_value(
-        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}}))
+        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "actor": "alice", "reason": "once more"}))
             .await
             .unwrap(),
     )
@@ -130,6 +130,130 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
         )
         .await,
         1
+    );
+}
+
+/// Invoked directly (`aws lambda invoke`, no hookctl in front), the operator function still
+/// refuses a change without an actor or a reason and a replay with no filter unless `all`, and
+/// records what Lambda said about the invocation beside the claimed actor. `show_dead_letter`
+/// withholds the signature headers.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_order(&pool, "ord-1", "REF-1", 100, "eur").await;
+    let d = payment("evt_dl", "ord-1", "REF-1", 100, "eur");
+    app.post("stripe", d.headers, &d.body).await;
+    sqlx::query(
+        "WITH q AS (DELETE FROM event_queue RETURNING tenant_id, external_id), \
+              e AS (UPDATE webhook_events SET status = 'dead_lettered', attempts = 8 WHERE external_id = 'evt_dl' RETURNING *) \
+         INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
+         SELECT tenant_id, external_id, source_id, event_type, payload, headers, 'retryable: upstream timeout', 'exhausted', attempts FROM e",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let id: i64 = sqlx::query_scalar("SELECT dead_letter_id FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let registry = EffectRegistry::standard();
+    let invoke = |json: serde_json::Value| {
+        let mut context = Context::default();
+        context.request_id = "8f5e2c1a-request".into();
+        context.invoked_function_arn =
+            "arn:aws:lambda:us-east-1:123456789012:function:webhooks-operator".into();
+        operator::handler(LambdaEvent::new(json, context), &pool, &registry)
+    };
+
+    let refused = |json: serde_json::Value| async move {
+        let error = invoke(json).await.unwrap_err();
+        assert_eq!(error.error_type, "BadRequest", "{}", error.error_message);
+        error.error_message
+    };
+    let everything = refused(
+        serde_json::json!({"action": "replay", "filter": {}, "actor": "alice", "reason": "fixed"}),
+    )
+    .await;
+    assert!(everything.contains(r#""all": true"#), "{everything}");
+    let resend = refused(
+        serde_json::json!({"action": "resend_outbox", "actor": "alice", "reason": "fixed"}),
+    )
+    .await;
+    assert!(resend.contains(r#""all": true"#), "{resend}");
+    let anonymous = refused(
+        serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "reason": "fixed"}),
+    )
+    .await;
+    assert!(anonymous.contains("actor"), "{anonymous}");
+    let unexplained = refused(serde_json::json!({"action": "set_dead_letter_status", "dead_letter_id": id, "status": "discarded", "actor": "alice"})).await;
+    assert!(unexplained.contains("reason"), "{unexplained}");
+    let blank = refused(serde_json::json!({"action": "discard_outbox", "outbox_ids": [1], "actor": " ", "reason": "x"})).await;
+    assert!(blank.contains("actor"), "{blank}");
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM dead_letters WHERE status = 'new'"
+        )
+        .await,
+        1
+    );
+
+    let shown = serde_json::to_value(
+        invoke(serde_json::json!({"action": "show_dead_letter", "dead_letter_id": id}))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let stored: serde_json::Value = sqlx::query_scalar("SELECT headers FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(stored["stripe-signature"].is_string(), "{stored}");
+    assert!(
+        shown["dead_letter"]["headers"]
+            .get("stripe-signature")
+            .is_none(),
+        "{shown}"
+    );
+    assert_eq!(
+        shown["dead_letter"]["withheld_headers"],
+        serde_json::json!(["stripe-signature"])
+    );
+
+    let replayed = serde_json::to_value(
+        invoke(serde_json::json!({"action": "replay", "filter": {"ids": [id]}, "actor": "alice", "reason": "upstream fixed"}))
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(replayed["replayed"], 1);
+    let (action, actor, reason, via, invocation, affected): (
+        String,
+        String,
+        String,
+        String,
+        serde_json::Value,
+        serde_json::Value,
+    ) = sqlx::query_as(
+        "SELECT action, actor, reason, via, invocation, affected FROM operator_actions",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (
+            action.as_str(),
+            actor.as_str(),
+            reason.as_str(),
+            via.as_str()
+        ),
+        ("replay", "alice", "upstream fixed", "function")
+    );
+    assert_eq!(affected, serde_json::json!([id]));
+    assert_eq!(invocation["request_id"], "8f5e2c1a-request");
+    assert_eq!(
+        invocation["invoked_function_arn"],
+        "arn:aws:lambda:us-east-1:123456789012:function:webhooks-operator"
     );
 }
 

@@ -722,7 +722,8 @@ async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
             // The bug is fixed: the day-1 letter, its payload long purged, is replayed.
             p.poison.broken.lock().unwrap().remove("poison-a");
             let request = shared::operator::parse(serde_json::json!({
-                "action": "replay", "filter": {"error_contains": "poison-a"}
+                "action": "replay", "filter": {"error_contains": "poison-a"},
+                "actor": "alice", "reason": "the poison-a bug is fixed"
             }))
             .unwrap();
             let replayed = shared::operator::handle(&pool, &p.registry, request)

@@ -556,7 +556,7 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     // The target is fixed; two are wanted.
     let resent = operator(
         &pool,
-        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}}),
+        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}, "actor": "alice", "reason": "the fix is deployed"}),
     )
     .await;
     assert_eq!(ids(&resent, "resent"), vec![all[0], all[1]]);
@@ -571,7 +571,7 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     );
     let again = operator(
         &pool,
-        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}}),
+        serde_json::json!({"action": "resend_outbox", "filter": {"ids": [all[0], all[1]]}, "actor": "alice", "reason": "the fix is deployed"}),
     )
     .await;
     assert_eq!(
@@ -612,7 +612,7 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     // The third is not wanted; the first is delivered and cannot be discarded.
     let discarded = operator(
         &pool,
-        serde_json::json!({"action": "discard_outbox", "outbox_ids": [all[2], all[0]]}),
+        serde_json::json!({"action": "discard_outbox", "outbox_ids": [all[2], all[0]], "actor": "alice", "reason": "the fix is deployed"}),
     )
     .await;
     assert_eq!(ids(&discarded, "discarded"), vec![all[2]]);
@@ -628,7 +628,7 @@ async fn a_failed_message_waits_for_an_operator_who_resends_or_discards_it(pool:
     );
     let resend_discarded = operator(
         &pool,
-        serde_json::json!({"action": "resend_outbox", "filter": {}}),
+        serde_json::json!({"action": "resend_outbox", "filter": {}, "all": true, "actor": "alice", "reason": "the fix is deployed"}),
     )
     .await;
     assert_eq!(

@@ -80,7 +80,15 @@ impl Backend {
     ) -> Result<serde_json::Value, CallError> {
         match self {
             Backend::Direct { pool, registry } => {
-                match Box::pin(operator::handle(pool, registry, request.clone())).await {
+                let invocation = operator::Invocation::via(operator::Via::Hookctl);
+                match Box::pin(operator::handle_invoked(
+                    pool,
+                    registry,
+                    request.clone(),
+                    &invocation,
+                ))
+                .await
+                {
                     Ok(response) => serde_json::to_value(response)
                         .map_err(|e| CallError::Unexpected(e.to_string())),
                     Err(OperatorError::BadRequest(message)) => Err(CallError::BadRequest(message)),

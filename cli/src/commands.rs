@@ -1,5 +1,8 @@
 //! The operator's commands: `status`, `dead-letters`, `outbox`, `tombstones`, `gaps`, `runs`,
-//! `checks`.
+//! `checks`, `actions`.
+//! A command that changes state (replay, discard, resend, tombstone) needs `--reason`, and
+//! sends who asks (`--actor`, else the OS user); both are recorded with the change. A replay or
+//! resend without a filter refuses unless `--all` is given.
 //! Each builds an operator request, sends it through a [`Backend`] and renders the answer: a
 //! table for people, `--json` for scripts. Exit codes: 0 all accounted for (or done), 1 needs a
 //! human (or something failed again), 2 could not tell.
@@ -15,6 +18,7 @@ use shared::store::anomaly::StoredResult;
 use shared::store::dead_letters::{DeadLetter, DeadLetterDetail, ReplayFilter};
 use shared::store::gaps::{OpenGap, Tombstone};
 use shared::store::maintenance_runs::RunRecord;
+use shared::store::operator_actions::RecordedAction;
 use shared::store::outbox::{FailedFilter, FailedMessage};
 
 use crate::backend::{Backend, CallError};
@@ -61,18 +65,62 @@ impl LetterFilter {
     }
 }
 
+/// Who asks for a change and why: sent with it, recorded with it in `operator_actions`.
+#[derive(Args, Debug, Clone)]
+pub struct Decision {
+    /// Why (recorded with the change).
+    #[arg(long)]
+    pub reason: String,
+    /// Who asks (recorded as given; default: the OS user, $USER or $LOGNAME).
+    #[arg(long, env = "HOOKCTL_ACTOR", visible_alias = "operator")]
+    pub actor: Option<String>,
+}
+
+impl Decision {
+    /// `--actor`, else the OS user.
+    fn actor(&self) -> Result<String, CallError> {
+        self.actor
+            .clone()
+            .or_else(|| std::env::var("USER").ok())
+            .or_else(|| std::env::var("LOGNAME").ok())
+            .filter(|a| !a.trim().is_empty())
+            .ok_or_else(|| {
+                CallError::BadRequest(
+                    "who asks? no --actor (HOOKCTL_ACTOR) and no OS user ($USER, $LOGNAME)".into(),
+                )
+            })
+    }
+}
+
+/// Refused locally, before anything is sent: exit 2 with the reason.
+fn refuse(message: &str) -> Exit {
+    eprintln!("hookctl: {message}");
+    2
+}
+
 #[derive(Subcommand, Debug)]
 pub enum DeadLettersAction {
     /// Open dead letters (new, investigating), oldest first.
     List(LetterFilter),
-    /// One dead letter with its error, headers and payload.
+    /// One dead letter with its error, headers (signatures withheld) and payload.
     Show { id: i64 },
-    /// Replay the matching open letters through the normal processing path.
-    Replay(LetterFilter),
+    /// Replay the matching open letters through the normal processing path. Without a filter,
+    /// only with --all.
+    Replay {
+        #[command(flatten)]
+        filter: LetterFilter,
+        /// Replay every open letter (no filter).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        decision: Decision,
+    },
     /// Close letters without replaying them (the event is not wanted).
     Discard {
         #[arg(required = true)]
         ids: Vec<i64>,
+        #[command(flatten)]
+        decision: Decision,
     },
 }
 
@@ -113,11 +161,22 @@ pub enum OutboxAction {
     List(OutboxFilter),
     /// Send the matching failed messages again, once the target is fixed: due at once, with a
     /// fresh attempt budget and the same Idempotency-Key. The outbox function sends them.
-    Resend(OutboxFilter),
+    /// Without a filter, only with --all.
+    Resend {
+        #[command(flatten)]
+        filter: OutboxFilter,
+        /// Resend every failed message (no filter).
+        #[arg(long)]
+        all: bool,
+        #[command(flatten)]
+        decision: Decision,
+    },
     /// Close failed messages whose effect is not wanted: never sent, no longer a finding.
     Discard {
         #[arg(required = true)]
         ids: Vec<i64>,
+        #[command(flatten)]
+        decision: Decision,
     },
 }
 
@@ -132,11 +191,9 @@ pub enum TombstonesAction {
         /// The event's external id.
         #[arg(long = "id")]
         external_id: String,
-        #[arg(long)]
-        reason: String,
-        /// Who decided (recorded as operator:<name>).
-        #[arg(long, env = "USER")]
-        operator: String,
+        /// Who decided is recorded on the tombstone as operator:<actor>.
+        #[command(flatten)]
+        decision: Decision,
         /// The sequence number, on a sequence source (read from the id when omitted).
         #[arg(long)]
         sequence: Option<i64>,
@@ -146,6 +203,15 @@ pub enum TombstonesAction {
         #[arg(long)]
         source: Option<String>,
         #[arg(long, default_value_t = 100)]
+        limit: i64,
+    },
+}
+
+#[derive(Subcommand, Debug)]
+pub enum ActionsAction {
+    /// The recorded state changes, newest first: who asked, why, what they touched.
+    List {
+        #[arg(long, default_value_t = 20)]
         limit: i64,
     },
 }
@@ -271,8 +337,23 @@ pub async fn dead_letters(backend: &Backend, json: bool, action: DeadLettersActi
                 show(json, &l, |l| render::dead_letter(&l.dead_letter));
                 0
             }),
-        DeadLettersAction::Replay(filter) => replay(backend, json, &filter).await,
-        DeadLettersAction::Discard { ids } => {
+        DeadLettersAction::Replay {
+            filter,
+            all,
+            decision,
+        } => {
+            if filter.to_filter().is_empty() && !all {
+                return refuse(
+                    "no filter: this would replay every open dead letter; narrow it (--id, --tenant, --event-type, --error-contains, --since, --until) or give --all",
+                );
+            }
+            replay(backend, json, &filter, &decision).await
+        }
+        DeadLettersAction::Discard { ids, decision } => {
+            let actor = match decision.actor() {
+                Ok(actor) => actor,
+                Err(e) => return fail(e),
+            };
             let mut changed = Vec::new();
             let mut result = Ok(0);
             for id in ids {
@@ -280,6 +361,8 @@ pub async fn dead_letters(backend: &Backend, json: bool, action: DeadLettersActi
                     .call::<Changed>(&OperatorRequest::SetDeadLetterStatus {
                         dead_letter_id: id,
                         status: "discarded".into(),
+                        actor: Some(actor.clone()),
+                        reason: Some(decision.reason.clone()),
                     })
                     .await
                 {
@@ -307,7 +390,14 @@ const REPLAY_CHUNK: usize = 25;
 
 /// Lists the matching letters, then replays them in chunks by id with a progress bar on a
 /// terminal (nothing when stderr is piped). Exit 1 when some failed again.
-async fn replay(backend: &Backend, json: bool, filter: &LetterFilter) -> Result<Exit, CallError> {
+/// Every chunk is recorded as its own action, with the same actor and reason.
+async fn replay(
+    backend: &Backend,
+    json: bool,
+    filter: &LetterFilter,
+    decision: &Decision,
+) -> Result<Exit, CallError> {
+    let actor = decision.actor()?;
     let letters = backend
         .call::<Letters>(&OperatorRequest::ListDeadLetters {
             filter: filter.to_filter(),
@@ -328,6 +418,9 @@ async fn replay(backend: &Backend, json: bool, filter: &LetterFilter) -> Result<
                     ids,
                     ..ReplayFilter::default()
                 },
+                all: false,
+                actor: Some(actor.clone()),
+                reason: Some(decision.reason.clone()),
             })
             .await?;
         total.selected += done.selected;
@@ -369,41 +462,73 @@ pub async fn outbox(backend: &Backend, json: bool, action: OutboxAction) -> Exit
             })
             .await;
         }
-        OutboxAction::Resend(filter) => backend
-            .call::<Resent>(&OperatorRequest::ResendOutbox {
-                filter: filter.to_filter(),
-            })
-            .await
-            .map(|r| {
-                show(json, &r, |r| {
-                    format!(
-                        "resent {} message(s){}: the next outbox run sends them\n",
-                        r.resent.len(),
-                        ids(&r.resent)
-                    )
-                });
-                0
-            }),
-        OutboxAction::Discard { ids: asked } => backend
-            .call::<Discarded>(&OperatorRequest::DiscardOutbox { outbox_ids: asked })
-            .await
-            .map(|d| {
-                show(json, &d, |d| {
-                    let mut out = format!(
-                        "discarded {} message(s){}\n",
-                        d.discarded.len(),
-                        ids(&d.discarded)
-                    );
-                    if !d.not_failed.is_empty() {
-                        out.push_str(&format!(
-                            "not failed, left as they were{}\n",
-                            ids(&d.not_failed)
-                        ));
-                    }
-                    out
-                });
-                u8::from(!d.not_failed.is_empty())
-            }),
+        OutboxAction::Resend {
+            filter,
+            all,
+            decision,
+        } => {
+            let filter = filter.to_filter();
+            if filter.is_empty() && !all {
+                return refuse(
+                    "no filter: this would resend every failed outbox message; narrow it (--id, --tenant, --action, --error-contains) or give --all",
+                );
+            }
+            let actor = match decision.actor() {
+                Ok(actor) => actor,
+                Err(e) => return fail(e),
+            };
+            backend
+                .call::<Resent>(&OperatorRequest::ResendOutbox {
+                    filter,
+                    all,
+                    actor: Some(actor),
+                    reason: Some(decision.reason),
+                })
+                .await
+                .map(|r| {
+                    show(json, &r, |r| {
+                        format!(
+                            "resent {} message(s){}: the next outbox run sends them\n",
+                            r.resent.len(),
+                            ids(&r.resent)
+                        )
+                    });
+                    0
+                })
+        }
+        OutboxAction::Discard {
+            ids: asked,
+            decision,
+        } => {
+            let actor = match decision.actor() {
+                Ok(actor) => actor,
+                Err(e) => return fail(e),
+            };
+            backend
+                .call::<Discarded>(&OperatorRequest::DiscardOutbox {
+                    outbox_ids: asked,
+                    actor: Some(actor),
+                    reason: Some(decision.reason),
+                })
+                .await
+                .map(|d| {
+                    show(json, &d, |d| {
+                        let mut out = format!(
+                            "discarded {} message(s){}\n",
+                            d.discarded.len(),
+                            ids(&d.discarded)
+                        );
+                        if !d.not_failed.is_empty() {
+                            out.push_str(&format!(
+                                "not failed, left as they were{}\n",
+                                ids(&d.not_failed)
+                            ));
+                        }
+                        out
+                    });
+                    u8::from(!d.not_failed.is_empty())
+                })
+        }
     };
     result.unwrap_or_else(fail)
 }
@@ -433,29 +558,31 @@ pub async fn tombstones(backend: &Backend, json: bool, action: TombstonesAction)
             tenant,
             source,
             external_id,
-            reason,
-            operator,
+            decision,
             sequence,
-        } => backend
-            .call::<Tombstoned>(&OperatorRequest::Tombstone {
-                tenant_id: tenant,
-                source_id: source,
-                external_id,
-                sequence,
-                reason,
-                operator,
-            })
-            .await
-            .map(|t| {
-                show(json, &t, |t| {
-                    if t.created {
-                        format!("tombstoned {}\n", t.external_id)
-                    } else {
-                        format!("{} was already tombstoned\n", t.external_id)
-                    }
-                });
-                0
-            }),
+        } => match decision.actor() {
+            Err(e) => Err(e),
+            Ok(actor) => backend
+                .call::<Tombstoned>(&OperatorRequest::Tombstone {
+                    tenant_id: tenant,
+                    source_id: source,
+                    external_id,
+                    sequence,
+                    reason: Some(decision.reason),
+                    actor: Some(actor),
+                })
+                .await
+                .map(|t| {
+                    show(json, &t, |t| {
+                        if t.created {
+                            format!("tombstoned {}\n", t.external_id)
+                        } else {
+                            format!("{} was already tombstoned\n", t.external_id)
+                        }
+                    });
+                    0
+                }),
+        },
         TombstonesAction::List { source, limit } => {
             let request = OperatorRequest::ListTombstones {
                 source_id: source,
@@ -510,6 +637,20 @@ pub async fn checks(backend: &Backend, json: bool, action: ChecksAction) -> Exit
     };
     answer(backend, json, request, |c: &Checks| {
         render::checks(&c.checks)
+    })
+    .await
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct Actions {
+    actions: Vec<RecordedAction>,
+}
+
+pub async fn actions(backend: &Backend, json: bool, action: ActionsAction) -> Exit {
+    let ActionsAction::List { limit } = action;
+    let request = OperatorRequest::ListActions { limit: Some(limit) };
+    answer(backend, json, request, |a: &Actions| {
+        render::actions(&a.actions)
     })
     .await
 }

@@ -8,7 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use hookctl::backend::Backend;
 use hookctl::commands::{
-    self, ChecksAction, DeadLettersAction, GapsAction, OutboxAction, RunsAction, TombstonesAction,
+    self, ActionsAction, ChecksAction, DeadLettersAction, GapsAction, OutboxAction, RunsAction,
+    TombstonesAction,
 };
 use hookctl::{captured, drill, serve, verify};
 use shared::config::{SecretsBackend, Vars};
@@ -23,8 +24,8 @@ use shared::store::{self, MIGRATOR};
 
 /// Webhook receiver: local runner and operator commands.
 ///
-/// Database commands read DATABASE_URL. The operator's commands (status, dead-letters,
-/// tombstones, gaps, runs, checks, operator) answer either from DATABASE_URL or, with
+/// Database commands read DATABASE_URL. The operator's commands (status, dead-letters, outbox,
+/// tombstones, gaps, runs, checks, actions, operator) answer either from DATABASE_URL or, with
 /// --function, by invoking the deployed operator function (AWS credentials and region from the
 /// environment, as for the AWS CLI). Exit codes: 0 all accounted for, 1 needs a human, 2 could
 /// not tell (unreachable, bad arguments).
@@ -95,10 +96,16 @@ enum Command {
         #[command(subcommand)]
         action: ChecksAction,
     },
+    /// Operator actions recorded: who replayed, discarded, resent or tombstoned what, and why.
+    Actions {
+        #[command(subcommand)]
+        action: ActionsAction,
+    },
     /// The fault drill: inject one fault of each class into the local pipeline and print which
     /// layers noticed it and whether it was repaired without a human. Needs an empty database.
     Drill(drill::DrillArgs),
     /// Run one operator action, the operator Lambda's JSON (replay, list or triage dead letters).
+    /// A state change carries its own "actor" and "reason".
     Operator {
         /// e.g. '{"action":"replay","filter":{"event_type":"invoice.paid"}}'
         request: String,
@@ -226,6 +233,10 @@ async fn main() -> ExitCode {
         },
         Command::Checks { action } => match operator_backend().await {
             Ok(b) => return exit(commands::checks(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Actions { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::actions(&b, json, action).await),
             Err(e) => Err(e),
         },
         Command::Drill(args) => match pool().await {

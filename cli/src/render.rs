@@ -11,6 +11,7 @@ use shared::store::anomaly::StoredResult;
 use shared::store::dead_letters::{DeadLetter, DeadLetterDetail};
 use shared::store::gaps::{OpenGap, Tombstone};
 use shared::store::maintenance_runs::RunRecord;
+use shared::store::operator_actions::RecordedAction;
 use shared::store::outbox::FailedMessage;
 
 fn table(header: &[&str]) -> Table {
@@ -250,10 +251,37 @@ pub fn dead_letter(d: &DeadLetterDetail) -> String {
         let _ = writeln!(out, "{k:<12} {v}");
     }
     let _ = writeln!(out, "headers      {}", d.headers);
+    if !d.withheld_headers.is_empty() {
+        let _ = writeln!(out, "withheld     {}", d.withheld_headers.join(", "));
+    }
     if let Some(p) = &d.payload {
         let _ = writeln!(out, "\n{p}");
     }
     out
+}
+
+pub fn actions(list: &[RecordedAction]) -> String {
+    if list.is_empty() {
+        return "no operator actions recorded\n".into();
+    }
+    let mut t = table(&["#", "at", "action", "actor", "via", "affected", "reason"]);
+    for a in list {
+        let affected = a.affected.as_array().map_or(0, Vec::len);
+        t.add_row(vec![
+            a.action_id.to_string(),
+            time(Some(a.requested_at)),
+            if a.finished_at.is_some() {
+                a.action.clone()
+            } else {
+                format!("{} (unfinished)", a.action)
+            },
+            a.actor.clone(),
+            a.via.clone(),
+            affected.to_string(),
+            a.reason.clone(),
+        ]);
+    }
+    format!("{t}\n")
 }
 
 pub fn replay(r: &ReplayOutcome) -> String {

@@ -104,7 +104,16 @@ async fn operate(State(runner): State<Runner>, body: Bytes) -> Response {
         .map_err(|e| operator::OperatorError::BadRequest(e.to_string()))
         .and_then(operator::parse);
     let result = match request {
-        Ok(request) => operator::handle(runner.ingestor.pool(), &runner.registry, request).await,
+        Ok(request) => {
+            let invocation = operator::Invocation::via(operator::Via::LocalRunner);
+            operator::handle_invoked(
+                runner.ingestor.pool(),
+                &runner.registry,
+                request,
+                &invocation,
+            )
+            .await
+        }
         Err(e) => Err(e),
     };
     match result {

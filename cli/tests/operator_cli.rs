@@ -117,8 +117,36 @@ impl Db {
             .unwrap();
     }
 
+    /// `hookctl` run by the OS user `oncall`.
     async fn hookctl(&self, args: &[&str]) -> Out {
-        run(args, &[("DATABASE_URL", self.url.as_str())]).await
+        self.hookctl_by("oncall", args).await
+    }
+
+    /// `hookctl` run by the OS user `user`, with no `--actor`.
+    async fn hookctl_by(&self, user: &str, args: &[&str]) -> Out {
+        run(args, &[("DATABASE_URL", self.url.as_str()), ("USER", user)]).await
+    }
+
+    /// The open dead letters' ids by event id.
+    async fn letter_ids(&self) -> std::collections::BTreeMap<String, i64> {
+        sqlx::query_as(
+            "SELECT external_id, dead_letter_id FROM dead_letters WHERE status IN ('new', 'investigating')",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect()
+    }
+
+    /// The audit trail, oldest first: (action, actor, reason, via, affected).
+    async fn actions(&self) -> Vec<(String, String, String, String, Value)> {
+        sqlx::query_as(
+            "SELECT action, actor, reason, via, affected FROM operator_actions ORDER BY action_id",
+        )
+        .fetch_all(&self.pool)
+        .await
+        .unwrap()
     }
 }
 
@@ -145,7 +173,10 @@ async fn run(args: &[&str], env: &[(&str, &str)]) -> Out {
         .env_remove("DATABASE_URL")
         .env_remove("HOOKCTL_FUNCTION")
         .env_remove("HOOKCTL_LAMBDA_ENDPOINT")
-        .env_remove("RUST_LOG");
+        .env_remove("RUST_LOG")
+        .env_remove("USER")
+        .env_remove("LOGNAME")
+        .env_remove("HOOKCTL_ACTOR");
     for (k, v) in env {
         command.env(k, v);
     }
@@ -295,7 +326,14 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
 
     // Replaying before the data is fixed fails again (exit 1); after, it lands (exit 0).
     let again = db
-        .hookctl(&["dead-letters", "replay", "--id", &id.to_string()])
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--id",
+            &id.to_string(),
+            "--reason",
+            "try it",
+        ])
         .await;
     assert_eq!(again.code, Some(1), "{}{}", again.stdout, again.stderr);
     assert_eq!(
@@ -303,7 +341,9 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
         "selected 1, replayed 0, failed again 1, skipped 0\n"
     );
     db.fix("evt_4", &body).await;
-    let replayed = db.hookctl(&["dead-letters", "replay"]).await;
+    let replayed = db
+        .hookctl(&["dead-letters", "replay", "--all", "--reason", "data fixed"])
+        .await;
     ok(&replayed);
     assert_eq!(
         replayed.stdout,
@@ -324,7 +364,13 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
         .as_i64()
         .unwrap();
     let discard = db
-        .hookctl(&["dead-letters", "discard", &id.to_string()])
+        .hookctl(&[
+            "dead-letters",
+            "discard",
+            &id.to_string(),
+            "--reason",
+            "not wanted",
+        ])
         .await;
     ok(&discard);
     assert_eq!(discard.stdout, format!("dead letter {id} discarded\n"));
@@ -415,6 +461,18 @@ async fn status_says_accounted_for_then_names_what_needs_a_human(
     assert_eq!(gaps.stdout, "no open gaps\n");
 }
 
+/// A change nobody can be named for is refused before anything is sent.
+#[tokio::test]
+async fn a_change_without_anyone_to_name_is_refused() {
+    let nobody = run(
+        &["dead-letters", "discard", "7", "--reason", "not wanted"],
+        &[("DATABASE_URL", "postgres://postgres@127.0.0.1:1/nowhere")],
+    )
+    .await;
+    assert_eq!(nobody.code, Some(2), "{nobody:?}");
+    assert!(nobody.stderr.contains("--actor"), "{}", nobody.stderr);
+}
+
 #[tokio::test]
 async fn status_exits_2_when_it_cannot_tell() {
     let down = run(
@@ -450,7 +508,16 @@ async fn a_replay_of_many_goes_in_chunks_and_counts_them_all(
     for (id, body) in &bodies {
         db.fix(id, body).await;
     }
-    let replayed = db.hookctl(&["dead-letters", "replay", "--json"]).await;
+    let replayed = db
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "data fixed",
+            "--json",
+        ])
+        .await;
     ok(&replayed);
     assert_eq!(
         replayed.json(),
@@ -473,12 +540,20 @@ struct StandIn {
 /// operator handler. A handler error is answered as Lambda does: 200, `X-Amz-Function-Error`,
 /// and the error's type and message as the payload.
 async fn invoke(State(s): State<StandIn>, Path(name): Path<String>, body: Bytes) -> Response {
-    s.invoked.lock().unwrap().push(name);
+    let request_id = {
+        let mut invoked = s.invoked.lock().unwrap();
+        invoked.push(name.clone());
+        format!("stand-in-request-{}", invoked.len())
+    };
     let payload: Value = match serde_json::from_slice(&body) {
         Ok(v) => v,
         Err(e) => return (StatusCode::BAD_REQUEST, e.to_string()).into_response(),
     };
-    let event = lambda_runtime::LambdaEvent::new(payload, lambda_runtime::Context::default());
+    // What Lambda tells the function about an invocation: its request id and the function.
+    let mut context = lambda_runtime::Context::default();
+    context.request_id = request_id;
+    context.invoked_function_arn = format!("arn:aws:lambda:eu-west-1:123456789012:function:{name}");
+    let event = lambda_runtime::LambdaEvent::new(payload, context);
     match operator::handler(event, &s.pool, &s.registry).await {
         Ok(response) => (StatusCode::OK, axum::Json(response)).into_response(),
         Err(diagnostic) => (
@@ -528,6 +603,7 @@ async fn through(endpoint: &str, args: &[&str]) -> Out {
                 "wJalrXUtnFEMI/K7MDENG+bPxRfiCYEXAMPLEKEY",
             ),
             ("AWS_EC2_METADATA_DISABLED", "true"),
+            ("USER", "oncall"),
         ],
     )
     .await
@@ -577,13 +653,37 @@ async fn every_command_answers_through_the_operator_function(
         "{}",
         show.stdout
     );
-    let replay = through(&endpoint, &["dead-letters", "replay"]).await;
+    let replay = through(
+        &endpoint,
+        &[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "try it",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await;
     assert_eq!(replay.code, Some(1));
     assert_eq!(
         replay.stdout,
         "selected 1, replayed 0, failed again 1, skipped 0\n"
     );
-    ok(&through(&endpoint, &["dead-letters", "discard", &id.to_string()]).await);
+    ok(&through(
+        &endpoint,
+        &[
+            "dead-letters",
+            "discard",
+            &id.to_string(),
+            "--reason",
+            "not wanted",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await);
     ok(&through(&endpoint, &["status"]).await);
 
     ok(&through(&endpoint, &["runs", "list", "--job", "anomaly"]).await);
@@ -651,6 +751,292 @@ async fn every_command_answers_through_the_operator_function(
     );
 }
 
+/// A replay or resend with no filter at all would act on every open letter or failed message:
+/// refused unless `--all` says so, by the command and by the operator function.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_empty_filter_is_refused_unless_all_is_given(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let mut bodies = Vec::new();
+    for id in ["evt_1", "evt_2"] {
+        bodies.push((id, db.poison(id).await));
+    }
+    ok(&db.hookctl(&["drain"]).await);
+    for (id, body) in &bodies {
+        db.fix(id, body).await;
+    }
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    let everything = db
+        .hookctl(&["dead-letters", "replay", "--reason", "fixed upstream"])
+        .await;
+    assert_eq!(everything.code, Some(2), "{everything:?}");
+    assert!(
+        everything.stderr.contains("no filter") && everything.stderr.contains("--all"),
+        "{}",
+        everything.stderr
+    );
+    let remote = through(
+        &endpoint,
+        &["dead-letters", "replay", "--reason", "fixed upstream"],
+    )
+    .await;
+    assert_eq!(remote.code, Some(2), "{remote:?}");
+    let resend = db
+        .hookctl(&["outbox", "resend", "--reason", "target is back"])
+        .await;
+    assert_eq!(resend.code, Some(2), "{resend:?}");
+    assert!(resend.stderr.contains("--all"), "{}", resend.stderr);
+    // The operator function refuses it too, whoever calls it.
+    let raw = through(
+        &endpoint,
+        &[
+            "operator",
+            r#"{"action":"replay","filter":{"limit":5},"actor":"eve","reason":"all of them"}"#,
+        ],
+    )
+    .await;
+    assert_eq!(raw.code, Some(2), "{raw:?}");
+    assert!(raw.stderr.contains(r#""all": true"#), "{}", raw.stderr);
+    assert_eq!(db.letter_ids().await.len(), 2, "nothing was replayed");
+
+    let all = db
+        .hookctl(&[
+            "dead-letters",
+            "replay",
+            "--all",
+            "--reason",
+            "fixed upstream",
+            "--json",
+        ])
+        .await;
+    ok(&all);
+    assert_eq!(
+        all.json(),
+        serde_json::json!({"selected": 2, "replayed": 2, "failed": 0, "skipped": 0})
+    );
+    assert!(db.letter_ids().await.is_empty());
+}
+
+/// Each state change says who asked for it and why, in `operator_actions`: the `--actor`, else
+/// the OS user; through the function, also what Lambda said about the invocation. A change
+/// without a reason is refused.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn every_state_change_records_who_asked_and_why(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let body = db.poison("evt_1").await;
+    db.poison("evt_2").await;
+    db.poison("evt_3").await;
+    ok(&db.hookctl(&["drain"]).await);
+    let letters = db.letter_ids().await;
+    let (one, two, three) = (letters["evt_1"], letters["evt_2"], letters["evt_3"]);
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    let unexplained = db
+        .hookctl(&["dead-letters", "replay", "--id", &one.to_string()])
+        .await;
+    assert_eq!(unexplained.code, Some(2), "{unexplained:?}");
+    assert!(
+        unexplained.stderr.contains("--reason"),
+        "{}",
+        unexplained.stderr
+    );
+    let unexplained = db
+        .hookctl(&["dead-letters", "discard", &two.to_string()])
+        .await;
+    assert_eq!(unexplained.code, Some(2), "{unexplained:?}");
+    assert_eq!(db.letter_ids().await.len(), 3, "nothing changed");
+
+    db.fix("evt_1", &body).await;
+    let replayed = db
+        .hookctl_by(
+            "root",
+            &[
+                "dead-letters",
+                "replay",
+                "--id",
+                &one.to_string(),
+                "--reason",
+                "payload restored",
+                "--actor",
+                "alice",
+            ],
+        )
+        .await;
+    ok(&replayed);
+    let discarded = db
+        .hookctl_by(
+            "carol",
+            &[
+                "dead-letters",
+                "discard",
+                &two.to_string(),
+                "--reason",
+                "a test event",
+            ],
+        )
+        .await;
+    ok(&discarded);
+    let remote = through(
+        &endpoint,
+        &[
+            "dead-letters",
+            "replay",
+            "--id",
+            &three.to_string(),
+            "--reason",
+            "try once more",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await;
+    assert_eq!(remote.code, Some(1), "failed again: {remote:?}");
+    let tombstoned = db
+        .hookctl_by(
+            "dave",
+            &[
+                "tombstones",
+                "add",
+                "--tenant",
+                "acme",
+                "--source",
+                "pay",
+                "--id",
+                "evt_gone",
+                "--reason",
+                "deleted in the dashboard",
+            ],
+        )
+        .await;
+    ok(&tombstoned);
+
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        db.actions().await,
+        vec![
+            (
+                s("replay"),
+                s("alice"),
+                s("payload restored"),
+                s("hookctl"),
+                serde_json::json!([one])
+            ),
+            (
+                s("set_dead_letter_status"),
+                s("carol"),
+                s("a test event"),
+                s("hookctl"),
+                serde_json::json!([two])
+            ),
+            (
+                s("replay"),
+                s("bob"),
+                s("try once more"),
+                s("function"),
+                serde_json::json!([three])
+            ),
+            (
+                s("tombstone"),
+                s("dave"),
+                s("deleted in the dashboard"),
+                s("hookctl"),
+                serde_json::json!(["evt_gone"])
+            ),
+        ]
+    );
+    let (outcome, invocation): (Value, Value) =
+        sqlx::query_as("SELECT outcome, invocation FROM operator_actions WHERE actor = 'alice'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        outcome,
+        serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
+    );
+    assert_eq!(invocation, serde_json::json!({}));
+    let (outcome, invocation): (Value, Value) =
+        sqlx::query_as("SELECT outcome, invocation FROM operator_actions WHERE actor = 'bob'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(outcome["failed"], 1);
+    assert!(
+        invocation["request_id"]
+            .as_str()
+            .is_some_and(|id| id.starts_with("stand-in-request-")),
+        "{invocation}"
+    );
+    assert_eq!(
+        invocation["invoked_function_arn"],
+        "arn:aws:lambda:eu-west-1:123456789012:function:webhooks-operator"
+    );
+    let created_by: String =
+        sqlx::query_scalar("SELECT created_by FROM tombstones WHERE external_id = 'evt_gone'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(created_by, "operator:dave");
+}
+
+/// A dead letter's signature headers, with its payload, are a delivery anyone could post again:
+/// `show` withholds them (and says which), directly and through the function.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn show_withholds_the_signature_headers(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let body = db.poison("evt_1").await;
+    ok(&db.hookctl(&["drain"]).await);
+    db.fix("evt_1", &body).await;
+    let stored: Value = sqlx::query_scalar("SELECT headers FROM dead_letters")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let signature = stored["stripe-signature"]
+        .as_str()
+        .expect("the letter keeps the signature it arrived with")
+        .to_owned();
+    let id = db.letter_ids().await["evt_1"].to_string();
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+
+    for shown in [
+        db.hookctl(&["dead-letters", "show", &id, "--json"]).await,
+        through(&endpoint, &["dead-letters", "show", &id, "--json"]).await,
+        through(
+            &endpoint,
+            &[
+                "operator",
+                &format!(r#"{{"action":"show_dead_letter","dead_letter_id":{id}}}"#),
+            ],
+        )
+        .await,
+    ] {
+        ok(&shown);
+        assert!(!shown.stdout.contains(&signature), "{}", shown.stdout);
+        let letter = &shown.json()["dead_letter"];
+        assert_eq!(letter["headers"], serde_json::json!({}), "{letter}");
+        assert_eq!(
+            letter["withheld_headers"],
+            serde_json::json!(["stripe-signature"])
+        );
+    }
+    let table = db.hookctl(&["dead-letters", "show", &id]).await;
+    ok(&table);
+    assert!(!table.stdout.contains(&signature), "{}", table.stdout);
+    assert!(
+        table.stdout.contains("withheld     stripe-signature"),
+        "{}",
+        table.stdout
+    );
+}
+
 /// A target that was down past the outbox's attempt budget: the on-call reads the finding, lists
 /// the failed messages, resends one once the target is back and discards another, through the
 /// operator function as against a deployed stack.
@@ -712,7 +1098,20 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     };
     let (first, second, third) = (id_of("evt_1"), id_of("evt_2"), id_of("evt_3"));
 
-    let resent = through(&endpoint, &["outbox", "resend", "--id", &first.to_string()]).await;
+    let resent = through(
+        &endpoint,
+        &[
+            "outbox",
+            "resend",
+            "--id",
+            &first.to_string(),
+            "--reason",
+            "target is back",
+            "--actor",
+            "bob",
+        ],
+    )
+    .await;
     ok(&resent);
     assert_eq!(
         resent.stdout,
@@ -720,7 +1119,16 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     );
     let discarded = through(
         &endpoint,
-        &["outbox", "discard", &second.to_string(), &first.to_string()],
+        &[
+            "outbox",
+            "discard",
+            &second.to_string(),
+            &first.to_string(),
+            "--reason",
+            "order cancelled",
+            "--actor",
+            "bob",
+        ],
     )
     .await;
     assert_eq!(discarded.code, Some(1), "{discarded:?}");
@@ -732,7 +1140,61 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     assert_eq!(left["failed_outbox"].as_array().unwrap().len(), 1);
     assert_eq!(left["failed_outbox"][0]["outbox_id"], third);
 
-    ok(&db.hookctl(&["outbox", "discard", &third.to_string()]).await);
+    ok(&db
+        .hookctl_by(
+            "carol",
+            &[
+                "outbox",
+                "discard",
+                &third.to_string(),
+                "--reason",
+                "duplicate",
+            ],
+        )
+        .await);
+    let s = |v: &str| v.to_owned();
+    assert_eq!(
+        db.actions().await,
+        vec![
+            (
+                s("resend_outbox"),
+                s("bob"),
+                s("target is back"),
+                s("function"),
+                serde_json::json!([first])
+            ),
+            (
+                s("discard_outbox"),
+                s("bob"),
+                s("order cancelled"),
+                s("function"),
+                serde_json::json!([second])
+            ),
+            (
+                s("discard_outbox"),
+                s("carol"),
+                s("duplicate"),
+                s("hookctl"),
+                serde_json::json!([third])
+            ),
+        ]
+    );
+    let listed = db.hookctl(&["actions", "list", "--json"]).await;
+    ok(&listed);
+    let newest = &listed.json()["actions"][0];
+    assert_eq!(newest["actor"], "carol");
+    assert_eq!(newest["request"]["outbox_ids"], serde_json::json!([third]));
+    let table = through(&endpoint, &["actions", "list"]).await;
+    ok(&table);
+    assert!(
+        table
+            .stdout
+            .lines()
+            .nth(1)
+            .is_some_and(|l| l.contains("discard_outbox") && l.contains("carol")),
+        "{}",
+        table.stdout
+    );
     let statuses: Vec<(i64, String)> =
         sqlx::query_as("SELECT outbox_id, status FROM outbox ORDER BY outbox_id")
             .fetch_all(&db.pool)

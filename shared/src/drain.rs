@@ -478,6 +478,16 @@ pub async fn replay(
     filter: &ReplayFilter,
 ) -> Result<ReplayOutcome, StoreError> {
     let letters = dead_letters::select_open(pool, filter).await?;
+    replay_letters(pool, registry, &letters).await
+}
+
+/// Replays these letters, each in its own transaction; one that is no longer open (replayed or
+/// discarded since it was selected) or that another replay holds is skipped.
+pub async fn replay_letters(
+    pool: &PgPool,
+    registry: &EffectRegistry,
+    letters: &[dead_letters::DeadLetter],
+) -> Result<ReplayOutcome, StoreError> {
     let mut outcome = ReplayOutcome {
         selected: letters.len() as u64,
         ..ReplayOutcome::default()

@@ -2,11 +2,14 @@
 //! runner's `POST /operator`, and `hookctl operator`.
 //!
 //! ```json
-//! {"action": "replay", "filter": {"event_type": "payment_intent.succeeded", "error_contains": "timeout"}}
+//! {"action": "replay", "filter": {"event_type": "payment_intent.succeeded", "error_contains": "timeout"},
+//!  "actor": "alice", "reason": "the pricing service is back"}
+//! {"action": "replay", "all": true, "actor": "alice", "reason": "every letter of the outage"}
 //! {"action": "list_dead_letters", "filter": {"tenant_id": "acme"}}
-//! {"action": "set_dead_letter_status", "dead_letter_id": 7, "status": "investigating"}
+//! {"action": "set_dead_letter_status", "dead_letter_id": 7, "status": "investigating",
+//!  "actor": "alice", "reason": "looks like a schema change"}
 //! {"action": "tombstone", "tenant_id": "acme", "source_id": "stripe-prod", "external_id": "evt_1",
-//!  "reason": "test event deleted in the dashboard", "operator": "alice"}
+//!  "reason": "test event deleted in the dashboard", "actor": "alice"}
 //! {"action": "status"}
 //! {"action": "show_dead_letter", "dead_letter_id": 7}
 //! {"action": "list_runs", "job": "reconcile", "limit": 20}
@@ -14,9 +17,17 @@
 //! {"action": "list_gaps", "source_id": "stripe-prod"}
 //! {"action": "list_tombstones", "source_id": "stripe-prod", "limit": 50}
 //! {"action": "list_failed_outbox", "filter": {"action": "fulfil_order"}}
-//! {"action": "resend_outbox", "filter": {"error_contains": "503"}}
-//! {"action": "discard_outbox", "outbox_ids": [12, 13]}
+//! {"action": "resend_outbox", "filter": {"error_contains": "503"}, "actor": "alice", "reason": "target fixed"}
+//! {"action": "discard_outbox", "outbox_ids": [12, 13], "actor": "alice", "reason": "order cancelled"}
+//! {"action": "list_actions", "limit": 20}
 //! ```
+//!
+//! Every state change (replay, set_dead_letter_status, tombstone, resend_outbox, discard_outbox)
+//! needs an `actor` and a `reason`, and is recorded in `operator_actions` with them and with how
+//! the request came in ([`Invocation`]), in the change's own transaction. The actor is what the
+//! caller says: hookctl fills it from `--actor`, else the OS user; the operator function also
+//! records what Lambda said about the invocation (its request id, to look the caller up in
+//! CloudTrail). A replay or resend with no filter refuses unless `all` is given.
 //!
 //! The read actions are what `hookctl` calls with `--function`: the deployed database sits in
 //! private subnets, and this function is the operator's way in.
@@ -33,15 +44,23 @@ use crate::store::anomaly::StoredResult;
 use crate::store::dead_letters::{self, DeadLetter, DeadLetterDetail, ReplayFilter};
 use crate::store::gaps::{OpenGap, Tombstone};
 use crate::store::maintenance_runs::RunRecord;
+use crate::store::operator_actions::{self, NewAction, RecordedAction};
 use crate::store::outbox::{self, FailedFilter, FailedMessage};
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(tag = "action", rename_all = "snake_case", deny_unknown_fields)]
 pub enum OperatorRequest {
-    /// Replay open dead letters matching the filter through the normal processing path.
+    /// Replay open dead letters matching the filter through the normal processing path. An
+    /// empty filter needs `all`.
     Replay {
         #[serde(default)]
         filter: ReplayFilter,
+        #[serde(default)]
+        all: bool,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
     },
     /// List open dead letters matching the filter.
     ListDeadLetters {
@@ -49,7 +68,14 @@ pub enum OperatorRequest {
         filter: ReplayFilter,
     },
     /// Triage: `investigating` or `discarded`.
-    SetDeadLetterStatus { dead_letter_id: i64, status: String },
+    SetDeadLetterStatus {
+        dead_letter_id: i64,
+        status: String,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
     /// Declares an event ID that will never arrive: gap detection stops flagging it. On a
     /// source whose gaps are found by sequence, the sequence is read from the ID with the
     /// source's id template (a given one must agree).
@@ -59,12 +85,15 @@ pub enum OperatorRequest {
         external_id: String,
         #[serde(default)]
         sequence: Option<i64>,
-        reason: String,
-        operator: String,
+        #[serde(default)]
+        reason: Option<String>,
+        /// Recorded as `operator:<actor>` on the tombstone (`operator` is the older name).
+        #[serde(default, alias = "operator")]
+        actor: Option<String>,
     },
     /// The verdict (every event accounted for, or what is not) and its evidence.
     Status,
-    /// One dead letter, whatever its status, with its headers and payload.
+    /// One dead letter, whatever its status, with its headers (less the signatures) and payload.
     ShowDeadLetter { dead_letter_id: i64 },
     /// The latest maintenance runs, newest first.
     ListRuns {
@@ -98,13 +127,72 @@ pub enum OperatorRequest {
         filter: FailedFilter,
     },
     /// Sends the failed messages matching the filter again (once the target is fixed): due at
-    /// once, a fresh attempt budget, the same Idempotency-Key.
+    /// once, a fresh attempt budget, the same Idempotency-Key. An empty filter needs `all`.
     ResendOutbox {
         #[serde(default)]
         filter: FailedFilter,
+        #[serde(default)]
+        all: bool,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
     },
     /// Closes failed messages whose effect is not wanted.
-    DiscardOutbox { outbox_ids: Vec<i64> },
+    DiscardOutbox {
+        outbox_ids: Vec<i64>,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// The latest recorded state changes, newest first: who asked, why, what they touched.
+    ListActions {
+        #[serde(default)]
+        limit: Option<i64>,
+    },
+}
+
+/// How a request came in: recorded with every state change it makes.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub via: Via,
+    /// What the runtime says about the caller (for the operator function: the Lambda request
+    /// id and function ARN, and a Cognito identity when there is one); `{}` otherwise.
+    pub context: serde_json::Value,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Via {
+    /// hookctl against DATABASE_URL.
+    Hookctl,
+    /// The operator Lambda.
+    Function,
+    /// The local runner's `POST /operator`.
+    LocalRunner,
+    /// A program calling [`handle`] itself.
+    Direct,
+}
+
+impl Via {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Via::Hookctl => "hookctl",
+            Via::Function => "function",
+            Via::LocalRunner => "local_runner",
+            Via::Direct => "direct",
+        }
+    }
+}
+
+impl Invocation {
+    /// A request with nothing known about it but the way it came.
+    pub fn via(via: Via) -> Self {
+        Invocation {
+            via,
+            context: serde_json::json!({}),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -154,6 +242,9 @@ pub enum OperatorResponse {
     Resent {
         resent: Vec<i64>,
     },
+    Actions {
+        actions: Vec<RecordedAction>,
+    },
     OutboxDiscarded {
         discarded: Vec<i64>,
         /// Asked for but not failed (pending, delivered, already discarded, or no such id):
@@ -164,22 +255,135 @@ pub enum OperatorResponse {
 
 /// Limits of the listing actions.
 const DEFAULT_LIMIT: i64 = 100;
+/// Longest actor and reason recorded.
+const MAX_ACTOR_CHARS: usize = 200;
+const MAX_REASON_CHARS: usize = 2000;
+
+/// Who asked for a state change and why, checked: both given, not blank, not unbounded.
+struct Asked<'a> {
+    action: &'static str,
+    actor: &'a str,
+    reason: &'a str,
+}
+
+fn asked<'a>(
+    action: &'static str,
+    actor: &'a Option<String>,
+    reason: &'a Option<String>,
+) -> Result<Asked<'a>, OperatorError> {
+    let actor = actor.as_deref().map(str::trim).unwrap_or_default();
+    let reason = reason.as_deref().map(str::trim).unwrap_or_default();
+    if actor.is_empty() {
+        return Err(OperatorError::BadRequest(format!(
+            "{action} needs the actor who asks for it (\"actor\"; hookctl sends --actor, else the OS user)"
+        )));
+    }
+    if reason.is_empty() {
+        return Err(OperatorError::BadRequest(format!(
+            "{action} needs a reason (\"reason\"; hookctl --reason)"
+        )));
+    }
+    if actor.chars().count() > MAX_ACTOR_CHARS || reason.chars().count() > MAX_REASON_CHARS {
+        return Err(OperatorError::BadRequest(format!(
+            "{action}: the actor is at most {MAX_ACTOR_CHARS} characters, the reason at most {MAX_REASON_CHARS}"
+        )));
+    }
+    Ok(Asked {
+        action,
+        actor,
+        reason,
+    })
+}
+
+impl Asked<'_> {
+    fn record<'r>(
+        &'r self,
+        invocation: &'r Invocation,
+        request: &'r serde_json::Value,
+        affected: &'r serde_json::Value,
+        outcome: Option<&'r serde_json::Value>,
+        finished: bool,
+    ) -> NewAction<'r> {
+        NewAction {
+            action: self.action,
+            actor: self.actor,
+            reason: self.reason,
+            via: invocation.via.as_str(),
+            invocation: &invocation.context,
+            request,
+            affected,
+            outcome,
+            finished,
+        }
+    }
+}
+
+/// An empty filter acts on everything: only when the caller says `all`.
+fn bounded(action: &str, everything: &str, empty: bool, all: bool) -> Result<(), OperatorError> {
+    if empty && !all {
+        return Err(OperatorError::BadRequest(format!(
+            "{action} with no filter would act on {everything}: narrow the filter, or say so with \"all\": true (hookctl --all)"
+        )));
+    }
+    Ok(())
+}
+
+fn to_json<T: Serialize>(value: &T) -> serde_json::Value {
+    serde_json::to_value(value).unwrap_or_default()
+}
 
 /// Parses a request from JSON, saying what is wrong with it when it does not parse.
 pub fn parse(json: serde_json::Value) -> Result<OperatorRequest, OperatorError> {
     serde_json::from_value(json).map_err(|e| OperatorError::BadRequest(e.to_string()))
 }
 
-#[tracing::instrument(skip_all, err)]
+/// Answers a request from a program that calls it itself (recorded as `direct`).
 pub async fn handle(
     pool: &PgPool,
     registry: &EffectRegistry,
     request: OperatorRequest,
 ) -> Result<OperatorResponse, OperatorError> {
+    handle_invoked(pool, registry, request, &Invocation::via(Via::Direct)).await
+}
+
+/// Answers a request that came in as `invocation` says; a state change is recorded with it.
+#[tracing::instrument(skip_all, err)]
+pub async fn handle_invoked(
+    pool: &PgPool,
+    registry: &EffectRegistry,
+    request: OperatorRequest,
+    invocation: &Invocation,
+) -> Result<OperatorResponse, OperatorError> {
     match request {
-        OperatorRequest::Replay { filter } => Ok(OperatorResponse::Replay(
-            drain::replay(pool, registry, &filter).await?,
-        )),
+        OperatorRequest::Replay {
+            filter,
+            all,
+            actor,
+            reason,
+        } => {
+            let asked = asked("replay", &actor, &reason)?;
+            bounded("replay", "every open dead letter", filter.is_empty(), all)?;
+            let letters = dead_letters::select_open(pool, &filter).await?;
+            let ids: Vec<i64> = letters.iter().map(|l| l.dead_letter_id).collect();
+            // Each letter commits on its own: the action is recorded before the first, and
+            // finished with the counts after the last (unfinished: it stopped part-way).
+            let request = serde_json::json!({"filter": filter, "all": all});
+            let affected = to_json(&ids);
+            let action_id = operator_actions::record(
+                pool,
+                &asked.record(invocation, &request, &affected, None, false),
+            )
+            .await?;
+            let outcome = drain::replay_letters(pool, registry, &letters).await?;
+            operator_actions::finish(pool, action_id, &to_json(&outcome)).await?;
+            tracing::info!(
+                action_id,
+                actor = asked.actor,
+                selected = outcome.selected,
+                "replay recorded"
+            );
+            Ok(OperatorResponse::Replay(outcome))
+        }
         OperatorRequest::ListDeadLetters { filter } => {
             let dead_letters = dead_letters::select_open(pool, &filter).await?;
             Ok(OperatorResponse::DeadLetters { dead_letters })
@@ -187,17 +391,29 @@ pub async fn handle(
         OperatorRequest::SetDeadLetterStatus {
             dead_letter_id,
             status,
+            actor,
+            reason,
         } => {
             if !matches!(status.as_str(), "investigating" | "discarded") {
                 return Err(OperatorError::BadRequest(format!(
                     "status {status:?}: an operator sets investigating or discarded; replayed is set by a successful replay"
                 )));
             }
-            if !dead_letters::set_status(pool, dead_letter_id, &status).await? {
+            let asked = asked("set_dead_letter_status", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            if !dead_letters::set_status(&mut *tx, dead_letter_id, &status).await? {
                 return Err(OperatorError::BadRequest(format!(
                     "dead letter {dead_letter_id} is not open"
                 )));
             }
+            let request = serde_json::json!({"dead_letter_id": dead_letter_id, "status": status});
+            let affected = serde_json::json!([dead_letter_id]);
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, None, true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
             Ok(OperatorResponse::StatusChanged {
                 dead_letter_id,
                 status,
@@ -209,26 +425,38 @@ pub async fn handle(
             external_id,
             sequence,
             reason,
-            operator,
+            actor,
         } => {
-            if reason.trim().is_empty() || operator.trim().is_empty() {
-                return Err(OperatorError::BadRequest(
-                    "a tombstone needs a reason and the operator's name".into(),
-                ));
-            }
+            let asked = asked("tombstone", &actor, &reason)?;
             let sequence =
                 tombstone_sequence(pool, &tenant_id, &source_id, &external_id, sequence).await?;
-            let by = format!("operator:{operator}");
+            let by = format!("operator:{}", asked.actor);
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
             let created = crate::store::gaps::tombstone(
-                pool,
+                &mut *tx,
                 &tenant_id,
                 &source_id,
                 &external_id,
                 sequence,
-                &reason,
+                asked.reason,
                 &by,
             )
             .await?;
+            let request = serde_json::json!({
+                "tenant_id": tenant_id, "source_id": source_id, "external_id": external_id,
+                "sequence": sequence,
+            });
+            let affected = if created {
+                serde_json::json!([external_id])
+            } else {
+                serde_json::json!([])
+            };
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, None, true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
             Ok(OperatorResponse::Tombstoned {
                 external_id,
                 created,
@@ -292,23 +520,63 @@ pub async fn handle(
         OperatorRequest::ListFailedOutbox { filter } => Ok(OperatorResponse::FailedOutbox {
             failed_outbox: outbox::select_failed(pool, &filter).await?,
         }),
-        OperatorRequest::ResendOutbox { filter } => {
-            let resent = outbox::resend_failed(pool, &filter).await?;
-            tracing::info!(resent = resent.len(), "failed outbox messages resent");
+        OperatorRequest::ResendOutbox {
+            filter,
+            all,
+            actor,
+            reason,
+        } => {
+            let asked = asked("resend_outbox", &actor, &reason)?;
+            bounded(
+                "resend_outbox",
+                "every failed outbox message",
+                filter.is_empty(),
+                all,
+            )?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let resent = outbox::resend_failed(&mut *tx, &filter).await?;
+            let request = serde_json::json!({"filter": filter, "all": all});
+            let affected = to_json(&resent);
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, None, true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            tracing::info!(
+                resent = resent.len(),
+                actor = asked.actor,
+                "failed outbox messages resent"
+            );
             Ok(OperatorResponse::Resent { resent })
         }
-        OperatorRequest::DiscardOutbox { outbox_ids } => {
+        OperatorRequest::DiscardOutbox {
+            outbox_ids,
+            actor,
+            reason,
+        } => {
             if outbox_ids.is_empty() {
                 return Err(OperatorError::BadRequest(
                     "discard_outbox needs the outbox_ids to discard".into(),
                 ));
             }
-            let discarded = outbox::discard_failed(pool, &outbox_ids).await?;
+            let asked = asked("discard_outbox", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let discarded = outbox::discard_failed(&mut *tx, &outbox_ids).await?;
             let not_failed: Vec<i64> = outbox_ids
                 .iter()
                 .copied()
                 .filter(|id| !discarded.contains(id))
                 .collect();
+            let request = serde_json::json!({"outbox_ids": outbox_ids});
+            let affected = to_json(&discarded);
+            let outcome = serde_json::json!({"not_failed": not_failed});
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, Some(&outcome), true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
             tracing::info!(
                 discarded = discarded.len(),
                 not_failed = not_failed.len(),
@@ -319,6 +587,9 @@ pub async fn handle(
                 not_failed,
             })
         }
+        OperatorRequest::ListActions { limit } => Ok(OperatorResponse::Actions {
+            actions: operator_actions::list(pool, limit.unwrap_or(DEFAULT_LIMIT)).await?,
+        }),
     }
 }
 
@@ -368,7 +639,7 @@ mod tests {
     #[test]
     fn requests_parse_from_the_documented_json() {
         let r = parse(serde_json::json!({"action": "replay", "filter": {"ids": [1, 2], "error_contains": "timeout"}})).unwrap();
-        assert!(matches!(r, OperatorRequest::Replay { filter } if filter.ids == [1, 2]));
+        assert!(matches!(r, OperatorRequest::Replay { filter, .. } if filter.ids == [1, 2]));
         assert!(matches!(
             parse(serde_json::json!({"action": "replay"})).unwrap(),
             OperatorRequest::Replay { .. }

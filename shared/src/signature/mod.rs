@@ -216,6 +216,29 @@ pub fn signature_headers(scheme: Scheme) -> &'static [&'static str] {
     }
 }
 
+/// The headers that carry a scheme's signature (the MAC itself): with the body, a delivery
+/// anyone holding them could post again within the tolerance.
+pub fn mac_headers(scheme: Scheme) -> &'static [&'static str] {
+    match scheme {
+        Scheme::Stripe => &[stripe::SIGNATURE],
+        Scheme::StandardWebhooks => &[
+            standard_webhooks::SIGNATURE,
+            standard_webhooks::SVIX_SIGNATURE,
+        ],
+        Scheme::Github => &[github::SIGNATURE],
+        Scheme::Shopify => &[shopify::SIGNATURE],
+        Scheme::Slack => &[slack::SIGNATURE],
+    }
+}
+
+/// Whether `name` (any case) carries a signature under any scheme.
+pub fn is_signature_header(name: &str) -> bool {
+    Scheme::ALL
+        .iter()
+        .flat_map(|s| mac_headers(*s))
+        .any(|h| h.eq_ignore_ascii_case(name))
+}
+
 /// HMAC-SHA256 over `prefix || body`, without copying the body.
 pub fn mac(key: &[u8], prefix: &[u8], body: &[u8]) -> [u8; MAC_LEN] {
     let mut mac =
@@ -336,6 +359,39 @@ mod tests {
             scheme,
             Scheme::Stripe | Scheme::StandardWebhooks | Scheme::Slack
         )
+    }
+
+    /// What `mac_headers` names is what verification needs: a delivery without those headers
+    /// is refused as missing its signature, under every scheme, and the headers are found in
+    /// any case.
+    #[test]
+    fn the_mac_headers_are_the_ones_a_signature_needs() {
+        for scheme in Scheme::ALL {
+            let secret = secret_for(scheme);
+            let mut headers = signed(scheme, secret, NOW, b"{}");
+            let names: Vec<String> = headers.keys().map(|n| n.as_str().to_owned()).collect();
+            assert!(
+                names.iter().any(|n| is_signature_header(n)),
+                "{scheme}: {names:?}"
+            );
+            for name in names.iter().filter(|n| is_signature_header(n)) {
+                headers.remove(name.as_str());
+            }
+            let refused = verify(
+                scheme,
+                &headers,
+                b"{}",
+                &secrets(secret, None),
+                FIVE_MINUTES,
+                NOW,
+            );
+            assert!(
+                matches!(refused, Err(VerifyError::MissingHeader { .. })),
+                "{scheme}: {refused:?}"
+            );
+        }
+        assert!(is_signature_header("Stripe-Signature"));
+        assert!(!is_signature_header("webhook-id"));
     }
 
     #[test]

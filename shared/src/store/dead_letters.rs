@@ -44,7 +44,7 @@ pub async fn bury(
         .rows_affected())
 }
 
-/// Which open dead letters to replay. Empty fields do not filter.
+/// Which open dead letters to replay. Empty fields do not filter; `limit` alone is no filter.
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ReplayFilter {
@@ -58,6 +58,18 @@ pub struct ReplayFilter {
     pub created_before: Option<DateTime<Utc>>,
     /// At most this many (default 1000).
     pub limit: Option<i64>,
+}
+
+impl ReplayFilter {
+    /// Whether it picks every open letter (up to its limit).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+            && self.tenant_id.is_none()
+            && self.event_type.is_none()
+            && self.error_contains.is_none()
+            && self.created_after.is_none()
+            && self.created_before.is_none()
+    }
 }
 
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
@@ -205,13 +217,21 @@ pub struct DeadLetterDetail {
     pub created_at: DateTime<Utc>,
     pub updated_at: DateTime<Utc>,
     pub replayed_at: Option<DateTime<Utc>>,
+    /// The headers kept with the event, less the signatures.
     pub headers: serde_json::Value,
+    /// The signature headers kept with the event and not shown: with the payload, they are a
+    /// delivery anyone could post again within the provider's tolerance.
+    #[sqlx(skip)]
+    #[serde(default)]
+    pub withheld_headers: Vec<String>,
     /// The payload as text (invalid UTF-8 replaced); `None` once retention took the letter's copy.
     #[sqlx(skip)]
     pub payload: Option<String>,
     pub payload_bytes: Option<i32>,
 }
 
+/// One dead letter for an operator's eyes: its signature headers withheld (named in
+/// `withheld_headers`).
 pub async fn find(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
@@ -231,5 +251,16 @@ pub async fn find(
     let mut detail = DeadLetterDetail::from_row(&row)?;
     let raw: Option<Vec<u8>> = row.try_get("payload_raw")?;
     detail.payload = raw.map(|p| String::from_utf8_lossy(&p).into_owned());
+    if let serde_json::Value::Object(headers) = &mut detail.headers {
+        let signatures: Vec<String> = headers
+            .keys()
+            .filter(|name| crate::signature::is_signature_header(name))
+            .cloned()
+            .collect();
+        for name in &signatures {
+            headers.remove(name);
+        }
+        detail.withheld_headers = signatures;
+    }
     Ok(Some(detail))
 }

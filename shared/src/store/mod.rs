@@ -11,6 +11,7 @@ pub mod faults;
 pub mod gaps;
 pub mod ingest_anomalies;
 pub mod maintenance_runs;
+pub mod operator_actions;
 pub mod orders;
 pub mod outbox;
 pub mod reconcile;

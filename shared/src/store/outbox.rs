@@ -123,7 +123,8 @@ pub async fn counts(
         .await?)
 }
 
-/// Which failed messages: every field narrows; none matches every failed message.
+/// Which failed messages: every field narrows; none matches every failed message (`limit` alone
+/// is no filter).
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct FailedFilter {
@@ -135,6 +136,16 @@ pub struct FailedFilter {
     pub error_contains: Option<String>,
     /// At most this many (default 1000).
     pub limit: Option<i64>,
+}
+
+impl FailedFilter {
+    /// Whether it picks every failed message (up to its limit).
+    pub fn is_empty(&self) -> bool {
+        self.ids.is_empty()
+            && self.tenant_id.is_none()
+            && self.action.is_none()
+            && self.error_contains.is_none()
+    }
 }
 
 /// A message that failed for good: what it was, and why it failed.
