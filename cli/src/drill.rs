@@ -188,7 +188,7 @@ impl Fault {
                 "the killed batch commits nothing; its rows are claimed again by the next drain",
             ),
             Fault::PoisonEvent => Promise::Human(
-                "fix the handler or the data, then `hookctl dead-letters replay`, or discard",
+                "fix the handler or the data, then `hookctl dead-letters replay --reason …`, or discard",
             ),
             Fault::DigestConflict => Promise::Human(
                 "a signed payload changed under one id: a provider bug or a leaked secret",
