@@ -939,3 +939,77 @@ fn an_ingest_throttle_is_described_as_a_5xx() {
         "a throttled invocation is not a 429: {description}"
     );
 }
+
+/// The workspace's crates, by manifest.
+fn manifests() -> Vec<(String, toml::Table)> {
+    let workspace: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    workspace["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let path = root().join(m.as_str().unwrap()).join("Cargo.toml");
+            let manifest = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            (m.as_str().unwrap().to_owned(), manifest)
+        })
+        .collect()
+}
+
+/// The features a manifest's tables give `dependency`.
+fn features_of(manifest: &toml::Table, dependency: &str) -> BTreeSet<String> {
+    ["dependencies", "dev-dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|table| manifest.get(*table)?.get(dependency))
+        .flat_map(|d| d.get("features").and_then(toml::Value::as_array).cloned())
+        .flatten()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The ingest function takes the HTTP API's payload (format 2.0) and lambda_http parses only
+/// that shape: with several enabled it tries each in turn (a REST API event first), and cargo
+/// gives every binary of a build the features any crate in it enables, so no crate of the
+/// workspace enables another shape, and the workspace dependency none at all.
+#[test]
+fn ingest_parses_only_the_http_api_payload() {
+    let t = template();
+    let events = t["Resources"]["IngestFunction"]["Properties"]["Events"]
+        .as_mapping()
+        .unwrap();
+    for event in events.values() {
+        assert_eq!(event["Type"].as_str(), Some("HttpApi"));
+        let format = &event["Properties"]["PayloadFormatVersion"];
+        assert!(format.is_null() || format.as_str() == Some("2.0"), "{format:?}");
+    }
+    let workspace: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    let shared_dependency = &workspace["workspace"]["dependencies"]["lambda_http"];
+    assert_eq!(
+        shared_dependency.get("default-features").and_then(toml::Value::as_bool),
+        Some(false)
+    );
+    assert!(
+        shared_dependency
+            .get("features")
+            .and_then(toml::Value::as_array)
+            .is_none_or(|f| f.is_empty()),
+        "the workspace's lambda_http enables {shared_dependency:?}"
+    );
+    for (member, manifest) in manifests() {
+        let features = features_of(&manifest, "lambda_http");
+        assert!(
+            features.iter().all(|f| f == "apigw_http"),
+            "{member} enables lambda_http {features:?}"
+        );
+    }
+    let ingest = manifests()
+        .into_iter()
+        .find(|(m, _)| m == "functions/ingest")
+        .unwrap()
+        .1;
+    assert_eq!(
+        features_of(&ingest, "lambda_http"),
+        BTreeSet::from(["apigw_http".to_owned()])
+    );
+}
