@@ -815,8 +815,15 @@ fn breaches(alarm: &Value, minute: Minute) -> bool {
         }
     };
     assert_eq!(p["TreatMissingData"].as_str(), Some("notBreaching"));
-    assert_eq!(p["ComparisonOperator"].as_str(), Some("GreaterThanThreshold"));
-    assert_eq!(p["EvaluationPeriods"].as_u64(), Some(1), "one minute decides");
+    assert_eq!(
+        p["ComparisonOperator"].as_str(),
+        Some("GreaterThanThreshold")
+    );
+    assert_eq!(
+        p["EvaluationPeriods"].as_u64(),
+        Some(1),
+        "one minute decides"
+    );
     let threshold = p["Threshold"].as_f64().unwrap();
     value.is_some_and(|v| v > threshold)
 }
@@ -848,8 +855,9 @@ fn the_canary_watches_the_new_version() {
             if metric["Namespace"].as_str() == Some("AWS/Lambda") {
                 let dims = metric["Dimensions"].as_sequence().unwrap();
                 assert!(
-                    dims.iter().any(|d| d["Name"].as_str() == Some("FunctionName")
-                        && reference(&d["Value"]).as_deref() == Some("IngestFunction")),
+                    dims.iter()
+                        .any(|d| d["Name"].as_str() == Some("FunctionName")
+                            && reference(&d["Value"]).as_deref() == Some("IngestFunction")),
                     "{metric:?}"
                 );
             }
@@ -980,13 +988,18 @@ fn ingest_parses_only_the_http_api_payload() {
     for event in events.values() {
         assert_eq!(event["Type"].as_str(), Some("HttpApi"));
         let format = &event["Properties"]["PayloadFormatVersion"];
-        assert!(format.is_null() || format.as_str() == Some("2.0"), "{format:?}");
+        assert!(
+            format.is_null() || format.as_str() == Some("2.0"),
+            "{format:?}"
+        );
     }
     let workspace: toml::Table =
         toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
     let shared_dependency = &workspace["workspace"]["dependencies"]["lambda_http"];
     assert_eq!(
-        shared_dependency.get("default-features").and_then(toml::Value::as_bool),
+        shared_dependency
+            .get("default-features")
+            .and_then(toml::Value::as_bool),
         Some(false)
     );
     assert!(

@@ -716,7 +716,15 @@ async fn a_source_id_no_source_can_have_is_404(pool: PgPool) {
     use lambda_http::RequestExt;
     let app = TestApp::spawn(pool).await;
     let d = stripe("evt_nul", json!({}));
-    for source_id in ["stripe\0", "\0", "str\0ipe", "a b", "a/b", "strïpe", "stripe\u{0}x"] {
+    for source_id in [
+        "stripe\0",
+        "\0",
+        "str\0ipe",
+        "a b",
+        "a/b",
+        "strïpe",
+        "stripe\u{0}x",
+    ] {
         let mut request = http::Request::builder()
             .method("POST")
             .uri("https://example.execute-api.us-east-1.amazonaws.com/webhooks/x")

@@ -184,8 +184,9 @@ async fn raw_exchange(base: &str, head: &[u8]) -> String {
     let address = base.trim_start_matches("http://");
     let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
     let mut request = head.to_vec();
-    request
-        .extend_from_slice(b"\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}");
+    request.extend_from_slice(
+        b"\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    );
     stream.write_all(&request).await.unwrap();
     let mut answer = Vec::new();
     let _ = stream.read_to_end(&mut answer).await;

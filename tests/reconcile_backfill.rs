@@ -1154,7 +1154,10 @@ async fn an_event_pending_during_a_payload_pass_has_its_payload_purged_once_proc
         .drain_until(std::time::Instant::now() + Duration::from_secs(5))
         .await
         .unwrap();
-    assert_eq!(event(&pool, TENANT, "late").await.unwrap().status, "pending");
+    assert_eq!(
+        event(&pool, TENANT, "late").await.unwrap().status,
+        "pending"
+    );
     // Ten days on, "late" still waits in the queue when retention runs.
     sqlx::query("UPDATE webhook_events SET received_at = received_at - interval '10 days', first_received_at = first_received_at - interval '10 days', last_seen_at = last_seen_at - interval '10 days'")
         .execute(&pool)
@@ -1183,7 +1186,10 @@ async fn an_event_pending_during_a_payload_pass_has_its_payload_purged_once_proc
         .await
         .unwrap();
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;
-    assert_eq!(event(&pool, TENANT, "late").await.unwrap().status, "processed");
+    assert_eq!(
+        event(&pool, TENANT, "late").await.unwrap().status,
+        "processed"
+    );
     let second = shared::retention::run_once(&pool, &settings, "schedule")
         .await
         .unwrap();

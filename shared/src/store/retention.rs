@@ -83,10 +83,8 @@ pub async fn purge_processed_since_passed(
                AND (due.nothing_left OR EXISTS ( \
                    SELECT 1 FROM purged AS p WHERE p.tenant_id = w.tenant_id AND p.external_id = w.external_id))) \
          SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM purged)";
-    let (examined, purged): (i64, i64) = sqlx::query_as(SQL)
-        .bind(limit)
-        .fetch_one(executor)
-        .await?;
+    let (examined, purged): (i64, i64) =
+        sqlx::query_as(SQL).bind(limit).fetch_one(executor).await?;
     Ok(AwaitingPass {
         examined: examined as u64,
         purged: purged as u64,
