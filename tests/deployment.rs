@@ -127,19 +127,26 @@ fn every_alarm_watches_a_metric_that_exists() {
     let ours: BTreeSet<&str> = shared::metrics::EMITTED.iter().copied().collect();
     for (name, alarm) in of_type(&t, "AWS::CloudWatch::Alarm") {
         let p = &alarm["Properties"];
-        let metric = p["MetricName"].as_str().unwrap();
-        match p["Namespace"].as_str().unwrap() {
-            ns if ns == shared::metrics::NAMESPACE => assert!(
-                ours.contains(metric),
-                "{name}: {metric} is not emitted by the code"
-            ),
-            "AWS/Lambda" => assert!(["Errors", "Throttles"].contains(&metric), "{name}"),
-            "AWS/ApiGateway" => assert!(
-                ["5xx", "4xx", "Count", "Latency"].contains(&metric),
-                "{name}"
-            ),
-            "AWS/SQS" => assert_eq!(metric, "NumberOfMessagesSent", "{name}"),
-            other => panic!("{name}: unexpected namespace {other}"),
+        let read = metrics_read(p);
+        assert!(!read.is_empty(), "{name} reads no metric");
+        for m in read {
+            let metric = m["MetricName"].as_str().unwrap();
+            match m["Namespace"].as_str().unwrap() {
+                ns if ns == shared::metrics::NAMESPACE => assert!(
+                    ours.contains(metric),
+                    "{name}: {metric} is not emitted by the code"
+                ),
+                "AWS/Lambda" => assert!(
+                    ["Errors", "Throttles", "Invocations"].contains(&metric),
+                    "{name}"
+                ),
+                "AWS/ApiGateway" => assert!(
+                    ["5xx", "4xx", "Count", "Latency"].contains(&metric),
+                    "{name}"
+                ),
+                "AWS/SQS" => assert_eq!(metric, "NumberOfMessagesSent", "{name}"),
+                other => panic!("{name}: unexpected namespace {other}"),
+            }
         }
         let actions = p["AlarmActions"]
             .as_sequence()
@@ -157,6 +164,19 @@ fn every_alarm_watches_a_metric_that_exists() {
         "5xx",
     ] {
         assert!(metrics.contains(needed), "no alarm on {needed}");
+    }
+}
+
+/// The metrics an alarm reads: its own (`Namespace`, `MetricName`, `Dimensions`), or each
+/// `MetricStat` of a metric math alarm.
+fn metrics_read(p: &Value) -> Vec<Value> {
+    match p["Metrics"].as_sequence() {
+        Some(queries) => queries
+            .iter()
+            .filter(|q| !q["MetricStat"].is_null())
+            .map(|q| q["MetricStat"]["Metric"].clone())
+            .collect(),
+        None => vec![p.clone()],
     }
 }
 
@@ -232,6 +252,31 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
             "{stale} re-sent: {after_failure:?}"
         );
     }
+
+    // A 5xx answer of version 7 is counted for every version and for version 7: the canary's
+    // alarm reads both.
+    shared::metrics::ingest_5xx_of(Some("7"));
+    let mut out = Vec::new();
+    collector.flush(&mut out).unwrap();
+    let mut counted = BTreeSet::new();
+    for line in String::from_utf8(out).unwrap().lines() {
+        let doc: serde_json::Value = serde_json::from_str(line).unwrap();
+        let dimensions = &doc["_aws"]["CloudWatchMetrics"][0]["Dimensions"];
+        if doc[shared::metrics::INGEST_5XX] == 1 {
+            counted.insert((
+                dimensions.to_string(),
+                doc[shared::metrics::FUNCTION_VERSION].to_string(),
+            ));
+        }
+    }
+    assert!(
+        counted.contains(&(r#"[["FunctionVersion"]]"#.to_owned(), r#""7""#.to_owned())),
+        "{counted:?}"
+    );
+    assert!(
+        counted.iter().any(|(_, v)| v == "null"),
+        "no count for every version: {counted:?}"
+    );
 }
 
 #[test]
@@ -684,4 +729,390 @@ fn the_operator_function_may_be_invoked_by_the_named_principals_only() {
             "{name}: condition {condition} is defined"
         );
     }
+}
+
+/// `!GetAtt IngestFunction.Version.Version`: the version this deployment published.
+fn is_new_version(v: &Value) -> bool {
+    matches!(v, Value::Tagged(t) if t.tag == "GetAtt"
+        && t.value.as_str() == Some("IngestFunction.Version.Version"))
+}
+
+/// Whether a metric an alarm reads is the new version's alone: Lambda's `ExecutedVersion` or
+/// the code's `FunctionVersion`, naming the version this deployment published.
+fn of_new_version(metric: &Value) -> bool {
+    metric["Dimensions"].as_sequence().is_some_and(|dims| {
+        dims.iter().any(|d| {
+            matches!(
+                d["Name"].as_str(),
+                Some("ExecutedVersion") | Some(shared::metrics::FUNCTION_VERSION)
+            ) && is_new_version(&d["Value"])
+        })
+    })
+}
+
+/// A CloudWatch metric math expression over one datapoint per metric: numbers, ids, `+ - * /`,
+/// `>`, `FILL(x, v)` and `IF(c, a, b)`. `None` is a missing datapoint.
+struct Expr<'a> {
+    text: &'a [u8],
+    at: usize,
+    values: &'a std::collections::BTreeMap<String, Option<f64>>,
+}
+
+impl Expr<'_> {
+    fn skip(&mut self) {
+        while self.text.get(self.at).is_some_and(u8::is_ascii_whitespace) {
+            self.at += 1;
+        }
+    }
+    fn eat(&mut self, c: u8) -> bool {
+        self.skip();
+        if self.text.get(self.at) == Some(&c) {
+            self.at += 1;
+            true
+        } else {
+            false
+        }
+    }
+    fn comparison(&mut self) -> Option<f64> {
+        let left = self.sum();
+        if self.eat(b'>') {
+            let right = self.sum();
+            return Some(f64::from(u8::from(left? > right?)));
+        }
+        left
+    }
+    fn sum(&mut self) -> Option<f64> {
+        let mut value = self.product();
+        loop {
+            if self.eat(b'+') {
+                let r = self.product();
+                value = value.zip(r).map(|(a, b)| a + b);
+            } else if self.eat(b'-') {
+                let r = self.product();
+                value = value.zip(r).map(|(a, b)| a - b);
+            } else {
+                return value;
+            }
+        }
+    }
+    fn product(&mut self) -> Option<f64> {
+        let mut value = self.atom();
+        loop {
+            if self.eat(b'*') {
+                let r = self.atom();
+                value = value.zip(r).map(|(a, b)| a * b);
+            } else if self.eat(b'/') {
+                let r = self.atom();
+                value = value.zip(r).map(|(a, b)| a / b);
+            } else {
+                return value;
+            }
+        }
+    }
+    fn atom(&mut self) -> Option<f64> {
+        if self.eat(b'(') {
+            let v = self.comparison();
+            assert!(self.eat(b')'));
+            return v;
+        }
+        self.skip();
+        let start = self.at;
+        while self
+            .text
+            .get(self.at)
+            .is_some_and(|c| c.is_ascii_alphanumeric() || *c == b'_' || *c == b'.')
+        {
+            self.at += 1;
+        }
+        let word = std::str::from_utf8(&self.text[start..self.at]).unwrap();
+        assert!(!word.is_empty(), "expression syntax at {}", self.at);
+        if let Ok(n) = word.parse::<f64>() {
+            return Some(n);
+        }
+        if self.eat(b'(') {
+            let mut args = vec![self.comparison()];
+            while self.eat(b',') {
+                args.push(self.comparison());
+            }
+            assert!(self.eat(b')'));
+            return match (word, args.as_slice()) {
+                ("FILL", [x, v]) => x.or(*v),
+                ("IF", [c, a, b]) => c.and_then(|c| if c != 0.0 { *a } else { *b }),
+                other => panic!("unsupported function {other:?}"),
+            };
+        }
+        *self
+            .values
+            .get(word)
+            .unwrap_or_else(|| panic!("unknown id {word}"))
+    }
+}
+
+/// One minute of ingest traffic: the new version's and every version's 5xx answers, failed
+/// invocations and invocations.
+#[derive(Clone, Copy)]
+struct Minute {
+    new: (u32, u32, u32),
+    all: (u32, u32, u32),
+}
+
+/// Whether `alarm` breaches over `minute`, missing data treated as the alarm says.
+fn breaches(alarm: &Value, minute: Minute) -> bool {
+    let p = &alarm["Properties"];
+    let datapoint = |metric: &Value| -> Option<f64> {
+        let (failed, errors, invocations) = if of_new_version(metric) {
+            minute.new
+        } else {
+            minute.all
+        };
+        let n = match metric["MetricName"].as_str().unwrap() {
+            "Ingest5xx" => failed,
+            "Errors" => errors,
+            "Invocations" => invocations,
+            other => panic!("the canary reads {other}"),
+        };
+        // CloudWatch has no datapoint for a metric nobody emitted in the minute.
+        (n > 0).then_some(f64::from(n))
+    };
+    let value = match p["Metrics"].as_sequence() {
+        None => datapoint(p),
+        Some(queries) => {
+            let mut values = std::collections::BTreeMap::new();
+            let mut returned = None;
+            for q in queries {
+                let id = q["Id"].as_str().unwrap().to_owned();
+                let v = if q["MetricStat"].is_null() {
+                    let text = q["Expression"].as_str().unwrap();
+                    let mut e = Expr {
+                        text: text.as_bytes(),
+                        at: 0,
+                        values: &values,
+                    };
+                    let v = e.comparison();
+                    e.skip();
+                    assert_eq!(e.at, text.len(), "unparsed: {text}");
+                    v
+                } else {
+                    datapoint(&q["MetricStat"]["Metric"])
+                };
+                if q["ReturnData"].as_bool() == Some(true) {
+                    assert!(returned.is_none(), "one returned series");
+                    returned = Some(id.clone());
+                }
+                values.insert(id, v);
+            }
+            values[&returned.expect("a returned series")]
+        }
+    };
+    assert_eq!(p["TreatMissingData"].as_str(), Some("notBreaching"));
+    assert_eq!(
+        p["ComparisonOperator"].as_str(),
+        Some("GreaterThanThreshold")
+    );
+    assert_eq!(
+        p["EvaluationPeriods"].as_u64(),
+        Some(1),
+        "one minute decides"
+    );
+    let threshold = p["Threshold"].as_f64().unwrap();
+    value.is_some_and(|v| v > threshold)
+}
+
+/// The alarms that roll back an ingest deployment watch the version being deployed: each reads
+/// metrics of the new version (Lambda's ExecutedVersion, the code's FunctionVersion), one
+/// failed delivery on the new version at low traffic trips one of them (a handler's 5xx answer
+/// as well as a crashed invocation), and an outage that fails every version alike does not
+/// roll back good code.
+#[test]
+fn the_canary_watches_the_new_version() {
+    let t = template();
+    let preference = &t["Resources"]["IngestFunction"]["Properties"]["DeploymentPreference"];
+    let alarms: Vec<Value> = preference["Alarms"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| t["Resources"][reference(a).unwrap().as_str()].clone())
+        .collect();
+    assert!(!alarms.is_empty());
+    for alarm in &alarms {
+        let read = metrics_read(&alarm["Properties"]);
+        assert!(
+            read.iter().any(of_new_version),
+            "{:?} does not watch the new version",
+            alarm["Properties"]["AlarmName"]
+        );
+        for metric in &read {
+            if metric["Namespace"].as_str() == Some("AWS/Lambda") {
+                let dims = metric["Dimensions"].as_sequence().unwrap();
+                assert!(
+                    dims.iter()
+                        .any(|d| d["Name"].as_str() == Some("FunctionName")
+                            && reference(&d["Value"]).as_deref() == Some("IngestFunction")),
+                    "{metric:?}"
+                );
+            }
+        }
+    }
+    let rolled_back = |minute: Minute| alarms.iter().any(|a| breaches(a, minute));
+    let quiet = Minute {
+        new: (0, 0, 0),
+        all: (0, 0, 0),
+    };
+    let cases = [
+        // (what happened in the minute, rolled back)
+        ("no traffic", quiet, false),
+        (
+            "one delivery, to the new version, answered 5xx",
+            Minute {
+                new: (1, 0, 1),
+                all: (1, 0, 1),
+            },
+            true,
+        ),
+        (
+            "the new version's one delivery answered 5xx, the old version's nine answered",
+            Minute {
+                new: (1, 0, 1),
+                all: (1, 0, 10),
+            },
+            true,
+        ),
+        (
+            "the new version's one invocation crashed",
+            Minute {
+                new: (0, 1, 1),
+                all: (0, 1, 10),
+            },
+            true,
+        ),
+        (
+            "the new version fails every request at 100 a minute, the old none",
+            Minute {
+                new: (10, 0, 10),
+                all: (10, 0, 100),
+            },
+            true,
+        ),
+        (
+            "healthy traffic on both versions",
+            Minute {
+                new: (0, 0, 10),
+                all: (0, 0, 100),
+            },
+            false,
+        ),
+        (
+            "a database blip answers 503 on both versions alike",
+            Minute {
+                new: (10, 0, 10),
+                all: (100, 0, 100),
+            },
+            false,
+        ),
+        (
+            "the old version answers 5xx, the new one does not",
+            Minute {
+                new: (0, 0, 10),
+                all: (30, 0, 100),
+            },
+            false,
+        ),
+    ];
+    for (what, minute, expected) in cases {
+        assert_eq!(rolled_back(minute), expected, "{what}");
+    }
+}
+
+/// API Gateway answers a throttled Lambda invocation with a 5xx, not 429 (429 is the stage's own
+/// throttling): the template says so where it describes an ingest throttle.
+#[test]
+fn an_ingest_throttle_is_described_as_a_5xx() {
+    let t = template();
+    let description = t["Resources"]["IngestThrottlesAlarm"]["Properties"]["AlarmDescription"]
+        .as_str()
+        .unwrap();
+    assert!(description.contains("5xx"), "{description}");
+    assert!(
+        !description.contains("get 429"),
+        "a throttled invocation is not a 429: {description}"
+    );
+}
+
+/// The workspace's crates, by manifest.
+fn manifests() -> Vec<(String, toml::Table)> {
+    let workspace: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    workspace["workspace"]["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            let path = root().join(m.as_str().unwrap()).join("Cargo.toml");
+            let manifest = toml::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
+            (m.as_str().unwrap().to_owned(), manifest)
+        })
+        .collect()
+}
+
+/// The features a manifest's tables give `dependency`.
+fn features_of(manifest: &toml::Table, dependency: &str) -> BTreeSet<String> {
+    ["dependencies", "dev-dependencies", "build-dependencies"]
+        .iter()
+        .filter_map(|table| manifest.get(*table)?.get(dependency))
+        .flat_map(|d| d.get("features").and_then(toml::Value::as_array).cloned())
+        .flatten()
+        .map(|f| f.as_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The ingest function takes the HTTP API's payload (format 2.0) and lambda_http parses only
+/// that shape: with several enabled it tries each in turn (a REST API event first), and cargo
+/// gives every binary of a build the features any crate in it enables, so no crate of the
+/// workspace enables another shape, and the workspace dependency none at all.
+#[test]
+fn ingest_parses_only_the_http_api_payload() {
+    let t = template();
+    let events = t["Resources"]["IngestFunction"]["Properties"]["Events"]
+        .as_mapping()
+        .unwrap();
+    for event in events.values() {
+        assert_eq!(event["Type"].as_str(), Some("HttpApi"));
+        let format = &event["Properties"]["PayloadFormatVersion"];
+        assert!(
+            format.is_null() || format.as_str() == Some("2.0"),
+            "{format:?}"
+        );
+    }
+    let workspace: toml::Table =
+        toml::from_str(&std::fs::read_to_string(root().join("Cargo.toml")).unwrap()).unwrap();
+    let shared_dependency = &workspace["workspace"]["dependencies"]["lambda_http"];
+    assert_eq!(
+        shared_dependency
+            .get("default-features")
+            .and_then(toml::Value::as_bool),
+        Some(false)
+    );
+    assert!(
+        shared_dependency
+            .get("features")
+            .and_then(toml::Value::as_array)
+            .is_none_or(|f| f.is_empty()),
+        "the workspace's lambda_http enables {shared_dependency:?}"
+    );
+    for (member, manifest) in manifests() {
+        let features = features_of(&manifest, "lambda_http");
+        assert!(
+            features.iter().all(|f| f == "apigw_http"),
+            "{member} enables lambda_http {features:?}"
+        );
+    }
+    let ingest = manifests()
+        .into_iter()
+        .find(|(m, _)| m == "functions/ingest")
+        .unwrap()
+        .1;
+    assert_eq!(
+        features_of(&ingest, "lambda_http"),
+        BTreeSet::from(["apigw_http".to_owned()])
+    );
 }

@@ -707,3 +707,36 @@ async fn a_source_added_at_runtime_is_served_without_a_restart(pool: PgPool) {
         StatusCode::NOT_FOUND
     );
 }
+
+/// API Gateway hands the function the route's `{source_id}` percent-decoded: a NUL byte, a
+/// space, a slash or any byte no source id has is an unknown source (404), never a database
+/// error (5xx, which the canary would count against the deployment) nor a panic.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_source_id_no_source_can_have_is_404(pool: PgPool) {
+    use lambda_http::RequestExt;
+    let app = TestApp::spawn(pool).await;
+    let d = stripe("evt_nul", json!({}));
+    for source_id in [
+        "stripe\0",
+        "\0",
+        "str\0ipe",
+        "a b",
+        "a/b",
+        "strïpe",
+        "stripe\u{0}x",
+    ] {
+        let mut request = http::Request::builder()
+            .method("POST")
+            .uri("https://example.execute-api.us-east-1.amazonaws.com/webhooks/x")
+            .body(lambda_http::Body::Binary(d.body.clone()))
+            .unwrap();
+        *request.headers_mut() = d.headers.clone();
+        let request = request.with_path_parameters(std::collections::HashMap::from([(
+            "source_id".to_owned(),
+            source_id.to_owned(),
+        )]));
+        let response = ingest::handler(request, &app.ingestor).await.unwrap();
+        assert_eq!(response.status(), StatusCode::NOT_FOUND, "{source_id:?}");
+    }
+    assert_nothing_stored(&app.pool).await;
+}

@@ -176,3 +176,52 @@ async fn the_local_pipeline_takes_a_payment_from_post_to_delivered_fulfilment(po
         .unwrap();
     assert_eq!(listed, serde_json::json!({"dead_letters": []}));
 }
+
+/// Sends `head` (a request line and headers, without the blank line) and a small JSON body
+/// over a fresh TCP connection; returns what came back, empty if the runner dropped it.
+async fn raw_exchange(base: &str, head: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let address = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(address).await.unwrap();
+    let mut request = head.to_vec();
+    request.extend_from_slice(
+        b"\r\nHost: localhost\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}",
+    );
+    stream.write_all(&request).await.unwrap();
+    let mut answer = Vec::new();
+    let _ = stream.read_to_end(&mut answer).await;
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// A route segment no source id can be (a NUL byte, escaped or raw; a space; a slash) is
+/// answered 4xx, as API Gateway would answer it, never with a dropped connection.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_route_no_source_can_have_is_answered_not_dropped(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let base = spawn_runner(&app, MAX_BODY).await;
+    for head in [
+        &b"POST /webhooks/github%00 HTTP/1.1"[..],
+        b"POST /webhooks/%00 HTTP/1.1",
+        b"POST /webhooks/a%20b HTTP/1.1",
+        b"POST /webhooks/a%2Fb HTTP/1.1",
+        b"POST /webhooks/gith\0ub HTTP/1.1",
+    ] {
+        let answer = raw_exchange(&base, head).await;
+        let status = answer.get(..12).unwrap_or_default();
+        assert!(
+            status == "HTTP/1.1 404" || status == "HTTP/1.1 400",
+            "{:?} answered {answer:?}",
+            String::from_utf8_lossy(head)
+        );
+    }
+    // The runner still serves.
+    let answer = raw_exchange(&base, b"POST /webhooks/gitlab HTTP/1.1").await;
+    assert!(answer.starts_with("HTTP/1.1 404"), "{answer:?}");
+    assert_eq!(
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM webhook_events")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap(),
+        0
+    );
+}

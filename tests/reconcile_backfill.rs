@@ -1376,3 +1376,189 @@ async fn a_failed_repair_keeps_the_verdict_from_accounted_for(pool: PgPool) {
     assert_eq!(repaired.drained.repairs, 1, "{repaired:?}");
     assert_eq!(verdict(&pool).await, ("accounted_for".to_owned(), vec![]));
 }
+
+async fn payload_of(pool: &PgPool, external_id: &str) -> Option<Vec<u8>> {
+    sqlx::query_scalar("SELECT payload FROM webhook_events WHERE external_id = $1")
+        .bind(external_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// An event still pending when a payload pass walks past it (its drain retrying with backoff,
+/// or an operator's replay) loses its payload on a later pass once it is processed: after the
+/// payload horizon, not at the identity purge three weeks later.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_event_pending_during_a_payload_pass_has_its_payload_purged_once_processed(
+    pool: PgPool,
+) {
+    use pipeline_tests::drain::{Instrumented, create_application_log, registry_with};
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(shared::effects::entity::EntityProjection));
+    handler.poison = vec!["cust-late".into()];
+    let handler = Arc::new(handler);
+    let drainer = Drainer::new(
+        pool.clone(),
+        registry_with(handler.clone()),
+        shared::drain::DrainSettings {
+            backoff_base: Duration::from_secs(3600),
+            backoff_cap: Duration::from_secs(3600),
+            ..pipeline_tests::drain::fast_settings()
+        },
+    );
+    let mut bodies = BTreeMap::new();
+    for (id, entity) in [
+        ("early", "cust-early"),
+        ("late", "cust-late"),
+        ("after", "cust-after"),
+    ] {
+        let d = pipeline_tests::drain::entity_event(id, entity, 1, "customer.updated");
+        let reply = app
+            .post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+            .await;
+        assert_eq!(reply.outcome(), "accepted");
+        bodies.insert(id, d.body);
+    }
+    // "late" fails and waits out an hour's backoff; the others are processed.
+    drainer
+        .drain_until(std::time::Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(
+        event(&pool, TENANT, "late").await.unwrap().status,
+        "pending"
+    );
+    // Ten days on, "late" still waits in the queue when retention runs.
+    sqlx::query("UPDATE webhook_events SET received_at = received_at - interval '10 days', first_received_at = first_received_at - interval '10 days', last_seen_at = last_seen_at - interval '10 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let settings = shared::retention::RetentionSettings::default();
+    let first = shared::retention::run_once(&pool, &settings, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(first.payloads_purged, 2, "{first:?}");
+    assert_eq!(payload_of(&pool, "early").await, None);
+    assert_eq!(payload_of(&pool, "after").await, None);
+    assert_eq!(
+        payload_of(&pool, "late").await.as_deref(),
+        Some(&bodies["late"][..]),
+        "a pending event keeps its payload: the drain needs it"
+    );
+
+    // The handler is fixed and the retry comes due: the drain processes it, and the next
+    // pass purges its payload.
+    handler
+        .broken
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    sqlx::query("UPDATE event_queue SET ready_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    assert_eq!(
+        event(&pool, TENANT, "late").await.unwrap().status,
+        "processed"
+    );
+    let second = shared::retention::run_once(&pool, &settings, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(
+        payload_of(&pool, "late").await,
+        None,
+        "a processed event past the payload horizon kept its payload: {second:?}"
+    );
+    assert_eq!(second.payloads_purged, 1, "{second:?}");
+    let third = shared::retention::run_once(&pool, &settings, "schedule")
+        .await
+        .unwrap();
+    assert_eq!(third, shared::retention::RetentionOutcome::default());
+}
+
+/// A dead letter holds its event only while it is open: once replayed or discarded, the event
+/// ages out at the identity horizon like any other, and its closed letter with it; an open
+/// letter keeps its event however old.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn closed_dead_letters_let_their_events_age_out_and_an_open_one_keeps_its_event(
+    pool: PgPool,
+) {
+    use pipeline_tests::drain::{Instrumented, create_application_log, registry_with};
+    let app = pipeline_tests::drain::app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(shared::effects::entity::EntityProjection));
+    handler.poison = vec!["p-open".into(), "p-replayed".into(), "p-discarded".into()];
+    handler.fatal = true;
+    let handler = Arc::new(handler);
+    let registry = registry_with(handler.clone());
+    let drainer = pipeline_tests::drain::drainer(&pool, registry.clone());
+    for (id, entity) in [
+        ("dl-open", "p-open"),
+        ("dl-replayed", "p-replayed"),
+        ("dl-discarded", "p-discarded"),
+    ] {
+        let d = pipeline_tests::drain::entity_event(id, entity, 1, "thing.updated");
+        let reply = app
+            .post(pipeline_tests::drain::ENTITIES, d.headers, &d.body)
+            .await;
+        assert_eq!(reply.outcome(), "accepted");
+    }
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let letter = |external_id: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT dead_letter_id FROM dead_letters WHERE external_id = $1",
+            )
+            .bind(external_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    assert!(
+        shared::store::dead_letters::set_status(&pool, letter("dl-discarded").await, "discarded")
+            .await
+            .unwrap()
+    );
+    handler
+        .broken
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    let replayed = shared::drain::replay(
+        &pool,
+        &registry,
+        &shared::store::dead_letters::ReplayFilter {
+            ids: vec![letter("dl-replayed").await],
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(replayed.replayed, 1, "{replayed:?}");
+
+    // Forty days on, with the outbox delivered.
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - interval '40 days', first_received_at = first_received_at - interval '40 days', last_seen_at = last_seen_at - interval '40 days'",
+        "UPDATE dead_letters SET created_at = created_at - interval '40 days', updated_at = updated_at - interval '40 days', replayed_at = replayed_at - interval '40 days'",
+        "UPDATE outbox SET status = 'delivered', delivered_at = now()",
+    ] {
+        sqlx::query(sql).execute(&pool).await.unwrap();
+    }
+    let purged = shared::retention::run_once(&pool, &Default::default(), "schedule")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 2, "{purged:?}");
+    let events: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM webhook_events ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(events, ["dl-open"], "only the open letter's event is kept");
+    let letters: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, status FROM dead_letters ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(letters, [("dl-open".to_owned(), "new".to_owned())]);
+    assert_eq!(purged.closed_dead_letters_purged, 2, "{purged:?}");
+}

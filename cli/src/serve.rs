@@ -10,7 +10,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Bytes;
 use axum::extract::{DefaultBodyLimit, Path, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use lambda_http::RequestExt;
@@ -146,17 +146,20 @@ pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io
     axum::serve(listener, router).await
 }
 
+/// As API Gateway does, hands the handler the request's own URI and the route's `{source_id}`
+/// percent-decoded, whatever it decodes to (a NUL byte, a space, a slash): the handler answers
+/// an id no source can have 404. The URI is the one the client sent, never rebuilt from the
+/// decoded id (which need not be a valid URI).
 async fn receive(
     State(runner): State<Runner>,
     Path(source_id): Path<String>,
+    uri: Uri,
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let mut request = lambda_http::http::Request::builder()
-        .method("POST")
-        .uri(format!("/webhooks/{source_id}"))
-        .body(lambda_http::Body::Binary(body.to_vec()))
-        .expect("valid request parts");
+    let mut request = lambda_http::http::Request::new(lambda_http::Body::Binary(body.to_vec()));
+    *request.method_mut() = lambda_http::http::Method::POST;
+    *request.uri_mut() = uri;
     *request.headers_mut() = headers;
     let request =
         request.with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]));

@@ -19,10 +19,15 @@ pub const DELIVERIES_STORED: &str = "DeliveriesStored";
 /// Deliveries refused, by `Reason` (signature, unknown_source, too_large, unreadable,
 /// unavailable, misconfigured).
 pub const DELIVERIES_REFUSED: &str = "DeliveriesRefused";
-/// Deliveries the ingest function answered with a 5xx (the provider retries). The ingest
-/// canary's rollback alarm watches it: unlike the API's 5xx metric it names no API, so the
-/// alarm can guard the function's own deployment.
+/// Deliveries the ingest function answered with a 5xx (the provider retries), once without a
+/// dimension (every version) and once by [`FUNCTION_VERSION`], the Lambda version that answered.
+/// The ingest canary's rollback alarm compares the two: unlike the API's 5xx metric it names no
+/// API, so the alarm can guard the function's own deployment, and a handler's 5xx answer is not
+/// a Lambda `Errors` datapoint.
 pub const INGEST_5XX: &str = "Ingest5xx";
+/// The dimension naming the Lambda version that emitted a metric (`AWS_LAMBDA_FUNCTION_VERSION`,
+/// the number `!GetAtt IngestFunction.Version.Version` gives in template.yaml).
+pub const FUNCTION_VERSION: &str = "FunctionVersion";
 pub const EVENTS_PROCESSED: &str = "EventsProcessed";
 pub const EVENTS_RETRIED: &str = "EventsRetried";
 pub const EVENTS_DEAD_LETTERED: &str = "EventsDeadLettered";
@@ -69,8 +74,20 @@ pub fn delivery_refused(reason: &'static str) {
     metrics::counter!(DELIVERIES_REFUSED, "Reason" => reason).increment(1);
 }
 
+/// A 5xx answer of the ingest function, counted for every version and for the version running
+/// (Lambda sets `AWS_LAMBDA_FUNCTION_VERSION`; outside Lambda only the first is counted).
 pub fn ingest_5xx() {
+    static VERSION: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
+    let version = VERSION.get_or_init(|| std::env::var("AWS_LAMBDA_FUNCTION_VERSION").ok());
+    ingest_5xx_of(version.as_deref());
+}
+
+/// [`ingest_5xx`] for a given version.
+pub fn ingest_5xx_of(version: Option<&str>) {
     metrics::counter!(INGEST_5XX).increment(1);
+    if let Some(version) = version {
+        metrics::counter!(INGEST_5XX, FUNCTION_VERSION => version.to_owned()).increment(1);
+    }
 }
 
 /// What drain batches committed: events processed, rescheduled, dead-lettered.

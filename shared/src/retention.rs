@@ -1,9 +1,12 @@
 //! Retention: payload bytes are purged first, event identity (the dedup key) only after a
 //! horizon longer than the longest provider retry window, in bounded batches each its own
-//! statement. An event stays while a dead letter or an outbox message not yet delivered (pending,
-//! or failed and waiting for an operator) needs it. Dead letters, tombstones, entities and orders
-//! are kept; an open dead letter keeps its copy of the payload (its replay reads it once the
-//! event's is purged), a closed one loses it after the payload horizon. A delivery arriving after
+//! statement. A payload the drain still needed when the purge's cursor passed it (a pending
+//! event) is purged by a later pass once the event is processed. An event stays while an open
+//! dead letter or an outbox message not yet delivered (pending, or failed and waiting for an
+//! operator) needs it; a closed (replayed or discarded) dead letter goes with its event once it
+//! has been closed for the identity horizon too. Tombstones, entities and orders are kept; an
+//! open dead letter keeps its copy of the payload (its replay reads it once the event's is
+//! purged), a closed one loses it after the payload horizon. A delivery arriving after
 //! its identity was purged is accepted as new, but its effect is not repeated (the version guard
 //! and the payment state machine see it applied) and it is recorded as an anomaly.
 
@@ -69,6 +72,8 @@ pub struct RetentionOutcome {
     pub history_purged: u64,
     /// Payload copies of dead letters closed (replayed or discarded) past the payload horizon.
     pub dead_letter_payloads_purged: u64,
+    /// Closed dead letters deleted with their events at the identity horizon.
+    pub closed_dead_letters_purged: u64,
 }
 
 impl RunCounts for RetentionOutcome {
@@ -93,7 +98,11 @@ pub async fn run_once(
     })
     .await?;
     let o = &outcome;
-    if o.payloads_purged + o.identities_purged + o.history_purged + o.dead_letter_payloads_purged
+    if o.payloads_purged
+        + o.identities_purged
+        + o.history_purged
+        + o.dead_letter_payloads_purged
+        + o.closed_dead_letters_purged
         > 0
     {
         tracing::info!(
@@ -101,6 +110,7 @@ pub async fn run_once(
             identities_purged = o.identities_purged,
             history_purged = o.history_purged,
             dead_letter_payloads_purged = o.dead_letter_payloads_purged,
+            closed_dead_letters_purged = o.closed_dead_letters_purged,
             "retention pass finished"
         );
     } else {
@@ -114,6 +124,14 @@ async fn purge(
     s: &RetentionSettings,
     outcome: &mut RetentionOutcome,
 ) -> Result<(), StoreError> {
+    // Events the cursor below passed while they were pending, and processed since.
+    for _ in 0..s.max_batches {
+        let pass = retention::purge_processed_since_passed(pool, s.batch_size).await?;
+        outcome.payloads_purged += pass.purged;
+        if pass.examined < s.batch_size as u64 {
+            break;
+        }
+    }
     for _ in 0..s.max_batches {
         let n =
             retention::purge_payloads(pool, s.payload_after.as_secs_f64(), s.batch_size).await?;
@@ -137,8 +155,9 @@ async fn purge(
     for _ in 0..s.max_batches {
         let n =
             retention::purge_identities(pool, s.identity_after.as_secs_f64(), s.batch_size).await?;
-        outcome.identities_purged += n;
-        if n < s.batch_size as u64 {
+        outcome.identities_purged += n.events;
+        outcome.closed_dead_letters_purged += n.closed_dead_letters;
+        if n.events < s.batch_size as u64 {
             break;
         }
     }

@@ -6,7 +6,9 @@ use sqlx::PgExecutor;
 use super::StoreError;
 
 /// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
-/// resuming from the stored cursor (which moves past what was examined). Returns how many
+/// resuming from the stored cursor (which moves past what was examined). An examined event it
+/// could not clear (still pending: the drain needs its payload) is listed in
+/// `payloads_awaiting_processing` for [`purge_processed_since_passed`]. Returns how many
 /// payloads were cleared.
 pub async fn purge_payloads(
     executor: impl PgExecutor<'_>,
@@ -16,7 +18,8 @@ pub async fn purge_payloads(
     const SQL: &str = "WITH cursor AS ( \
              SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
          batch AS ( \
-             SELECT e.tenant_id, e.external_id, e.first_received_at FROM webhook_events AS e, cursor \
+             SELECT e.tenant_id, e.external_id, e.first_received_at, e.payload IS NOT NULL AS has_payload \
+             FROM webhook_events AS e, cursor \
              WHERE e.first_received_at >= cursor.through \
                AND e.first_received_at < now() - make_interval(secs => $1) \
              ORDER BY e.first_received_at LIMIT $2), \
@@ -24,7 +27,13 @@ pub async fn purge_payloads(
              UPDATE webhook_events AS e SET payload = NULL FROM batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \
                AND e.status <> 'pending' AND e.payload IS NOT NULL \
-             RETURNING 1), \
+             RETURNING e.tenant_id, e.external_id), \
+         awaiting AS ( \
+             INSERT INTO payloads_awaiting_processing (tenant_id, external_id) \
+             SELECT b.tenant_id, b.external_id FROM batch AS b \
+             WHERE b.has_payload AND NOT EXISTS ( \
+                 SELECT 1 FROM purged AS p WHERE p.tenant_id = b.tenant_id AND p.external_id = b.external_id) \
+             ON CONFLICT DO NOTHING), \
          moved AS ( \
              INSERT INTO retention_cursors (name, through) \
              SELECT 'payloads', reached FROM (SELECT max(first_received_at) AS reached FROM batch) AS r \
@@ -39,37 +48,97 @@ pub async fn purge_payloads(
     Ok(purged as u64)
 }
 
-/// Deletes up to `limit` processed events neither received nor seen within `horizon_seconds`,
-/// with their outbox rows. Events with a dead letter (the letter needs them) or an outbox row
-/// still to deliver (pending) or still to decide (failed: an operator resends or discards it)
-/// are kept.
+/// What one look at the events the payload cursor passed while pending found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AwaitingPass {
+    /// Listed events that were finished (or gone, or already without a payload).
+    pub examined: u64,
+    /// Of those, payloads cleared.
+    pub purged: u64,
+}
+
+/// Clears the payloads of up to `limit` events the cursor of [`purge_payloads`] passed while
+/// they were pending and that have finished since (they are past the payload horizon: the
+/// cursor only walks events that are), and forgets them; also forgets listed events that are
+/// gone or have no payload. Events still pending stay listed. The list holds only events that
+/// were pending past the horizon, so the look costs what they number, not the table's size.
+pub async fn purge_processed_since_passed(
+    executor: impl PgExecutor<'_>,
+    limit: i64,
+) -> Result<AwaitingPass, StoreError> {
+    const SQL: &str = "WITH due AS ( \
+             SELECT w.tenant_id, w.external_id, (e.tenant_id IS NULL OR e.payload IS NULL) AS nothing_left \
+             FROM payloads_awaiting_processing AS w \
+             LEFT JOIN webhook_events AS e ON e.tenant_id = w.tenant_id AND e.external_id = w.external_id \
+             WHERE e.tenant_id IS NULL OR e.payload IS NULL OR e.status <> 'pending' \
+             LIMIT $1), \
+         purged AS ( \
+             UPDATE webhook_events AS e SET payload = NULL FROM due \
+             WHERE e.tenant_id = due.tenant_id AND e.external_id = due.external_id \
+               AND e.status <> 'pending' AND e.payload IS NOT NULL \
+             RETURNING e.tenant_id, e.external_id), \
+         forgotten AS ( \
+             DELETE FROM payloads_awaiting_processing AS w USING due \
+             WHERE w.tenant_id = due.tenant_id AND w.external_id = due.external_id \
+               AND (due.nothing_left OR EXISTS ( \
+                   SELECT 1 FROM purged AS p WHERE p.tenant_id = w.tenant_id AND p.external_id = w.external_id))) \
+         SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM purged)";
+    let (examined, purged): (i64, i64) =
+        sqlx::query_as(SQL).bind(limit).fetch_one(executor).await?;
+    Ok(AwaitingPass {
+        examined: examined as u64,
+        purged: purged as u64,
+    })
+}
+
+/// What one identity purge deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdentitiesPurged {
+    pub events: u64,
+    /// Closed (replayed or discarded) dead letters deleted with their events.
+    pub closed_dead_letters: u64,
+}
+
+/// Deletes up to `limit` finished events (processed, or dead-lettered with the letter closed)
+/// neither received nor seen within `horizon_seconds`, with their outbox rows and their closed
+/// dead letters. Kept: an event with an open dead letter (the letter needs it, however old), or
+/// one whose letter closed within the horizon (the operator's record of the replay or the
+/// discard stays that long), or with an outbox row still to deliver (pending) or still to decide
+/// (failed: an operator resends or discards it).
 pub async fn purge_identities(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
     limit: i64,
-) -> Result<u64, StoreError> {
+) -> Result<IdentitiesPurged, StoreError> {
     const SQL: &str = "WITH batch AS ( \
              SELECT e.tenant_id, e.external_id FROM webhook_events AS e \
              WHERE e.first_received_at < now() - make_interval(secs => $1) \
                AND e.last_seen_at < now() - make_interval(secs => $1) \
-               AND e.status = 'processed' \
-               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id) \
+               AND e.status IN ('processed', 'dead_lettered') \
+               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id \
+                               AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => $1))) \
                AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
                                AND o.status IN ('pending', 'failed')) \
              ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+         letters_gone AS ( \
+             DELETE FROM dead_letters AS d USING batch \
+             WHERE d.tenant_id = batch.tenant_id AND d.external_id = batch.external_id RETURNING 1), \
          outbox_gone AS ( \
              DELETE FROM outbox AS o USING batch \
              WHERE o.tenant_id = batch.tenant_id AND o.external_id = batch.external_id), \
          gone AS ( \
              DELETE FROM webhook_events AS e USING batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id RETURNING 1) \
-         SELECT count(*) FROM gone";
-    let deleted: i64 = sqlx::query_scalar(SQL)
+         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)";
+    let (events, letters): (i64, i64) = sqlx::query_as(SQL)
         .bind(horizon_seconds)
         .bind(limit)
         .fetch_one(executor)
         .await?;
-    Ok(deleted as u64)
+    Ok(IdentitiesPurged {
+        events: events as u64,
+        closed_dead_letters: letters as u64,
+    })
 }
 
 /// Clears the payload copies of up to `limit` dead letters closed (replayed or discarded) more
