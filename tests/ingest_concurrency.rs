@@ -148,9 +148,20 @@ async fn concurrent_conflicting_payloads_land_once_and_every_conflict_is_recorde
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0].delivery_count, COPIES as i32);
     assert_eq!(rows[0].conflict_count as usize, count("conflict"));
+    // Every conflicting delivery is recorded, on one row per (event, delivered body) that
+    // counts them: at most one per variant, never one per request.
+    let (recorded, rows): (i64, i64) = sqlx::query_as(
+        "SELECT COALESCE(sum(seen_count), 0)::bigint, count(*) FROM ingest_anomalies \
+         WHERE kind = 'digest_conflict'",
+    )
+    .fetch_one(&admin)
+    .await
+    .unwrap();
     assert_eq!(
-        anomalies(&admin).await.len(),
+        recorded as usize,
         count("conflict"),
-        "one anomaly per conflicting delivery"
+        "every conflicting delivery counted"
     );
+    assert!((1..=4).contains(&rows), "{rows} rows for four variants");
+    assert_eq!(anomalies(&admin).await.len() as i64, rows);
 }

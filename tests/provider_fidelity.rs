@@ -199,7 +199,8 @@ async fn a_nul_in_a_signed_field_is_400_invalid_field_not_500(pool: PgPool) {
 
 /// GitHub and Shopify sign only the body: their id and event type headers are outside the HMAC.
 /// Whoever holds one signed delivery can replay it under fresh ids; each replay is answered
-/// `duplicate`, stored once, and recorded.
+/// `duplicate` and recorded; its bytes are stored once, under the original, and the replay's
+/// row is held: accounted for, never queued, no payload copy, no effect.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
@@ -235,10 +236,30 @@ async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: 
     }
 
     let rows = events(&app.pool).await;
-    let ids: Vec<&str> = rows.iter().map(|r| r.external_id.as_str()).collect();
-    assert_eq!(ids, ["github-original", "shopify-original"], "stored once");
+    let with_bytes: Vec<&str> = rows
+        .iter()
+        .filter(|r| r.payload.is_some())
+        .map(|r| r.external_id.as_str())
+        .collect();
+    assert_eq!(
+        with_bytes,
+        ["github-original", "shopify-original"],
+        "bytes stored once"
+    );
     assert!(rows.iter().all(|r| r.delivery_count == 1));
     assert_eq!(pipeline_tests::drain::queue_len(&app.pool).await, 2);
+    let mut held = stored_deliveries(&app.pool).await;
+    held.retain(|(id, ..)| id.contains("-replay-"));
+    assert_eq!(held.len(), 6, "{held:?}");
+    for (id, status, queued, replay_of) in &held {
+        assert_eq!((status.as_str(), *queued), ("processed", false), "{id}");
+        assert!(
+            replay_of
+                .as_deref()
+                .is_some_and(|o| o.ends_with("-original")),
+            "{id}"
+        );
+    }
     let found = anomalies(&app.pool).await;
     assert_eq!(found.len(), 6, "{found:?}");
     for a in &found {
@@ -253,7 +274,8 @@ async fn a_signed_body_replayed_under_new_ids_is_stored_once_and_recorded(pool: 
     assert_breached(&app.pool, "replayed_bodies_last_day").await;
 }
 
-/// Replays racing each other on real connections: one is stored, every other is a duplicate.
+/// Replays racing each other on real connections: one is stored as the event, every other is a
+/// duplicate held as a replay of it.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
     let app = TestApp::spawn(pool).await;
@@ -283,8 +305,345 @@ async fn concurrent_replays_of_one_body_store_it_once(pool: PgPool) {
     }
     outcomes.sort();
     assert_eq!(outcomes, [vec!["accepted"], vec!["duplicate"; 7]].concat());
-    assert_eq!(events(&app.pool).await.len(), 1);
+    let rows = stored_deliveries(&app.pool).await;
+    let effective: Vec<&String> = rows
+        .iter()
+        .filter(|(_, _, _, replay_of)| replay_of.is_none())
+        .map(|(id, ..)| id)
+        .collect();
+    assert_eq!(effective.len(), 1, "{rows:?}");
+    assert_eq!(rows.len(), 8);
+    for (id, status, queued, replay_of) in &rows {
+        if id != effective[0] {
+            assert_eq!((status.as_str(), *queued), ("processed", false), "{id}");
+            assert_eq!(replay_of.as_ref(), Some(effective[0]), "{id}");
+        }
+    }
+    assert_eq!(pipeline_tests::drain::queue_len(&app.pool).await, 1);
     assert_eq!(anomalies(&app.pool).await.len(), 7);
+}
+
+// ---- 3b. Distinct deliveries, replays past the identity horizon, bounded anomalies ---------
+
+/// Every `webhook_events` row's external id and status, whether it is queued, and which stored
+/// event it repeats the body of (held: its `replayed_body` anomaly names it).
+async fn stored_deliveries(pool: &PgPool) -> Vec<(String, String, bool, Option<String>)> {
+    sqlx::query_as(
+        "SELECT e.external_id, e.status, EXISTS (SELECT 1 FROM event_queue AS q \
+                 WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id), \
+             (SELECT a.replay_of FROM ingest_anomalies AS a WHERE a.tenant_id = e.tenant_id \
+                 AND a.external_id = e.external_id AND a.kind = 'replayed_body' \
+                 AND a.payload_sha256 = e.payload_sha256) \
+         FROM webhook_events AS e ORDER BY e.external_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// (version, deleted, title, last event) of every projected entity, and the outbox's size.
+async fn projection(pool: &PgPool) -> (Vec<(i64, bool, Option<String>, String)>, i64) {
+    let rows = sqlx::query_as(
+        "SELECT version, deleted, state->>'title', last_event_id FROM entities ORDER BY entity_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    (
+        rows,
+        pipeline_tests::drain::scalar(pool, "SELECT count(*) FROM outbox").await,
+    )
+}
+
+/// One Shopify endpoint subscribed to `orders/updated` and `orders/paid` gets the same order
+/// JSON twice, under two webhook ids: two distinct deliveries with byte-identical bodies. Both are
+/// stored and accounted for (the second held from a second effect, with a `replayed_body`
+/// anomaly that keeps its headers and names both rows), never dropped.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn two_shopify_topics_with_one_body_are_both_stored_and_accounted_for(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let order = json!({"id": 450789469, "admin_graphql_api_id": "gid://shopify/Order/450789469",
+                       "total_price": "10.00", "updated_at": "2026-11-30T10:00:00-05:00"});
+    let at = "2026-11-30T15:00:00.100000000Z";
+    let updated = shopify("wh-updated", "orders/updated", at, order.clone());
+    let paid = shopify("wh-paid", "orders/paid", at, order);
+    assert_eq!(updated.body, paid.body, "byte-identical bodies");
+
+    let first = app.post("shopify", updated.headers, &updated.body).await;
+    assert_eq!(first.outcome(), "accepted", "{:?}", first.json);
+    let second = app.post("shopify", paid.headers, &paid.body).await;
+    assert_eq!(second.status, StatusCode::OK, "{:?}", second.json);
+
+    let ids: Vec<String> = events(&app.pool)
+        .await
+        .into_iter()
+        .map(|e| e.external_id)
+        .collect();
+    assert_eq!(ids, ["wh-paid", "wh-updated"], "both deliveries stored");
+    assert_eq!(
+        stored_deliveries(&app.pool).await,
+        [
+            (
+                "wh-paid".into(),
+                "processed".into(),
+                false,
+                Some("wh-updated".into())
+            ),
+            ("wh-updated".into(), "pending".into(), true, None),
+        ],
+        "both deliveries stored; the second held from a second effect"
+    );
+    let held = event(&app.pool, TENANT, "wh-paid").await.unwrap();
+    assert_eq!(held.event_type, "orders/paid");
+    assert_eq!(held.payload_sha256, sha256(&paid.body));
+    assert_eq!(held.headers["x-shopify-topic"], json!("orders/paid"));
+
+    let found = anomalies(&app.pool).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    assert_eq!(
+        (found[0].kind.as_str(), found[0].external_id.as_deref()),
+        ("replayed_body", Some("wh-paid"))
+    );
+    assert!(
+        found[0].detail.contains("wh-updated"),
+        "{}",
+        found[0].detail
+    );
+    let (headers, replay_of): (serde_json::Value, Option<String>) =
+        sqlx::query_as("SELECT headers, replay_of FROM ingest_anomalies")
+            .fetch_one(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        headers["x-shopify-topic"],
+        json!("orders/paid"),
+        "{headers}"
+    );
+    assert_eq!(replay_of.as_deref(), Some("wh-updated"));
+
+    // Accounted for: hookctl status counts both, gap detection finds both.
+    let activity = shared::store::webhook_events::activity_by_source(&app.pool)
+        .await
+        .unwrap();
+    let shop = activity.iter().find(|a| a.source_id == "shopify").unwrap();
+    assert_eq!((shop.events_last_day, shop.held_last_day), (2, 1));
+}
+
+/// The same signed body under a fresh webhook id with a forged topic and trigger time: stored
+/// and held, never a second effect.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_replay_under_a_fresh_id_makes_no_new_effect(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let original = shopify(
+        "wh-orig",
+        "products/update",
+        "2026-11-30T15:00:05.200000000Z",
+        product(632910392, "Hoodie", "2026-11-30T10:00:05-05:00"),
+    );
+    deliver_in_order(&app, vec![original]).await;
+    let before = projection(&app.pool).await;
+    assert_eq!(before.0.len(), 1);
+
+    let mut forged = event(&app.pool, TENANT, "wh-orig").await.unwrap();
+    let mut headers = HeaderMap::new();
+    for (k, v) in forged.headers.as_object().unwrap() {
+        headers.insert(
+            http::HeaderName::from_bytes(k.as_bytes()).unwrap(),
+            http::HeaderValue::from_str(v.as_str().unwrap()).unwrap(),
+        );
+    }
+    set(&mut headers, "x-shopify-webhook-id", "wh-fresh");
+    set(&mut headers, "x-shopify-topic", "products/delete");
+    set(
+        &mut headers,
+        "x-shopify-triggered-at",
+        "2099-01-01T00:00:00.000000000Z",
+    );
+    let body = forged.payload.take().unwrap();
+    let reply = app.post("shopify", headers, &body).await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "duplicate"),
+        "{:?}",
+        reply.json
+    );
+    let drainer = pipeline_tests::drain::standard_drainer(&app.pool);
+    pipeline_tests::drain::drain_all(&drainer, &app.pool, std::time::Duration::from_secs(10)).await;
+
+    assert_eq!(
+        projection(&app.pool).await,
+        before,
+        "entity and outbox unchanged"
+    );
+    let ids: Vec<String> = events(&app.pool)
+        .await
+        .into_iter()
+        .map(|e| e.external_id)
+        .collect();
+    assert_eq!(ids, ["wh-fresh", "wh-orig"], "the replay is stored, held");
+    assert_eq!(
+        stored_deliveries(&app.pool).await,
+        [
+            (
+                "wh-fresh".into(),
+                "processed".into(),
+                false,
+                Some("wh-orig".into())
+            ),
+            ("wh-orig".into(), "processed".into(), false, None),
+        ]
+    );
+}
+
+/// A month after the delivery, its identity purged, the same signed body re-posted under a fresh
+/// id with a forged `products/delete` topic and a future trigger time: still a replay.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_signed_body_replayed_after_the_identity_horizon_is_still_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let original = shopify(
+        "wh-month-old",
+        "products/update",
+        "2026-11-30T15:00:05.200000000Z",
+        product(632910392, "Hoodie", "2026-11-30T10:00:05-05:00"),
+    );
+    let body = original.body.clone();
+    let mut headers = original.headers.clone();
+    deliver_in_order(&app, vec![original]).await;
+    let before = projection(&app.pool).await;
+    // The outbox sender delivered the change's announcement (retention keeps an event whose
+    // announcement is still to deliver).
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    // 31 days pass: every timestamp of every table moves into the past.
+    let columns: Vec<(String, String)> = sqlx::query_as(
+        "SELECT c.table_name::text, c.column_name::text FROM information_schema.columns AS c \
+         JOIN information_schema.tables AS t USING (table_schema, table_name) \
+         WHERE c.table_schema = current_schema() AND t.table_type = 'BASE TABLE' \
+           AND c.data_type = 'timestamp with time zone' AND c.table_name NOT LIKE '\\_sqlx%'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    for (table, column) in columns {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE \"{table}\" SET \"{column}\" = \"{column}\" - interval '31 days'"
+        )))
+        .execute(&app.pool)
+        .await
+        .unwrap();
+    }
+    let purged = shared::retention::run_once(&app.pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 1, "{purged:?}");
+    assert!(event(&app.pool, TENANT, "wh-month-old").await.is_none());
+    let (entities_before, _) = before;
+    let before = projection(&app.pool).await;
+    assert_eq!(before.0, entities_before);
+
+    set(&mut headers, "x-shopify-webhook-id", "wh-forged");
+    set(&mut headers, "x-shopify-topic", "products/delete");
+    set(
+        &mut headers,
+        "x-shopify-triggered-at",
+        "2099-01-01T00:00:00.000000000Z",
+    );
+    let reply = app.post("shopify", headers, &body).await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "duplicate"),
+        "{:?}",
+        reply.json
+    );
+    let drainer = pipeline_tests::drain::standard_drainer(&app.pool);
+    pipeline_tests::drain::drain_all(&drainer, &app.pool, std::time::Duration::from_secs(10)).await;
+    assert_eq!(
+        projection(&app.pool).await,
+        before,
+        "entity unchanged, nothing announced"
+    );
+}
+
+/// One signed body posted again and again under the unsigned id of a stored, pending event: one
+/// anomaly row per (event, body) that counts them, and the event keeps its own payload. Both for
+/// a body the source stores as another event and for one it does not store at all.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_signed_body_posted_under_a_stored_events_id_leaves_one_counted_row(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let at = "2026-11-30T15:00:05.200000000Z";
+    let target = shopify(
+        "wh-target",
+        "products/update",
+        at,
+        product(1, "Target", "2026-11-30T10:00:05-05:00"),
+    );
+    let other = shopify(
+        "wh-other",
+        "products/update",
+        at,
+        product(2, "Other", "2026-11-30T10:00:05-05:00"),
+    );
+    // Signed by the shop, never stored here (its identity long purged, say).
+    let unseen = shopify(
+        "wh-unseen",
+        "products/update",
+        at,
+        product(3, "Unseen", "2026-11-30T10:00:05-05:00"),
+    );
+    for d in [&target, &other] {
+        let reply = app.post("shopify", d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    }
+
+    for body in [&other.body, &unseen.body] {
+        for _ in 0..100 {
+            let mut headers = target.headers.clone();
+            for (name, value) in shared::signature::sign(
+                Scheme::Shopify,
+                &shared::secrets::SigningSecret::new(secret_of(Scheme::Shopify)),
+                "wh-target",
+                now(),
+                body,
+            )
+            .unwrap()
+            {
+                headers.insert(name, value);
+            }
+            let reply = app.post("shopify", headers, body).await;
+            assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+        }
+    }
+
+    let kept = event(&app.pool, TENANT, "wh-target").await.unwrap();
+    assert_eq!(kept.status, "pending");
+    assert_eq!(
+        kept.payload.as_deref(),
+        Some(&target.body[..]),
+        "the pending event kept its own payload"
+    );
+    assert_eq!(
+        pipeline_tests::drain::scalar(&app.pool, "SELECT count(*) FROM ingest_anomalies").await,
+        2,
+        "one anomaly row per (event, body)"
+    );
+    let rows: Vec<(String, Vec<u8>, i32, bool)> = sqlx::query_as(
+        "SELECT kind, payload_sha256, seen_count, payload IS NOT NULL FROM ingest_anomalies \
+         WHERE external_id = 'wh-target' ORDER BY anomaly_id",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        [
+            ("replayed_body".into(), sha256(&other.body), 100, false),
+            ("digest_conflict".into(), sha256(&unseen.body), 100, true),
+        ],
+        "one row per (event, body), counted"
+    );
 }
 
 // ---- 7. Two sources of one tenant never collide -------------------------------------------

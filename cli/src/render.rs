@@ -79,6 +79,7 @@ pub fn status(r: &StatusReport) -> String {
         "events 24h",
         "dupes 24h",
         "conflicts 24h",
+        "held 24h",
         "refused 24h",
     ]);
     for s in &r.sources {
@@ -109,6 +110,7 @@ pub fn status(r: &StatusReport) -> String {
             a.events_last_day.to_string(),
             a.duplicates_last_day.to_string(),
             a.conflicts_last_day.to_string(),
+            a.held_last_day.to_string(),
             s.refused_last_day.to_string(),
         ]);
     }

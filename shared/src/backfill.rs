@@ -484,6 +484,14 @@ async fn store_fetched(
         webhook_events::PROVIDER_API,
     );
     // The API's copy carries its id in the body it was fetched by: never a replayed body.
-    webhook_events::upsert(pool, &event).await?;
+    webhook_events::upsert(pool, &event)
+        .await
+        .map_err(|e| match e {
+            webhook_events::UpsertError::Store(e) => SourceFailure::Store(e),
+            other => SourceFailure::Store(StoreError::Corrupt {
+                what: "backfilled event",
+                reason: other.to_string(),
+            }),
+        })?;
     Ok(())
 }

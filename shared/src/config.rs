@@ -354,6 +354,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             payload_after: self.seconds("RETENTION_PAYLOAD_SECONDS", d.payload_after)?,
             identity_after: self.seconds("RETENTION_IDENTITY_SECONDS", d.identity_after)?,
             history_after: self.seconds("RETENTION_HISTORY_SECONDS", d.history_after)?,
+            replay_after: self.seconds("RETENTION_REPLAY_SECONDS", d.replay_after)?,
             batch_size: self.parsed("RETENTION_BATCH_SIZE", d.batch_size)?,
             max_batches: self.parsed("RETENTION_MAX_BATCHES", d.max_batches)?,
         };

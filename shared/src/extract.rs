@@ -159,6 +159,29 @@ pub fn extract(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<EventFields, ExtractError> {
+    extract_delivery(fields, headers, body, None)
+}
+
+/// What a delivery's headers may claim about time when the signature does not cover them.
+pub struct UnsignedHeaders<'a> {
+    /// Whether the signature covers this header (lowercase name).
+    pub signed: &'a (dyn Fn(&str) -> bool + Sync),
+    /// When the delivery was received, as Unix microseconds.
+    pub received_at_micros: i64,
+}
+
+/// [`extract`] for a delivery as received. A version or tiebreak read from a header the
+/// signature does not cover (Shopify's `X-Shopify-Triggered-At`: a delete's version, every
+/// event's tiebreak) is never later than the delivery's receipt: anyone can write that header
+/// on a replayed signed body, and a forged future time would outrank every genuine change to
+/// come (a delete versioned in 2099 is never undone). A version the signed body carries
+/// (`updated_at`) is read from the body first, so a header never decides it when it is there.
+pub fn extract_delivery(
+    fields: &FieldMap,
+    headers: &HeaderMap,
+    body: &[u8],
+    unsigned: Option<&UnsignedHeaders<'_>>,
+) -> Result<EventFields, ExtractError> {
     let json = if fields.reads_body() {
         Some(serde_json::from_slice::<Value>(body).map_err(|e| {
             // serde_json's message names a line and column, never the content.
@@ -170,6 +193,7 @@ pub fn extract(
     let reader = Reader {
         headers,
         json: json.as_ref(),
+        unsigned,
     };
 
     let external_id = reader.required("event id", &fields.external_id)?;
@@ -208,6 +232,7 @@ pub fn extract(
 struct Reader<'a> {
     headers: &'a HeaderMap,
     json: Option<&'a Value>,
+    unsigned: Option<&'a UnsignedHeaders<'a>>,
 }
 
 impl Reader<'_> {
@@ -243,15 +268,23 @@ impl Reader<'_> {
         let Some(locator) = locator else {
             return Ok(None);
         };
+        let cap = match (locator, self.unsigned) {
+            (FieldLocator::Header(name), Some(u)) if !(u.signed)(name.as_str()) => {
+                Some(u.received_at_micros)
+            }
+            _ => None,
+        };
         self.read(field, locator)?
             .map(|raw| {
-                version_number(&raw).ok_or_else(|| {
-                    invalid(
-                        field,
-                        locator,
-                        "neither an integer nor an RFC 3339 timestamp",
-                    )
-                })
+                version_number(&raw)
+                    .map(|v| cap.map_or(v, |cap| v.min(cap)))
+                    .ok_or_else(|| {
+                        invalid(
+                            field,
+                            locator,
+                            "neither an integer nor an RFC 3339 timestamp",
+                        )
+                    })
             })
             .transpose()
     }
@@ -387,6 +420,36 @@ mod tests {
         assert_eq!(got.entity_id.as_deref(), Some("1"));
         assert_eq!(got.entity_version, Some(1_796_051_100_500_000));
         assert_eq!(got.version_tiebreak, got.entity_version);
+    }
+
+    #[test]
+    fn an_unsigned_header_never_dates_an_event_after_its_receipt() {
+        let shopify = FieldMap::defaults_for(Scheme::Shopify);
+        let h = headers(&[
+            ("x-shopify-webhook-id", "forged"),
+            ("x-shopify-topic", "products/delete"),
+            ("x-shopify-triggered-at", "2099-01-01T00:00:00Z"),
+        ]);
+        let received = 1_796_051_100_500_000;
+        let unsigned = UnsignedHeaders {
+            signed: &|_| false,
+            received_at_micros: received,
+        };
+        let got = extract_delivery(&shopify, &h, br#"{"id":1}"#, Some(&unsigned)).unwrap();
+        assert_eq!(got.entity_version, Some(received));
+        assert_eq!(got.version_tiebreak, Some(received));
+        // The signed body's own version is kept as it is; only the header's tiebreak is capped.
+        let body = br#"{"id":1,"updated_at":"2026-11-30T10:00:00-05:00"}"#;
+        let got = extract_delivery(&shopify, &h, body, Some(&unsigned)).unwrap();
+        assert_eq!(got.entity_version, Some(1_796_050_800_000_000));
+        assert_eq!(got.version_tiebreak, Some(received));
+        // A header the signature covers is taken as sent.
+        let signed = UnsignedHeaders {
+            signed: &|name| name == "x-shopify-triggered-at",
+            received_at_micros: received,
+        };
+        let got = extract_delivery(&shopify, &h, br#"{"id":1}"#, Some(&signed)).unwrap();
+        assert_eq!(got.entity_version, Some(4_070_908_800_000_000));
     }
 
     #[test]

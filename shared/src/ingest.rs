@@ -23,8 +23,8 @@ use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::StoreError;
-use crate::store::ingest_anomalies::{self, Original, UnreadableDelivery};
-use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, Upsert, Upserted};
+use crate::store::ingest_anomalies::{self, UnreadableDelivery};
+use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, UpsertError, Upserted};
 
 /// One HTTP delivery, as received.
 #[derive(Debug, Clone, Copy)]
@@ -237,7 +237,17 @@ impl Ingestor {
             return Ok(Received::Handshake { challenge });
         }
 
-        let fields = match extract::extract(&source.fields, delivery.headers, delivery.body) {
+        let signed = |name: &str| verified.signs_header(name);
+        let unsigned = extract::UnsignedHeaders {
+            signed: &signed,
+            received_at_micros: unix_now_micros(),
+        };
+        let fields = match extract::extract_delivery(
+            &source.fields,
+            delivery.headers,
+            delivery.body,
+            Some(&unsigned),
+        ) {
             Ok(fields) => fields,
             Err(error) => {
                 let detail = error.to_string();
@@ -267,24 +277,17 @@ impl Ingestor {
             FieldLocator::Header(name) => !verified.signs_header(name.as_str()),
             FieldLocator::Json(_) => false,
         };
-        let stored = match self.upsert(&event).await? {
-            Stored::Event(stored) => stored,
-            Stored::Replay(original) => {
-                span.record("outcome", "duplicate");
-                tracing::warn!(
-                    original = %original.external_id,
-                    "replayed body: the signed body of a stored event under another id; not stored"
-                );
-                return Ok(Received::Stored(Receipt {
-                    outcome: DeliveryOutcome::Duplicate,
-                    external_id: fields.external_id,
-                    delivery_count: original.delivery_count,
-                }));
-            }
-        };
+        let stored = self.upsert(&event).await?;
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
-        if let Some(other) = &stored.collided_with {
+        if let Some(original) = &stored.replay_of {
+            tracing::warn!(
+                original = %original,
+                status = %stored.status,
+                "replayed body: the signed body of another stored event under this unsigned id; \
+                 recorded, no effect"
+            );
+        } else if let Some(other) = &stored.collided_with {
             tracing::warn!(
                 stored_under = %other,
                 "source collision: the event id is stored under another source of the tenant; recorded, not stored"
@@ -304,32 +307,22 @@ impl Ingestor {
     }
 }
 
-/// What storing a delivery came to.
-enum Stored {
-    Event(Upserted),
-    /// The body is already stored as this event; the replay is recorded.
-    Replay(Original),
-}
-
 impl Ingestor {
-    /// The upsert; a replayed body is recorded with the event it replays. Should that event
-    /// vanish in between (retention purged it), the delivery is stored after all.
-    async fn upsert(&self, event: &NewEvent<'_>) -> Result<Stored, StoreError> {
+    /// The upsert. Should the body be stored under another unsigned id that `signed_bodies`
+    /// does not hold (written by the previous release during a deploy), that event's claim is
+    /// copied in and the upsert runs again: it then sees the replay.
+    async fn upsert(&self, event: &NewEvent<'_>) -> Result<Upserted, StoreError> {
         for _ in 0..3 {
-            match webhook_events::upsert(&self.pool, event).await? {
-                Upsert::Stored(stored) => return Ok(Stored::Event(stored)),
-                Upsert::ReplayedBody => {
-                    if let Some(original) = ingest_anomalies::record_replayed_body(
+            match webhook_events::upsert(&self.pool, event).await {
+                Ok(stored) => return Ok(stored),
+                Err(UpsertError::Store(e)) => return Err(e),
+                Err(UpsertError::BodyNotClaimed) => {
+                    webhook_events::adopt_stored_body(
                         &self.pool,
-                        event.tenant_id,
                         event.source_id,
-                        event.external_id,
                         &event.payload_sha256,
                     )
-                    .await?
-                    {
-                        return Ok(Stored::Replay(original));
-                    }
+                    .await?;
                 }
             }
         }
@@ -361,6 +354,14 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
         }
     }
     serde_json::Value::Object(kept)
+}
+
+/// Microseconds since the Unix epoch, as versions read from timestamps count time.
+fn unix_now_micros() -> i64 {
+    let since = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or(Duration::ZERO);
+    i64::try_from(since.as_micros()).unwrap_or(i64::MAX)
 }
 
 /// Seconds since the Unix epoch, as signature schemes count time.

@@ -9,6 +9,13 @@
 //! purged), a closed one loses it after the payload horizon. A delivery arriving after
 //! its identity was purged is accepted as new, but its effect is not repeated (the version guard
 //! and the payment state machine see it applied) and it is recorded as an anomaly.
+//!
+//! The digests of signed bodies whose event id is outside the signature (`signed_bodies`, what
+//! refuses a GitHub or Shopify body replayed under a fresh id) outlive identity: a signed body
+//! stays replayable forever, so they are kept for the replay horizon, a year and more by
+//! default, and only then purged. A row is the digest, the source and the first event's id,
+//! about 150 bytes with its key: a million such deliveries a day kept 400 days is about 60 GB,
+//! ten thousand a day is 600 MB. Shorten `RETENTION_REPLAY_SECONDS` if that is not cheap.
 
 use std::time::Duration;
 
@@ -28,6 +35,9 @@ pub struct RetentionSettings {
     pub identity_after: Duration,
     /// Anomaly records and run rows.
     pub history_after: Duration,
+    /// Digests of signed bodies with unsigned ids (`signed_bodies`), counted from first sight:
+    /// a body re-posted under a fresh id within this is refused as a replay.
+    pub replay_after: Duration,
     pub batch_size: i64,
     pub max_batches: u32,
 }
@@ -38,6 +48,7 @@ impl Default for RetentionSettings {
             payload_after: Duration::from_secs(7 * 24 * 3600),
             identity_after: Duration::from_secs(30 * 24 * 3600),
             history_after: Duration::from_secs(90 * 24 * 3600),
+            replay_after: Duration::from_secs(400 * 24 * 3600),
             batch_size: 5000,
             max_batches: 20,
         }
@@ -58,6 +69,12 @@ impl RetentionSettings {
                 "payloads cannot outlive identity: payload age exceeds the identity horizon".into(),
             );
         }
+        if self.replay_after < self.identity_after {
+            return Err(
+                "replay protection cannot end before identity: the replay horizon is shorter than the identity horizon"
+                    .into(),
+            );
+        }
         if self.batch_size < 1 || self.max_batches < 1 {
             return Err("batch size and batch count must be positive".into());
         }
@@ -70,6 +87,9 @@ pub struct RetentionOutcome {
     pub payloads_purged: u64,
     pub identities_purged: u64,
     pub history_purged: u64,
+    /// Signed-body digests past the replay horizon.
+    #[serde(default)]
+    pub signed_bodies_purged: u64,
     /// Payload copies of dead letters closed (replayed or discarded) past the payload horizon.
     pub dead_letter_payloads_purged: u64,
     /// Closed dead letters deleted with their events at the identity horizon.
@@ -103,6 +123,7 @@ pub async fn run_once(
         + o.history_purged
         + o.dead_letter_payloads_purged
         + o.closed_dead_letters_purged
+        + o.signed_bodies_purged
         > 0
     {
         tracing::info!(
@@ -111,6 +132,7 @@ pub async fn run_once(
             history_purged = o.history_purged,
             dead_letter_payloads_purged = o.dead_letter_payloads_purged,
             closed_dead_letters_purged = o.closed_dead_letters_purged,
+            signed_bodies_purged = o.signed_bodies_purged,
             "retention pass finished"
         );
     } else {
@@ -168,6 +190,14 @@ async fn purge(
             break;
         }
     }
+    for _ in 0..s.max_batches {
+        let n = retention::purge_signed_bodies(pool, s.replay_after.as_secs_f64(), s.batch_size)
+            .await?;
+        outcome.signed_bodies_purged += n;
+        if n < s.batch_size as u64 {
+            break;
+        }
+    }
     Ok(())
 }
 
@@ -189,5 +219,10 @@ mod tests {
             ..Default::default()
         };
         assert!(inverted.validate().is_err());
+        let forgetful = RetentionSettings {
+            replay_after: Duration::from_secs(10 * 24 * 3600),
+            ..Default::default()
+        };
+        assert!(forgetful.validate().unwrap_err().contains("replay horizon"));
     }
 }

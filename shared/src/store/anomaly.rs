@@ -164,7 +164,7 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
     check(
         "digest_conflicts_last_hour",
         "integrity",
-        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'digest_conflict' AND detected_at > now() - interval '1 hour'",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'digest_conflict' AND COALESCE(last_seen_at, detected_at) > now() - interval '1 hour'",
         ZERO.0,
         ZERO.1,
     ),
@@ -186,14 +186,14 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
     check(
         "replayed_bodies_last_day",
         "integrity",
-        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'replayed_body' AND detected_at > now() - interval '1 day'",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'replayed_body' AND COALESCE(last_seen_at, detected_at) > now() - interval '1 day'",
         ZERO.0,
         ZERO.1,
     ),
     check(
         "source_collisions_last_day",
         "integrity",
-        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'source_collision' AND detected_at > now() - interval '1 day'",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'source_collision' AND COALESCE(last_seen_at, detected_at) > now() - interval '1 day'",
         ZERO.0,
         ZERO.1,
     ),

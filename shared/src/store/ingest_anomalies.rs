@@ -1,6 +1,7 @@
 //! The `ingest_anomalies` table: authenticated deliveries that raised a question. Digest
-//! conflicts are written by the event upsert itself (see `webhook_events`); this file writes
-//! the deliveries that could not be filed at all.
+//! conflicts, source collisions and replayed bodies are written by the event upsert itself,
+//! one counted row per (source, kind, event id, delivered digest) (see `webhook_events`); this
+//! file writes the deliveries that could not be filed at all.
 
 use sqlx::PgExecutor;
 
@@ -69,42 +70,4 @@ pub async fn refused_last_day_by_source(
            AND detected_at > now() - interval '1 day' \
          GROUP BY source_id ORDER BY source_id";
     Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
-}
-
-/// The event a replayed body was first stored as.
-#[derive(Debug, Clone, PartialEq, Eq, sqlx::FromRow)]
-pub struct Original {
-    pub external_id: String,
-    pub delivery_count: i32,
-}
-
-/// Records a signed body the source already stores under another event id (see
-/// `webhook_events::Upsert::ReplayedBody`), naming the event it was first stored as. Returns
-/// that event, or `None` (nothing recorded) when it is no longer stored.
-#[tracing::instrument(skip_all, fields(tenant_id = tenant_id, source_id = source_id, external_id = external_id), err)]
-pub async fn record_replayed_body(
-    executor: impl PgExecutor<'_>,
-    tenant_id: &str,
-    source_id: &str,
-    external_id: &str,
-    payload_sha256: &[u8],
-) -> Result<Option<Original>, StoreError> {
-    const SQL: &str = "WITH original AS ( \
-             SELECT external_id, delivery_count, payload_sha256 FROM webhook_events \
-             WHERE source_id = $2 AND payload_sha256 = $4 AND id_outside_signature LIMIT 1), \
-         recorded AS ( \
-             INSERT INTO ingest_anomalies (tenant_id, source_id, kind, external_id, payload_sha256, \
-                 stored_sha256, payload_replaced, detail) \
-             SELECT $1, $2, 'replayed_body', $3, $4, o.payload_sha256, false, \
-                 'the signed body of event ' || o.external_id || ', already stored for this source, \
-delivered again under this id: the id is outside the signature, so this is a replay; not stored' \
-             FROM original AS o) \
-         SELECT external_id, delivery_count FROM original";
-    Ok(sqlx::query_as(SQL)
-        .bind(tenant_id)
-        .bind(source_id)
-        .bind(external_id)
-        .bind(payload_sha256)
-        .fetch_optional(executor)
-        .await?)
 }

@@ -163,7 +163,9 @@ pub async fn purge_closed_dead_letter_payloads(
         .rows_affected())
 }
 
-/// Deletes records that only describe the past: anomalies and run rows older than the horizon.
+/// Deletes records that only describe the past: anomalies last seen and run rows started before
+/// the horizon. (An anomaly row counts every delivery of one body under one id: it stays while
+/// they keep coming.)
 pub async fn purge_history(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
@@ -171,7 +173,8 @@ pub async fn purge_history(
 ) -> Result<u64, StoreError> {
     const SQL: &str = "WITH a AS ( \
              DELETE FROM ingest_anomalies WHERE anomaly_id IN ( \
-                 SELECT anomaly_id FROM ingest_anomalies WHERE detected_at < now() - make_interval(secs => $1) \
+                 SELECT anomaly_id FROM ingest_anomalies \
+                 WHERE COALESCE(last_seen_at, detected_at) < now() - make_interval(secs => $1) \
                  ORDER BY anomaly_id LIMIT $2) RETURNING 1), \
          r AS ( \
              DELETE FROM maintenance_runs WHERE run_id IN ( \
@@ -184,4 +187,25 @@ pub async fn purge_history(
         .fetch_one(executor)
         .await?;
     Ok(deleted as u64)
+}
+
+/// Deletes up to `limit` signed-body digests first seen before `horizon_seconds` (the replay
+/// horizon, longer than identity's): a body re-posted after that is no longer refused as a
+/// replay by its digest.
+pub async fn purge_signed_bodies(
+    executor: impl PgExecutor<'_>,
+    horizon_seconds: f64,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "DELETE FROM signed_bodies AS b USING ( \
+             SELECT source_id, payload_sha256 FROM signed_bodies \
+             WHERE first_seen_at < now() - make_interval(secs => $1) \
+             ORDER BY first_seen_at LIMIT $2 FOR UPDATE SKIP LOCKED) AS batch \
+         WHERE b.source_id = batch.source_id AND b.payload_sha256 = batch.payload_sha256";
+    Ok(sqlx::query(SQL)
+        .bind(horizon_seconds)
+        .bind(limit)
+        .execute(executor)
+        .await?
+        .rows_affected())
 }

@@ -26,8 +26,9 @@ pub struct NewEvent<'a> {
     /// 1 when the provider marked this delivery as its own retry (Slack's `X-Slack-Retry-Num`).
     pub provider_retries: i32,
     /// The event id was read from a header the signature does not cover (GitHub's
-    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`): the source stores this body once,
-    /// and the same bytes under another id are a replay ([`Upsert::ReplayedBody`]).
+    /// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`): the first event stored with
+    /// this body claims it (`signed_bodies`), and the same bytes under another id are held as a
+    /// replay ([`Upserted::replay_of`]).
     pub id_outside_signature: bool,
 }
 
@@ -55,15 +56,6 @@ impl DeliveryOutcome {
 
 /// What the upsert statement did.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Upsert {
-    Stored(Upserted),
-    /// Nothing was written: the source already stores these exact bytes under another event id,
-    /// and this event's id came from outside the signature (`webhook_events_body_once`). A
-    /// replay of a signed body under a fresh id; the caller records it.
-    ReplayedBody,
-}
-
-#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Upserted {
     pub outcome: DeliveryOutcome,
     pub delivery_count: i32,
@@ -73,12 +65,50 @@ pub struct Upserted {
     /// The event id is stored under this other source of the tenant: its row was left as it
     /// is, and the delivery was recorded as a `source_collision`.
     pub collided_with: Option<String>,
+    /// The delivery's id came from outside the signature and its bytes are those of this other
+    /// event of the source (`signed_bodies`): a replay, or a distinct delivery of identical
+    /// bytes. Stored held (a new id) or left out of the stored row (a stored id), and recorded
+    /// as a `replayed_body`.
+    pub replay_of: Option<String>,
+}
+
+/// Why the upsert stored nothing.
+#[derive(Debug, thiserror::Error)]
+pub enum UpsertError {
+    /// `webhook_events_body_once` refused the row: the source stores these bytes under another
+    /// event id that `signed_bodies` does not know (a row written before migration 41 copied
+    /// them, by a process still running the previous release). [`adopt_stored_body`] copies it
+    /// in; the upsert then sees the replay.
+    #[error("the body is stored under another event id that signed_bodies does not hold yet")]
+    BodyNotClaimed,
+    #[error(transparent)]
+    Store(#[from] StoreError),
 }
 
 /// One statement decides accepted / duplicate / conflict and records what raised a question:
 /// an upsert keyed on (tenant_id, external_id) whose `DO UPDATE` compares the delivery against
 /// the stored row (locked by the upsert itself).
 ///
+/// First, when the event id came from outside the signature (`$13`: GitHub's
+/// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`), the body's digest is claimed in
+/// `signed_bodies`: `ON CONFLICT DO UPDATE` locks the claim and returns the event that first
+/// made it, so concurrent deliveries of one body under several ids wait on one key and all but
+/// the first see the first's id. The claim outlives the event's identity (retention keeps it
+/// longer), so a signed body re-posted after the identity purge is still a replay. A delivery
+/// whose bytes another event claimed (`replay_of`) is:
+///
+/// - under an id not stored yet: stored held, never a second effect: `processed` at once,
+///   `expects = 'nothing'`, not queued, no payload copy (the bytes are `replay_of`'s), and
+///   `id_outside_signature` false, since the body's effective row is `replay_of`'s
+///   (`webhook_events_body_once` keeps one per body). It may be a replay or a distinct delivery
+///   of identical bytes (one Shopify endpoint subscribed to `orders/updated` and `orders/paid`):
+///   the bytes cannot tell, so it is kept and accounted for, and reviewed from its anomaly.
+///   Answered `duplicate`: nothing new happens.
+/// - under a stored id: that row's payload is never taken (see below).
+///
+/// Either way a `replayed_body` anomaly names both events and keeps the delivery's headers.
+///
+/// Then, as before:
 /// - The row belongs to another source of the tenant (`c.ours` false): nothing of it changes;
 ///   the delivery is answered `duplicate` (same bytes) or `conflict` and recorded, with its
 ///   bytes, as a `source_collision`.
@@ -89,18 +119,34 @@ pub struct Upserted {
 ///   `request` in another API version), so an event backfilled during an outage whose delivery
 ///   finally arrives is the same event, not a conflict. The stored copy is kept.
 /// - Same source, another digest: `conflict`, counted and recorded as a `digest_conflict`; the
-///   payload is replaced only when the row is still pending and the delivery is not an older
-///   entity version.
+///   payload is replaced only when the row is still pending, the delivery is not an older
+///   entity version, and its id is signed: an id outside the signature binds nothing to the
+///   bytes, so whoever holds any signed body could otherwise swap a pending event's payload.
 ///
-/// The anomalies, and for a new event its place in `event_queue`, are written by
-/// data-modifying CTEs of the same statement.
+/// Anomalies are one row per (source, kind, event id, delivered digest), counted
+/// (`seen_count`, `last_seen_at`) and keeping the delivered bytes once: a body posted a
+/// hundred times is one row, not a hundred megabytes. They, the claim, and for a new event its
+/// place in `event_queue`, are written by data-modifying CTEs of the same statement.
 const UPSERT: &str = r#"
-WITH delivered AS (
+WITH claim AS (
+    INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
+    SELECT $3, $9, $2 WHERE $13
+    ON CONFLICT (source_id, payload_sha256) DO UPDATE SET last_seen_at = now()
+    RETURNING b.external_id
+), replay AS (
+    SELECT (SELECT c.external_id FROM claim AS c WHERE c.external_id <> $2) AS replay_of
+), delivered AS (
     INSERT INTO webhook_events AS stored (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
         provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, now(), now(), now())
+        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at,
+        status, processed_at, expects)
+    SELECT $1, $2, $3, $4, $5, $6, $7, CASE WHEN r.replay_of IS NULL THEN $8 END, $9, $10, $11,
+           $12, $13 AND r.replay_of IS NULL, $14, now(), now(), now(),
+           CASE WHEN r.replay_of IS NULL THEN 'pending' ELSE 'processed' END,
+           CASE WHEN r.replay_of IS NOT NULL THEN now() END,
+           CASE WHEN r.replay_of IS NOT NULL THEN 'nothing' END
+    FROM replay AS r
     ON CONFLICT (tenant_id, external_id) DO UPDATE SET
         (delivery_count, last_seen_at, last_delivery_outcome, conflict_count, provider_retries,
          event_type, entity_id, entity_version, version_tiebreak, provider_sequence, payload,
@@ -124,6 +170,7 @@ WITH delivered AS (
                 CASE WHEN k.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
             FROM (SELECT c.ours, c.outcome,
                          c.ours AND c.outcome = 'conflict' AND stored.status = 'pending'
+                         AND NOT $13
                          AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
                               OR EXCLUDED.entity_version >= stored.entity_version) AS take
                   FROM (SELECT stored.source_id = EXCLUDED.source_id AS ours,
@@ -142,40 +189,77 @@ WITH delivered AS (
     RETURNING source_id, last_delivery_outcome, delivery_count, status, payload_sha256,
               superseded_sha256
 ), judged AS (
-    SELECT d.*, d.source_id = $3 AS ours,
-           CASE WHEN d.source_id = $3 THEN d.last_delivery_outcome
-                WHEN d.payload_sha256 = $9 THEN 'duplicate' ELSE 'conflict' END AS outcome
-    FROM delivered AS d
+    SELECT d.*, d.source_id = $3 AS ours, r.replay_of,
+           CASE WHEN d.source_id <> $3
+                THEN CASE WHEN d.payload_sha256 = $9 THEN 'duplicate' ELSE 'conflict' END
+                WHEN r.replay_of IS NOT NULL AND d.last_delivery_outcome = 'accepted'
+                THEN 'duplicate'
+                ELSE d.last_delivery_outcome END AS outcome
+    FROM delivered AS d CROSS JOIN replay AS r
 ), conflict AS (
-    INSERT INTO ingest_anomalies (
+    INSERT INTO ingest_anomalies AS a (
         tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
-        superseded_sha256, payload_replaced, payload, detail)
+        superseded_sha256, payload_replaced, payload, detail, headers, last_seen_at)
     SELECT $1, $3, 'digest_conflict', $2, $9, j.payload_sha256,
            CASE WHEN j.payload_sha256 = $9 THEN j.superseded_sha256 END,
            j.payload_sha256 = $9,
            CASE WHEN j.payload_sha256 = $9 THEN NULL ELSE $8 END,
            CASE WHEN j.payload_sha256 = $9
                 THEN 'same event id, different payload: the unprocessed row took the newer payload'
+                WHEN $13 AND j.status = 'pending'
+                THEN 'same event id, different payload: the stored payload was kept (the id is '
+                     || 'outside the signature, so nothing binds it to these bytes)'
                 ELSE 'same event id, different payload: the stored payload was kept (row is '
-                     || j.status || ')' END
+                     || j.status || ')' END,
+           $10, now()
     FROM judged AS j
-    WHERE j.ours AND j.outcome = 'conflict'
+    WHERE j.ours AND j.last_delivery_outcome = 'conflict' AND j.replay_of IS NULL
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1, last_seen_at = now(),
+        stored_sha256 = EXCLUDED.stored_sha256,
+        superseded_sha256 = COALESCE(EXCLUDED.superseded_sha256, a.superseded_sha256),
+        payload_replaced = a.payload_replaced OR EXCLUDED.payload_replaced,
+        payload = CASE WHEN a.payload IS NULL THEN EXCLUDED.payload ELSE a.payload END,
+        detail = EXCLUDED.detail
 ), collision AS (
-    INSERT INTO ingest_anomalies (
+    INSERT INTO ingest_anomalies AS a (
         tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
-        payload_replaced, payload, detail)
+        payload_replaced, payload, detail, headers, last_seen_at)
     SELECT $1, $3, 'source_collision', $2, $9, j.payload_sha256, false, $8,
            'the event id is already stored under source ' || j.source_id
            || ' of the same tenant: that row was left as it is and this delivery is kept here, '
-           || 'not stored as an event (' || j.outcome || ')'
+           || 'not stored as an event (' || j.outcome || ')',
+           $10, now()
     FROM judged AS j
     WHERE NOT j.ours
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1, last_seen_at = now(),
+        stored_sha256 = EXCLUDED.stored_sha256
+), replayed AS (
+    INSERT INTO ingest_anomalies AS a (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        payload_replaced, detail, headers, replay_of, last_seen_at)
+    SELECT $1, $3, 'replayed_body', $2, $9, j.payload_sha256, false,
+           CASE WHEN j.last_delivery_outcome = 'accepted'
+                THEN 'the signed body of event ' || j.replay_of || ', delivered again under this '
+                     || 'id, which is outside the signature: a replay, or a distinct delivery of '
+                     || 'identical bytes. Stored as this event, held: processed without effects'
+                ELSE 'the signed body of event ' || j.replay_of || ', delivered under the id of '
+                     || 'this stored event (' || j.status || '), which is outside the signature: '
+                     || 'the stored event was left as it was' END,
+           $10, j.replay_of, now()
+    FROM judged AS j
+    WHERE j.ours AND j.replay_of IS NOT NULL
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1, last_seen_at = now(),
+        stored_sha256 = EXCLUDED.stored_sha256
 ), queued AS (
     INSERT INTO event_queue (tenant_id, external_id)
-    SELECT $1, $2 FROM judged AS j WHERE j.ours AND j.outcome = 'accepted'
+    SELECT $1, $2 FROM judged AS j
+    WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
 )
 SELECT outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery,
-       CASE WHEN NOT ours THEN source_id END AS collided_with
+       CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
 FROM judged
 "#;
 
@@ -191,20 +275,21 @@ struct UpsertRow {
     status: String,
     holds_delivery: bool,
     collided_with: Option<String>,
+    replay_of: Option<String>,
 }
 
-/// The unique index that stores a body once per source when its event id is unsigned.
+/// The unique index that keeps one effective row per body whose event id is unsigned.
 const BODY_ONCE: &str = "webhook_events_body_once";
 
 /// Stores a verified delivery exactly once. Returns only after the statement committed (when
-/// the executor is a pool connection) or as part of the caller's transaction. A replayed body
-/// ([`Upsert::ReplayedBody`]) fails the statement: in a caller's transaction, that transaction
-/// is then aborted.
+/// the executor is a pool connection) or as part of the caller's transaction. A body stored
+/// under another id that `signed_bodies` does not hold ([`UpsertError::BodyNotClaimed`]) fails
+/// the statement: in a caller's transaction, that transaction is then aborted.
 #[tracing::instrument(skip_all, fields(tenant_id = event.tenant_id, external_id = event.external_id), err)]
 pub async fn upsert(
     executor: impl PgExecutor<'_>,
     event: &NewEvent<'_>,
-) -> Result<Upsert, StoreError> {
+) -> Result<Upserted, UpsertError> {
     let row: Result<UpsertRow, sqlx::Error> = sqlx::query_as(UPSERT)
         .bind(event.tenant_id)
         .bind(event.external_id)
@@ -224,9 +309,9 @@ pub async fn upsert(
         .await;
     let row = match row {
         Err(sqlx::Error::Database(db)) if db.constraint() == Some(BODY_ONCE) => {
-            return Ok(Upsert::ReplayedBody);
+            return Err(UpsertError::BodyNotClaimed);
         }
-        other => other?,
+        other => other.map_err(StoreError::from)?,
     };
     let outcome = match row.outcome.as_str() {
         "accepted" => DeliveryOutcome::Accepted,
@@ -236,16 +321,39 @@ pub async fn upsert(
             return Err(StoreError::Corrupt {
                 what: "delivery outcome",
                 reason: other.to_owned(),
-            });
+            }
+            .into());
         }
     };
-    Ok(Upsert::Stored(Upserted {
+    Ok(Upserted {
         outcome,
         delivery_count: row.delivery_count,
         status: row.status,
         holds_delivery: row.holds_delivery,
         collided_with: row.collided_with,
-    }))
+        replay_of: row.replay_of,
+    })
+}
+
+/// Claims in `signed_bodies`, for the event that holds it, a body `webhook_events` stores under
+/// an unsigned id but `signed_bodies` does not know (see [`UpsertError::BodyNotClaimed`]).
+/// Returns whether a claim was written.
+pub async fn adopt_stored_body(
+    executor: impl PgExecutor<'_>,
+    source_id: &str,
+    payload_sha256: &[u8],
+) -> Result<bool, StoreError> {
+    const SQL: &str = "INSERT INTO signed_bodies (source_id, payload_sha256, external_id, first_seen_at, last_seen_at) \
+         SELECT source_id, payload_sha256, external_id, first_received_at, last_seen_at FROM webhook_events \
+         WHERE source_id = $1 AND payload_sha256 = $2 AND id_outside_signature \
+         ON CONFLICT (source_id, payload_sha256) DO NOTHING";
+    Ok(sqlx::query(SQL)
+        .bind(source_id)
+        .bind(payload_sha256)
+        .execute(executor)
+        .await?
+        .rows_affected()
+        == 1)
 }
 
 /// One source's recent traffic, as `hookctl status` shows it.
@@ -264,6 +372,11 @@ pub struct SourceActivity {
     pub duplicates_last_day: i64,
     /// Deliveries of the last day's events that carried a different payload.
     pub conflicts_last_day: i64,
+    /// Of the last day's events, those held: stored without effects because their bytes are
+    /// another event's and their id is outside the signature (a replay, or a distinct delivery
+    /// of identical bytes to review: see their `replayed_body` anomalies).
+    #[serde(default)]
+    pub held_last_day: i64,
 }
 
 /// Every source's recent traffic, each read off its `(source_id, first_received_at)` index.
@@ -272,12 +385,19 @@ pub async fn activity_by_source(
 ) -> Result<Vec<SourceActivity>, StoreError> {
     const SQL: &str = "SELECT s.source_id, s.tenant_id, s.scheme, s.enabled, \
              (SELECT max(e.first_received_at) FROM webhook_events AS e WHERE e.source_id = s.source_id) AS last_received_at, \
-             d.events_last_hour, d.events_last_day, d.duplicates_last_day, d.conflicts_last_day \
+             d.events_last_hour, d.events_last_day, d.duplicates_last_day, d.conflicts_last_day, \
+             d.held_last_day \
          FROM sources AS s CROSS JOIN LATERAL ( \
              SELECT count(*) FILTER (WHERE e.first_received_at > now() - interval '1 hour') AS events_last_hour, \
                     count(*) AS events_last_day, \
                     COALESCE(sum(e.delivery_count - 1), 0)::bigint AS duplicates_last_day, \
-                    COALESCE(sum(e.conflict_count), 0)::bigint AS conflicts_last_day \
+                    COALESCE(sum(e.conflict_count), 0)::bigint AS conflicts_last_day, \
+                    count(*) FILTER (WHERE e.status = 'processed' AND e.expects = 'nothing' \
+                        AND NOT e.id_outside_signature AND EXISTS ( \
+                            SELECT 1 FROM ingest_anomalies AS a \
+                            WHERE a.tenant_id = e.tenant_id AND a.external_id = e.external_id \
+                              AND a.kind = 'replayed_body' AND a.payload_sha256 = e.payload_sha256)) \
+                        AS held_last_day \
              FROM webhook_events AS e \
              WHERE e.source_id = s.source_id AND e.first_received_at > now() - interval '1 day') AS d \
          ORDER BY s.source_id";
