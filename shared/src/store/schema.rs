@@ -132,7 +132,10 @@ fn is_statement_timeout(error: &SchemaError) -> bool {
         MigrateError::Execute(sqlx::Error::Database(db))
         | MigrateError::ExecuteMigration(sqlx::Error::Database(db), _),
     )
-    | SchemaError::Store(StoreError::Query(sqlx::Error::Database(db)))) = error
+    | SchemaError::Store(
+        StoreError::Query(sqlx::Error::Database(db))
+        | StoreError::Unavailable(sqlx::Error::Database(db)),
+    )) = error
     else {
         return false;
     };
