@@ -460,6 +460,45 @@ async fn a_failed_message_outlives_the_identity_horizon(pool: PgPool) {
     );
 }
 
+/// A processed event whose outbox row was lost, and which reconcile re-queued as a repair just as
+/// it passed the identity horizon: retention must not delete it (the queue row goes with it, by
+/// cascade) before the repair restores the message. Once drained, the message is delivered.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_queued_repair_keeps_its_event_past_the_identity_horizon(pool: PgPool) {
+    outbox_rows(&pool, 1).await;
+    sqlx::query("DELETE FROM outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // What reconcile's re-queue writes for a processed event missing its outbox row.
+    sqlx::query(
+        "INSERT INTO event_queue (tenant_id, external_id, repair) \
+         SELECT tenant_id, external_id, true FROM webhook_events",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    assert_eq!(retention_past_the_horizon(&pool).await, 0);
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM event_queue WHERE repair").await,
+        1,
+        "the repair is still queued"
+    );
+
+    let drainer = standard_drainer(&pool);
+    drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE status = 'pending'"
+        )
+        .await,
+        1,
+        "the repair restored the lost message"
+    );
+}
+
 /// Each message's status, attempts, resent count, and whether it was resent and discarded, in id
 /// order: what the sender and an operator's decisions left on it.
 async fn decisions(pool: &PgPool) -> Vec<(String, i32, i32, bool, bool)> {

@@ -104,7 +104,8 @@ pub struct IdentitiesPurged {
 /// dead letters. Kept: an event with an open dead letter (the letter needs it, however old), or
 /// one whose letter closed within the horizon (the operator's record of the replay or the
 /// discard stays that long), or with an outbox row still to deliver (pending) or still to decide
-/// (failed: an operator resends or discards it).
+/// (failed: an operator resends or discards it), or one still queued (a repair reconcile re-queued:
+/// the queue row would go with the event, by cascade, and the repair with it).
 pub async fn purge_identities(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
@@ -119,6 +120,7 @@ pub async fn purge_identities(
                                AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => $1))) \
                AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
                                AND o.status IN ('pending', 'failed')) \
+               AND NOT EXISTS (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id) \
              ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          letters_gone AS ( \
              DELETE FROM dead_letters AS d USING batch \
