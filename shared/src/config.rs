@@ -268,17 +268,6 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         self.database()?.pool(&self.aws_secrets()?).await
     }
 
-    /// The database for a function: its pool, and for a database located by a secret, what
-    /// reads the secret again when the server refuses the credentials.
-    pub async fn open_database(&self) -> Result<crate::database::Database, ConfigError> {
-        // Boxed: keeps the AWS SDK's deep future out of the functions' `main`.
-        Box::pin(crate::database::Database::open(
-            self.database()?,
-            self.aws_secrets()?,
-        ))
-        .await
-    }
-
     /// `MIGRATE_LOCK_TIMEOUT_MS`: how long a migration waits for any one lock.
     pub fn migrate_lock_timeout(&self) -> Result<Duration, ConfigError> {
         let timeout = self.millis("MIGRATE_LOCK_TIMEOUT_MS", DEFAULT_MIGRATE_LOCK_TIMEOUT)?;

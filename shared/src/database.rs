@@ -46,6 +46,15 @@ struct Credentials {
 }
 
 impl Database {
+    /// The database for a function, from its environment: its pool, and for a database located
+    /// by a secret, what reads the secret again when the server refuses the credentials.
+    pub async fn from_vars<F: Fn(&str) -> Option<String>>(
+        vars: &crate::config::Vars<F>,
+    ) -> Result<Self, ConfigError> {
+        // Boxed: keeps the AWS SDK's deep future out of the functions' `main`.
+        Box::pin(Self::open(vars.database()?, vars.aws_secrets()?)).await
+    }
+
     /// A pool whose credentials never change (tests; a `DATABASE_URL`).
     pub fn from_pool(pool: PgPool) -> Self {
         Self {

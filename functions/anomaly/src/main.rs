@@ -6,7 +6,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.anomaly()?;
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let metrics = shared::metrics::install_emf()?;
     let (database, settings) = (&database, &settings);
     run(service_fn(move |event| async move {

@@ -8,7 +8,7 @@ use shared::config::Vars;
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let backfiller = Backfiller::new(
         database.pool().clone(),
         Arc::new(vars.secret_store().await?),

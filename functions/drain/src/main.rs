@@ -11,7 +11,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let vars = Vars::process();
     let settings = vars.drain()?;
     let margin = vars.deadline_margin()?;
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let drainer = Drainer::new(
         database.pool().clone(),
         Arc::new(EffectRegistry::standard()),

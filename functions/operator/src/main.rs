@@ -5,7 +5,7 @@ use shared::effects::EffectRegistry;
 #[tokio::main]
 async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
-    let database = Vars::process().open_database().await?;
+    let database = shared::database::Database::from_vars(&Vars::process()).await?;
     let registry = EffectRegistry::standard();
     let (database, registry) = (&database, &registry);
     run(service_fn(move |event| async move {

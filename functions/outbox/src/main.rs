@@ -8,7 +8,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let vars = Vars::process();
     let settings = vars.outbox()?;
     let margin = vars.deadline_margin()?;
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let sender = OutboxSender::new(database.pool().clone(), settings)?;
     let (database, sender) = (&database, &sender);
     run(service_fn(move |event| async move {

@@ -10,7 +10,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.reconcile()?;
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let pool = database.pool().clone();
     let drainer = Drainer::new(
         pool.clone(),

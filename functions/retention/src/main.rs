@@ -6,7 +6,7 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     shared::telemetry::init();
     let vars = Vars::process();
     let settings = vars.retention()?;
-    let database = vars.open_database().await?;
+    let database = shared::database::Database::from_vars(&vars).await?;
     let (database, settings) = (&database, &settings);
     run(service_fn(move |event| async move {
         let result = retention::handler(event, database.pool(), settings).await;
