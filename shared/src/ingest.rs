@@ -107,8 +107,7 @@ pub struct IngestLimits {
 
 /// The ingest path and its dependencies, built once per process.
 pub struct Ingestor {
-    pool: PgPool,
-    /// The pool again, with what reads its credentials when they are refused or unread.
+    /// The pool, with what reads its credentials when they are refused or unread.
     database: Database,
     sources: Arc<SourceRegistry>,
     secrets: Arc<SecretStore>,
@@ -123,8 +122,7 @@ impl Ingestor {
         limits: IngestLimits,
     ) -> Self {
         Self {
-            database: Database::from_pool(pool.clone()),
-            pool,
+            database: Database::from_pool(pool),
             sources,
             secrets,
             limits,
@@ -140,23 +138,20 @@ impl Ingestor {
             SecretsBackend::File(_) => crate::config::Vars::process().aws_secrets()?,
         };
         let database = Database::open_or_read_later(settings.database.clone(), aws).await?;
-        let pool = database.pool().clone();
         let secrets = settings.secrets.open().await;
-        let sources = SourceRegistry::new(pool.clone(), settings.source_cache_ttl);
-        let mut ingestor = Self::new(
-            pool,
-            Arc::new(sources),
-            Arc::new(secrets),
-            IngestLimits {
+        let sources = SourceRegistry::new(database.pool().clone(), settings.source_cache_ttl);
+        Ok(Self {
+            database,
+            sources: Arc::new(sources),
+            secrets: Arc::new(secrets),
+            limits: IngestLimits {
                 max_body_bytes: settings.max_body_bytes,
             },
-        );
-        ingestor.database = database;
-        Ok(ingestor)
+        })
     }
 
     pub fn pool(&self) -> &PgPool {
-        &self.pool
+        self.database.pool()
     }
 
     /// Verifies and stores one delivery. Logs one line either way, in a span naming the
@@ -253,7 +248,7 @@ impl Ingestor {
                 let detail = error.to_string();
                 let digest: [u8; 32] = Sha256::digest(delivery.body).into();
                 ingest_anomalies::record_unreadable(
-                    &self.pool,
+                    self.database.pool(),
                     &UnreadableDelivery {
                         tenant_id: source.tenant_id.as_str(),
                         source_id: source.source_id.as_str(),
@@ -313,12 +308,12 @@ impl Ingestor {
     /// copied in and the upsert runs again: it then sees the replay.
     async fn upsert(&self, event: &NewEvent<'_>) -> Result<Upserted, StoreError> {
         for _ in 0..3 {
-            match webhook_events::upsert(&self.pool, event).await {
+            match webhook_events::upsert(self.database.pool(), event).await {
                 Ok(stored) => return Ok(stored),
                 Err(UpsertError::Store(e)) => return Err(e),
                 Err(UpsertError::BodyNotClaimed) => {
                     webhook_events::adopt_stored_body(
-                        &self.pool,
+                        self.database.pool(),
                         event.source_id,
                         &event.payload_sha256,
                     )
