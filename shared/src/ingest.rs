@@ -17,7 +17,7 @@ use sqlx::PgPool;
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
 use crate::database::Database;
 use crate::domain::{ExternalId, FieldLocator, SourceId};
-use crate::extract::{self, ExtractError};
+use crate::extract::{self, EventFields, ExtractError};
 use crate::protocol;
 use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
@@ -233,17 +233,14 @@ impl Ingestor {
         }
 
         let signed = |name: &str| verified.signs_header(name);
-        let unsigned = extract::UnsignedHeaders {
-            signed: &signed,
-            received_at_micros: unix_now_micros(),
-        };
-        let fields = match extract::extract_delivery(
-            &source.fields,
+        let prepared = match prepare(
+            &source,
             delivery.headers,
             delivery.body,
-            Some(&unsigned),
+            &signed,
+            unix_now_micros(),
         ) {
-            Ok(fields) => fields,
+            Ok(prepared) => prepared,
             Err(error) => {
                 let detail = error.to_string();
                 let digest: [u8; 32] = Sha256::digest(delivery.body).into();
@@ -262,16 +259,8 @@ impl Ingestor {
                 return Err(IngestError::Unreadable(error));
             }
         };
-        span.record("external_id", fields.external_id.as_str());
-
-        let headers = kept_headers(&source, delivery.headers);
-        let mut event = source.event(&fields, delivery.body, headers, verified.secret.as_str());
-        event.provider_retries =
-            i32::from(protocol::is_provider_retry(source.scheme, delivery.headers));
-        event.id_outside_signature = match &source.fields.external_id {
-            FieldLocator::Header(name) => !verified.signs_header(name.as_str()),
-            FieldLocator::Json(_) => false,
-        };
+        span.record("external_id", prepared.fields.external_id.as_str());
+        let event = prepared.event(&source, delivery.body, verified.secret.as_str());
         let stored = self.upsert(&event).await?;
         span.record("outcome", stored.outcome.as_str());
         span.record("verified_with", verified.secret.as_str());
@@ -296,7 +285,7 @@ impl Ingestor {
         }
         Ok(Received::Stored(Receipt {
             outcome: stored.outcome,
-            external_id: fields.external_id,
+            external_id: prepared.fields.external_id.clone(),
             delivery_count: stored.delivery_count,
         }))
     }
@@ -328,10 +317,64 @@ impl Ingestor {
     }
 }
 
+/// What the upsert needs of a verified delivery, read with its source's field map. The direct
+/// path and the buffer's consumer both store through this, so a buffered delivery is filed as
+/// the same event its direct delivery would have been.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub fields: EventFields,
+    /// The headers kept beside the payload ([`kept_headers`]).
+    pub headers: serde_json::Value,
+    /// 1 when the provider marked the delivery as its own retry.
+    pub provider_retries: i32,
+    /// The event id was read from a header the signature does not cover.
+    pub id_outside_signature: bool,
+}
+
+/// Reads a verified delivery's fields. `signed` says which headers the signature covers; a
+/// version or tiebreak read from one it does not is never later than `received_at_micros`.
+pub fn prepare(
+    source: &Source,
+    headers: &HeaderMap,
+    body: &[u8],
+    signed: &(dyn Fn(&str) -> bool + Sync),
+    received_at_micros: i64,
+) -> Result<Prepared, ExtractError> {
+    let unsigned = extract::UnsignedHeaders {
+        signed,
+        received_at_micros,
+    };
+    let fields = extract::extract_delivery(&source.fields, headers, body, Some(&unsigned))?;
+    Ok(Prepared {
+        fields,
+        headers: kept_headers(source, headers),
+        provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
+        id_outside_signature: match &source.fields.external_id {
+            FieldLocator::Header(name) => !signed(name.as_str()),
+            FieldLocator::Json(_) => false,
+        },
+    })
+}
+
+impl Prepared {
+    /// The event to store: this delivery's fields under its source.
+    pub fn event<'a>(
+        &'a self,
+        source: &'a Source,
+        body: &'a [u8],
+        verified_with: &'a str,
+    ) -> NewEvent<'a> {
+        let mut event = source.event(&self.fields, body, self.headers.clone(), verified_with);
+        event.provider_retries = self.provider_retries;
+        event.id_outside_signature = self.id_outside_signature;
+        event
+    }
+}
+
 /// Headers kept beside the payload: what the signature and the fields were read from, what the
 /// provider says about the delivery (its retry marks, ...), content type and user agent.
 /// Nothing else (no cookies, no authorization).
-fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
+pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let names = signature::signature_headers(source.scheme)
         .iter()
         .chain(protocol::kept_headers(source.scheme))
@@ -352,7 +395,7 @@ fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
 }
 
 /// Microseconds since the Unix epoch, as versions read from timestamps count time.
-fn unix_now_micros() -> i64 {
+pub fn unix_now_micros() -> i64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap_or(Duration::ZERO);

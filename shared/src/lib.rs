@@ -5,6 +5,7 @@
 pub mod anomaly;
 pub mod aws;
 pub mod backfill;
+pub mod buffer;
 pub mod config;
 pub mod database;
 pub mod domain;

@@ -1,0 +1,191 @@
+//! The buffer's SQS queue: ingest sends to it; the local runner's consumer receives and
+//! deletes (in AWS, the event source mapping does). One client per process.
+
+use aws_sdk_sqs::error::DisplayErrorContext;
+use aws_sdk_sqs::primitives::Blob;
+use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
+
+use super::{BODY_ATTRIBUTE, BufferedDelivery, DecodeError};
+use crate::aws::AwsEndpoint;
+
+/// Where the buffer is.
+#[derive(Debug, Clone)]
+pub struct QueueSettings {
+    /// `BUFFER_QUEUE_URL`.
+    pub queue_url: String,
+    /// `BUFFER_DEAD_LETTER_QUEUE_URL`: read by the operator's commands only.
+    pub dead_letter_queue_url: Option<String>,
+    /// `SQS_ENDPOINT` overrides AWS's (moto in tests, a VPC endpoint in production).
+    pub endpoint: AwsEndpoint,
+}
+
+/// Why SQS did not take or give a message.
+#[derive(Debug, thiserror::Error)]
+pub enum QueueError {
+    #[error("SQS {operation} failed: {reason}")]
+    Sqs {
+        operation: &'static str,
+        reason: String,
+    },
+    #[error("a buffered delivery of {size} bytes exceeds one SQS message")]
+    TooLarge { size: usize },
+    #[error("no dead-letter queue is configured (BUFFER_DEAD_LETTER_QUEUE_URL)")]
+    NoDeadLetterQueue,
+}
+
+/// A message received from a queue.
+#[derive(Debug)]
+pub struct Received {
+    pub message_id: String,
+    pub receipt_handle: String,
+    /// How many times SQS has handed it out, this time included.
+    pub receive_count: u32,
+    /// When ingest sent it, as Unix milliseconds.
+    pub sent_at_millis: Option<i64>,
+    /// The delivery, or why the message is not one.
+    pub delivery: Result<BufferedDelivery, DecodeError>,
+}
+
+/// The buffer's queues.
+#[derive(Debug, Clone)]
+pub struct BufferQueue {
+    client: aws_sdk_sqs::Client,
+    queue_url: String,
+    dead_letter_queue_url: Option<String>,
+}
+
+fn sqs_error<E: std::error::Error + 'static>(
+    operation: &'static str,
+) -> impl FnOnce(aws_sdk_sqs::error::SdkError<E>) -> QueueError {
+    move |error| QueueError::Sqs {
+        operation,
+        reason: DisplayErrorContext(error).to_string(),
+    }
+}
+
+impl BufferQueue {
+    pub async fn connect(settings: &QueueSettings) -> Self {
+        let config = crate::aws::sdk_config(&settings.endpoint).await;
+        Self {
+            client: aws_sdk_sqs::Client::new(&config),
+            queue_url: settings.queue_url.clone(),
+            dead_letter_queue_url: settings.dead_letter_queue_url.clone(),
+        }
+    }
+
+    pub fn queue_url(&self) -> &str {
+        &self.queue_url
+    }
+
+    pub fn dead_letter_queue_url(&self) -> Result<&str, QueueError> {
+        self.dead_letter_queue_url
+            .as_deref()
+            .ok_or(QueueError::NoDeadLetterQueue)
+    }
+
+    pub fn client(&self) -> &aws_sdk_sqs::Client {
+        &self.client
+    }
+
+    /// Sends one delivery; returns SQS's message id once SQS acknowledged it (stored durably
+    /// across its availability zones).
+    pub async fn send(&self, delivery: &BufferedDelivery) -> Result<String, QueueError> {
+        self.send_to(&self.queue_url, delivery).await
+    }
+
+    /// Sends one delivery to the queue at `queue_url` (the buffer, or a redrive's destination).
+    pub async fn send_to(
+        &self,
+        queue_url: &str,
+        delivery: &BufferedDelivery,
+    ) -> Result<String, QueueError> {
+        if !delivery.fits() {
+            return Err(QueueError::TooLarge {
+                size: delivery.sqs_size(),
+            });
+        }
+        let body = MessageAttributeValue::builder()
+            .data_type("Binary")
+            .binary_value(Blob::new(delivery.body.clone()))
+            .build()
+            .map_err(|e| QueueError::Sqs {
+                operation: "SendMessage",
+                reason: e.to_string(),
+            })?;
+        let sent = self
+            .client
+            .send_message()
+            .queue_url(queue_url)
+            .message_body(delivery.envelope_json())
+            .message_attributes(BODY_ATTRIBUTE, body)
+            .send()
+            .await
+            .map_err(sqs_error("SendMessage"))?;
+        Ok(sent.message_id.unwrap_or_default())
+    }
+
+    /// Up to `max` (at most 10) messages of the queue at `queue_url`, hidden from other
+    /// receivers for `visibility_seconds`; waits up to `wait_seconds` for the first.
+    pub async fn receive_from(
+        &self,
+        queue_url: &str,
+        max: i32,
+        visibility_seconds: i32,
+        wait_seconds: i32,
+    ) -> Result<Vec<Received>, QueueError> {
+        let output = self
+            .client
+            .receive_message()
+            .queue_url(queue_url)
+            .max_number_of_messages(max.clamp(1, 10))
+            .visibility_timeout(visibility_seconds)
+            .wait_time_seconds(wait_seconds)
+            .message_attribute_names("All")
+            .message_system_attribute_names(MessageSystemAttributeName::All)
+            .send()
+            .await
+            .map_err(sqs_error("ReceiveMessage"))?;
+        Ok(output
+            .messages
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| {
+                let attributes = m.attributes.unwrap_or_default();
+                let system = |name: MessageSystemAttributeName| {
+                    attributes.get(&name).and_then(|v| v.parse::<i64>().ok())
+                };
+                let body = m
+                    .message_attributes
+                    .as_ref()
+                    .and_then(|a| a.get(BODY_ATTRIBUTE))
+                    .and_then(|v| v.binary_value.as_ref())
+                    .map(|b| b.as_ref().to_vec());
+                Received {
+                    message_id: m.message_id.unwrap_or_default(),
+                    receipt_handle: m.receipt_handle.unwrap_or_default(),
+                    receive_count: system(MessageSystemAttributeName::ApproximateReceiveCount)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .unwrap_or(1),
+                    sent_at_millis: system(MessageSystemAttributeName::SentTimestamp),
+                    delivery: BufferedDelivery::decode(m.body.as_deref().unwrap_or(""), body),
+                }
+            })
+            .collect())
+    }
+
+    /// Deletes a received message from the queue at `queue_url`.
+    pub async fn delete_from(
+        &self,
+        queue_url: &str,
+        receipt_handle: &str,
+    ) -> Result<(), QueueError> {
+        self.client
+            .delete_message()
+            .queue_url(queue_url)
+            .receipt_handle(receipt_handle)
+            .send()
+            .await
+            .map_err(sqs_error("DeleteMessage"))?;
+        Ok(())
+    }
+}
