@@ -114,6 +114,33 @@ pub struct IngestSettings {
     pub secrets: SecretsBackend,
     pub max_body_bytes: usize,
     pub source_cache_ttl: Duration,
+    /// Where a delivery goes when PostgreSQL cannot take it (or, in `queue` mode, always).
+    pub buffer: BufferSettings,
+}
+
+/// How long the direct path may try before a delivery spills to the buffer
+/// (`SPILLOVER_AFTER_MS`): well inside the providers' own timeouts (Slack's 3 s, GitHub's 10 s)
+/// and the ingest function's, so the send to SQS has time left.
+pub const DEFAULT_SPILLOVER_AFTER: Duration = Duration::from_millis(2000);
+
+/// The second buffer's mode and queue.
+#[derive(Debug, Clone)]
+pub struct BufferSettings {
+    pub mode: crate::buffer::BufferMode,
+    /// `None` exactly when the mode is `database`.
+    pub queue: Option<crate::buffer::QueueSettings>,
+    pub spill_after: Duration,
+}
+
+impl BufferSettings {
+    /// Today's path only: no buffer.
+    pub fn database_only() -> Self {
+        Self {
+            mode: crate::buffer::BufferMode::Database,
+            queue: None,
+            spill_after: DEFAULT_SPILLOVER_AFTER,
+        }
+    }
 }
 
 /// Reads variables through a lookup function, so tests need not touch the process environment.
@@ -253,6 +280,59 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             secrets: self.secrets_backend()?,
             max_body_bytes,
             source_cache_ttl: self.seconds("SOURCE_CACHE_TTL_SECONDS", DEFAULT_SOURCE_CACHE_TTL)?,
+            buffer: self.buffer()?,
+        })
+    }
+
+    /// The buffer's queues (`BUFFER_QUEUE_URL`, `BUFFER_DEAD_LETTER_QUEUE_URL`, and
+    /// `SQS_ENDPOINT` to override AWS's endpoint), when a queue is configured.
+    pub fn buffer_queue(&self) -> Result<Option<crate::buffer::QueueSettings>, ConfigError> {
+        Ok(self
+            .get("BUFFER_QUEUE_URL")
+            .map(|queue_url| crate::buffer::QueueSettings {
+                queue_url,
+                dead_letter_queue_url: self.get("BUFFER_DEAD_LETTER_QUEUE_URL"),
+                endpoint: crate::aws::AwsEndpoint {
+                    endpoint_url: self.get("SQS_ENDPOINT"),
+                    region: self.get("AWS_REGION"),
+                },
+            }))
+    }
+
+    /// `BUFFER_MODE` (`database`, `spillover`, `queue`; unset: `spillover` when a queue is
+    /// configured, else `database`) with its queue and `SPILLOVER_AFTER_MS`.
+    pub fn buffer(&self) -> Result<BufferSettings, ConfigError> {
+        use crate::buffer::BufferMode;
+        let queue = self.buffer_queue()?;
+        let mode = match self.get("BUFFER_MODE") {
+            Some(raw) => raw.trim().parse().map_err(|reason| ConfigError::Invalid {
+                var: "BUFFER_MODE",
+                reason,
+            })?,
+            None if queue.is_some() => BufferMode::Spillover,
+            None => BufferMode::Database,
+        };
+        if mode != BufferMode::Database && queue.is_none() {
+            return Err(ConfigError::Missing {
+                var: "BUFFER_QUEUE_URL",
+                hint: " (BUFFER_MODE spillover and queue send to it; BUFFER_MODE=database buffers nothing)",
+            });
+        }
+        let spill_after = self.millis("SPILLOVER_AFTER_MS", DEFAULT_SPILLOVER_AFTER)?;
+        if spill_after.is_zero() {
+            return Err(ConfigError::Invalid {
+                var: "SPILLOVER_AFTER_MS",
+                reason: "must be at least 1".into(),
+            });
+        }
+        Ok(BufferSettings {
+            queue: if mode == BufferMode::Database {
+                None
+            } else {
+                queue
+            },
+            mode,
+            spill_after,
         })
     }
 }

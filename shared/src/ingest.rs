@@ -7,6 +7,7 @@
 //! fields cannot be read is recorded as an anomaly, never queued. A receipt is returned only
 //! after the upsert committed.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -14,6 +15,9 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::buffer::{
+    BufferMode, BufferQueue, BufferedDelivery, ENVELOPE_VERSION, Envelope, QueueError,
+};
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
 use crate::database::Database;
 use crate::domain::{ExternalId, FieldLocator, SourceId};
@@ -41,6 +45,9 @@ pub struct Delivery<'a> {
 pub enum Received {
     /// An event, stored.
     Stored(Receipt),
+    /// The database could not take it (spillover) or the mode sends everything there (queue):
+    /// SQS acknowledged it, and the buffer's consumer files it.
+    Buffered { delivery_id: String },
     /// A signed handshake the provider sends to check the endpoint (Slack's
     /// `url_verification`): answered with its challenge, nothing stored.
     Handshake { challenge: String },
@@ -69,6 +76,9 @@ pub enum IngestError {
     Secret(#[source] SecretError),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// Neither the database nor the buffer took the delivery.
+    #[error("neither store took the delivery: {database}; the buffer: {buffer}")]
+    Unavailable { database: String, buffer: String },
 }
 
 impl IngestError {
@@ -82,6 +92,7 @@ impl IngestError {
             IngestError::Secret(_) => "secret_unavailable",
             IngestError::Store(e) if e.is_retryable() => "database_unavailable",
             IngestError::Store(_) => "database_error",
+            IngestError::Unavailable { .. } => "database_and_buffer_unavailable",
         }
     }
 
@@ -94,7 +105,9 @@ impl IngestError {
             IngestError::Signature(_) => "signature",
             IngestError::Unreadable(_) => "unreadable",
             IngestError::Secret(e) if e.is_misconfiguration() => "misconfigured",
-            IngestError::Secret(_) | IngestError::Store(_) => "unavailable",
+            IngestError::Secret(_) | IngestError::Store(_) | IngestError::Unavailable { .. } => {
+                "unavailable"
+            }
         }
     }
 }
@@ -112,6 +125,32 @@ pub struct Ingestor {
     sources: Arc<SourceRegistry>,
     secrets: Arc<SecretStore>,
     limits: IngestLimits,
+    /// The second buffer (`BUFFER_MODE` spillover or queue); `None` in database mode.
+    buffer: Option<Buffer>,
+}
+
+/// The second buffer as ingest uses it: its mode, its queue, and how long the direct path may
+/// try first (spillover).
+pub struct Buffer {
+    pub mode: BufferMode,
+    pub queue: BufferQueue,
+    pub spill_after: Duration,
+}
+
+/// A delivery that passed every check before storage: its source, how it was verified, when it
+/// was received, and its fields (or why they cannot be read).
+struct Admitted<'d> {
+    delivery: Delivery<'d>,
+    source: Arc<Source>,
+    verified: signature::Verified,
+    received_at_micros: i64,
+    prepared: Result<Prepared, ExtractError>,
+}
+
+/// What a delivery turned out to be before storage.
+enum Admission<'d> {
+    Event(Box<Admitted<'d>>),
+    Handshake { challenge: String },
 }
 
 impl Ingestor {
@@ -126,12 +165,20 @@ impl Ingestor {
             sources,
             secrets,
             limits,
+            buffer: None,
         }
     }
 
-    /// Builds the pool (lazily connected), the source cache and the secret store from settings.
-    /// A database secret Secrets Manager cannot serve now does not fail the start: deliveries
-    /// are answered as the database being unavailable (503) until it can be read.
+    /// The same ingest path with a second buffer (spillover or queue mode).
+    pub fn with_buffer(mut self, buffer: Buffer) -> Self {
+        self.buffer = (buffer.mode != BufferMode::Database).then_some(buffer);
+        self
+    }
+
+    /// Builds the pool (lazily connected), the source cache, the secret store and the buffer's
+    /// client from settings. A database secret Secrets Manager cannot serve now does not fail
+    /// the start: deliveries are answered as the database being unavailable (503) until it can
+    /// be read.
     pub async fn from_settings(settings: &IngestSettings) -> Result<Self, ConfigError> {
         let aws = match &settings.secrets {
             SecretsBackend::Aws(aws) => aws.clone(),
@@ -140,6 +187,14 @@ impl Ingestor {
         let database = Database::open_or_read_later(settings.database.clone(), aws).await?;
         let secrets = settings.secrets.open().await;
         let sources = SourceRegistry::new(database.pool().clone(), settings.source_cache_ttl);
+        let buffer = match &settings.buffer.queue {
+            Some(queue) if settings.buffer.mode != BufferMode::Database => Some(Buffer {
+                mode: settings.buffer.mode,
+                queue: BufferQueue::connect(queue).await,
+                spill_after: settings.buffer.spill_after,
+            }),
+            _ => None,
+        };
         Ok(Self {
             database,
             sources: Arc::new(sources),
@@ -147,11 +202,19 @@ impl Ingestor {
             limits: IngestLimits {
                 max_body_bytes: settings.max_body_bytes,
             },
+            buffer,
         })
     }
 
     pub fn pool(&self) -> &PgPool {
         self.database.pool()
+    }
+
+    /// The buffer mode this ingest runs in.
+    pub fn buffer_mode(&self) -> BufferMode {
+        self.buffer
+            .as_ref()
+            .map_or(BufferMode::Database, |b| b.mode)
     }
 
     /// Verifies and stores one delivery. Logs one line either way, in a span naming the
@@ -161,11 +224,16 @@ impl Ingestor {
         fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
-        let result = self.store_with_current_credentials(delivery).await;
+        let result = self.admit_and_store(delivery).await;
         match &result {
             Ok(Received::Stored(receipt)) => {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
                 tracing::info!(delivery_count = receipt.delivery_count, "stored");
+            }
+            Ok(Received::Buffered { delivery_id }) => {
+                let mode = self.buffer_mode().as_str();
+                crate::metrics::delivery_buffered(mode);
+                tracing::info!(%delivery_id, mode, "buffered: SQS acknowledged the delivery");
             }
             Ok(Received::Handshake { .. }) => {
                 tracing::info!("endpoint handshake answered; nothing stored");
@@ -178,25 +246,97 @@ impl Ingestor {
         result
     }
 
+    /// Admits the delivery (source, signature, fields), then stores it where the buffer mode
+    /// says: directly, directly and else in SQS (spillover), or in SQS and else directly
+    /// (queue). A delivery whose fields cannot be read is recorded directly as an anomaly first
+    /// in every mode (it is answered 400); only when the database cannot take it is it buffered,
+    /// for the consumer to record.
+    async fn admit_and_store(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
+        let seen = self.database.credentials_seen();
+        let admission = match self.admit(delivery).await {
+            Err(IngestError::Store(error)) if self.database.recover(&error, seen).await => {
+                tracing::info!(%error, "credentials read again: admitting once more");
+                self.admit(delivery).await?
+            }
+            result => result?,
+        };
+        let admitted = match admission {
+            Admission::Handshake { challenge } => return Ok(Received::Handshake { challenge }),
+            Admission::Event(admitted) => admitted,
+        };
+        let Some(buffer) = &self.buffer else {
+            return self.store_with_current_credentials(&admitted).await;
+        };
+        if buffer.mode == BufferMode::Queue && admitted.prepared.is_ok() {
+            match self.send_to_buffer(buffer, &admitted).await {
+                Ok(received) => return Ok(received),
+                Err(error) => {
+                    tracing::warn!(%error, "the buffer did not take the delivery: storing it directly");
+                    return self.store_with_current_credentials(&admitted).await;
+                }
+            }
+        }
+        let direct = tokio::time::timeout(
+            buffer.spill_after,
+            self.store_with_current_credentials(&admitted),
+        )
+        .await;
+        let database = match direct {
+            Ok(Err(IngestError::Store(error))) if error.is_retryable() => error.to_string(),
+            Err(_) => format!(
+                "the direct path did not commit within {} ms",
+                buffer.spill_after.as_millis()
+            ),
+            Ok(result) => return result,
+        };
+        tracing::warn!(%database, "spilling to the buffer: the database cannot take the delivery");
+        self.send_to_buffer(buffer, &admitted)
+            .await
+            .map_err(|buffer| IngestError::Unavailable {
+                database,
+                buffer: buffer.to_string(),
+            })
+    }
+
+    /// Sends the admitted delivery to SQS; `Buffered` once SQS acknowledged it.
+    async fn send_to_buffer(
+        &self,
+        buffer: &Buffer,
+        admitted: &Admitted<'_>,
+    ) -> Result<Received, QueueError> {
+        let buffered = admitted.buffered();
+        match buffer.queue.send(&buffered).await {
+            Ok(_) => Ok(Received::Buffered {
+                delivery_id: buffered.envelope.delivery_id,
+            }),
+            Err(error) => {
+                crate::metrics::buffer_send_failed(buffer.mode.as_str());
+                Err(error)
+            }
+        }
+    }
+
     /// Stores the delivery; when the database refused the credentials (rotated under this warm
     /// process), reads them again and tries once more. Nothing was written by the refused
     /// attempt: a refusal comes before a connection's first statement.
     async fn store_with_current_credentials(
         &self,
-        delivery: Delivery<'_>,
+        admitted: &Admitted<'_>,
     ) -> Result<Received, IngestError> {
-        self.database.ready().await?;
         let seen = self.database.credentials_seen();
-        match self.store_delivery(delivery).await {
+        match self.store_admitted(admitted).await {
             Err(IngestError::Store(error)) if self.database.recover(&error, seen).await => {
                 tracing::info!(%error, "credentials read again: storing once more");
-                self.store_delivery(delivery).await
+                self.store_admitted(admitted).await
             }
             result => result,
         }
     }
 
-    async fn store_delivery(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
+    /// The source, the secrets, the signature, the handshake, the fields: everything before a
+    /// write.
+    async fn admit<'d>(&self, delivery: Delivery<'d>) -> Result<Admission<'d>, IngestError> {
+        self.database.ready().await?;
         let source_id =
             SourceId::parse(delivery.source_id).map_err(|_| IngestError::UnknownSource)?;
         if delivery.body.len() > self.limits.max_body_bytes {
@@ -227,19 +367,39 @@ impl Ingestor {
             unix_now(),
         )
         .map_err(IngestError::Signature)?;
+        span.record("verified_with", verified.secret.as_str());
 
         if let Some(challenge) = protocol::handshake_challenge(source.scheme, delivery.body) {
-            return Ok(Received::Handshake { challenge });
+            return Ok(Admission::Handshake { challenge });
         }
 
+        let received_at_micros = unix_now_micros();
         let signed = |name: &str| verified.signs_header(name);
-        let prepared = match prepare(
+        let prepared = prepare(
             &source,
             delivery.headers,
             delivery.body,
             &signed,
-            unix_now_micros(),
-        ) {
+            received_at_micros,
+        );
+        if let Ok(prepared) = &prepared {
+            span.record("external_id", prepared.fields.external_id.as_str());
+        }
+        Ok(Admission::Event(Box::new(Admitted {
+            delivery,
+            source,
+            verified,
+            received_at_micros,
+            prepared,
+        })))
+    }
+
+    /// The direct path: one upsert (or, for fields that cannot be read, the anomaly).
+    async fn store_admitted(&self, admitted: &Admitted<'_>) -> Result<Received, IngestError> {
+        let Admitted {
+            delivery, source, ..
+        } = admitted;
+        let prepared = match &admitted.prepared {
             Ok(prepared) => prepared,
             Err(error) => {
                 let detail = error.to_string();
@@ -256,14 +416,13 @@ impl Ingestor {
                     },
                 )
                 .await?;
-                return Err(IngestError::Unreadable(error));
+                return Err(IngestError::Unreadable(error.clone()));
             }
         };
-        span.record("external_id", prepared.fields.external_id.as_str());
-        let event = prepared.event(&source, delivery.body, verified.secret.as_str());
+        let event = prepared.event(source, delivery.body, admitted.verified.secret.as_str());
         let stored = self.upsert(&event).await?;
+        let span = tracing::Span::current();
         span.record("outcome", stored.outcome.as_str());
-        span.record("verified_with", verified.secret.as_str());
         if let Some(original) = &stored.replay_of {
             tracing::warn!(
                 original = %original,
@@ -288,6 +447,39 @@ impl Ingestor {
             external_id: prepared.fields.external_id.clone(),
             delivery_count: stored.delivery_count,
         }))
+    }
+}
+
+impl Admitted<'_> {
+    /// The delivery as the buffer keeps it: everything the consumer needs to file it as this
+    /// path would have.
+    fn buffered(&self) -> BufferedDelivery {
+        let headers = kept_headers(&self.source, self.delivery.headers);
+        let headers: BTreeMap<String, String> = headers
+            .as_object()
+            .map(|kept| {
+                kept.iter()
+                    .filter_map(|(name, value)| Some((name.clone(), value.as_str()?.to_owned())))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let signed_headers = headers
+            .keys()
+            .filter(|name| self.verified.signs_header(name))
+            .cloned()
+            .collect();
+        BufferedDelivery {
+            envelope: Envelope {
+                v: ENVELOPE_VERSION,
+                delivery_id: format!("{:032x}", rand::random::<u128>()),
+                source_id: self.source.source_id.as_str().to_owned(),
+                received_at_micros: self.received_at_micros,
+                verified_with: self.verified.secret.as_str().to_owned(),
+                headers,
+                signed_headers,
+            },
+            body: self.delivery.body.to_vec(),
+        }
     }
 }
 

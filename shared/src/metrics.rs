@@ -19,6 +19,12 @@ pub const DELIVERIES_STORED: &str = "DeliveriesStored";
 /// Deliveries refused, by `Reason` (signature, unknown_source, too_large, unreadable,
 /// unavailable, misconfigured).
 pub const DELIVERIES_REFUSED: &str = "DeliveriesRefused";
+/// Deliveries SQS took (the second buffer), by `Mode` (spillover: the database could not take
+/// them in time; queue: every delivery goes there).
+pub const DELIVERIES_BUFFERED: &str = "DeliveriesBuffered";
+/// Sends to the buffer that failed, by `Mode`: in spillover the delivery was answered 503
+/// (neither store took it); in queue mode it was stored directly instead.
+pub const BUFFER_SEND_FAILURES: &str = "BufferSendFailures";
 /// Deliveries the ingest function answered with a 5xx (the provider retries), once without a
 /// dimension (every version) and once by [`FUNCTION_VERSION`], the Lambda version that answered.
 /// The ingest canary's rollback alarm compares the two: unlike the API's 5xx metric it names no
@@ -47,6 +53,8 @@ pub const EMITTED: &[&str] = &[
     ANOMALY_VALUE,
     DELIVERIES_STORED,
     DELIVERIES_REFUSED,
+    DELIVERIES_BUFFERED,
+    BUFFER_SEND_FAILURES,
     INGEST_5XX,
     EVENTS_PROCESSED,
     EVENTS_RETRIED,
@@ -72,6 +80,14 @@ pub fn delivery_stored(outcome: &'static str) {
 
 pub fn delivery_refused(reason: &'static str) {
     metrics::counter!(DELIVERIES_REFUSED, "Reason" => reason).increment(1);
+}
+
+pub fn delivery_buffered(mode: &'static str) {
+    metrics::counter!(DELIVERIES_BUFFERED, "Mode" => mode).increment(1);
+}
+
+pub fn buffer_send_failed(mode: &'static str) {
+    metrics::counter!(BUFFER_SEND_FAILURES, "Mode" => mode).increment(1);
 }
 
 /// A 5xx answer of the ingest function, counted for every version and for the version running

@@ -35,6 +35,11 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
             StatusCode::OK,
             serde_json::json!({ "status": receipt.outcome.as_str() }),
         ),
+        // Durable in SQS, not yet in PostgreSQL: still a 200 (Slack and Twilio want exactly
+        // 200), and the body says which store holds it.
+        Ok(Received::Buffered { .. }) => {
+            (StatusCode::OK, serde_json::json!({ "status": "buffered" }))
+        }
         // Slack accepts the challenge as JSON (as well as plain text).
         Ok(Received::Handshake { challenge }) => (
             StatusCode::OK,
@@ -61,6 +66,9 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
             (StatusCode::SERVICE_UNAVAILABLE, error("try again later"))
         }
         Err(IngestError::Store(_)) => (StatusCode::INTERNAL_SERVER_ERROR, error("internal error")),
+        Err(IngestError::Unavailable { .. }) => {
+            (StatusCode::SERVICE_UNAVAILABLE, error("try again later"))
+        }
     };
     let mut response = Response::builder()
         .status(status)

@@ -29,6 +29,40 @@ const BODY_ATTRIBUTE_TYPE: &str = "Binary";
 /// The version of [`Envelope`]: a consumer refuses (as unfilable) a version it does not know.
 pub const ENVELOPE_VERSION: u32 = 1;
 
+/// Where ingest puts a verified delivery (`BUFFER_MODE`, the stack's `BufferMode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BufferMode {
+    /// PostgreSQL only: a delivery the database cannot take is answered 503.
+    Database,
+    /// PostgreSQL first; what it cannot take within `SPILLOVER_AFTER_MS` goes to SQS.
+    Spillover,
+    /// SQS first (the consumer files it); PostgreSQL directly when SQS cannot take it.
+    Queue,
+}
+
+impl BufferMode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BufferMode::Database => "database",
+            BufferMode::Spillover => "spillover",
+            BufferMode::Queue => "queue",
+        }
+    }
+}
+
+impl std::str::FromStr for BufferMode {
+    type Err = String;
+
+    fn from_str(raw: &str) -> Result<Self, String> {
+        match raw {
+            "database" => Ok(BufferMode::Database),
+            "spillover" => Ok(BufferMode::Spillover),
+            "queue" => Ok(BufferMode::Queue),
+            other => Err(format!("{other:?}: expected database, spillover or queue")),
+        }
+    }
+}
+
 /// A verified delivery, buffered.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BufferedDelivery {
