@@ -336,6 +336,8 @@ pub fn sha256(bytes: &[u8]) -> Vec<u8> {
 
 // ---- The drain ----------------------------------------------------------------------------
 
+pub mod buffer;
+
 pub mod drain {
     use std::sync::Arc;
     use std::sync::atomic::{AtomicBool, Ordering};

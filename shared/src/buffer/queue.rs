@@ -8,6 +8,13 @@ use aws_sdk_sqs::types::{MessageAttributeValue, MessageSystemAttributeName};
 use super::{BODY_ATTRIBUTE, BufferedDelivery, DecodeError};
 use crate::aws::AwsEndpoint;
 
+/// How long one attempt at an SQS call may take, and all of its retries together. Ingest
+/// spills after `SPILLOVER_AFTER_MS` (2 s): the send must answer well inside the function's
+/// 10 s, so an SQS endpoint that does not answer (no NAT, no VPC endpoint) costs a 503 in
+/// 2 + 4 s, not a Lambda timeout.
+const ATTEMPT_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(1500);
+const OPERATION_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(4);
+
 /// Where the buffer is.
 #[derive(Debug, Clone)]
 pub struct QueueSettings {
@@ -66,8 +73,15 @@ fn sqs_error<E: std::error::Error + 'static>(
 impl BufferQueue {
     pub async fn connect(settings: &QueueSettings) -> Self {
         let config = crate::aws::sdk_config(&settings.endpoint).await;
+        let timeouts = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+            .operation_timeout(OPERATION_TIMEOUT)
+            .build();
+        let config = aws_sdk_sqs::config::Builder::from(&config)
+            .timeout_config(timeouts)
+            .build();
         Self {
-            client: aws_sdk_sqs::Client::new(&config),
+            client: aws_sdk_sqs::Client::from_conf(config),
             queue_url: settings.queue_url.clone(),
             dead_letter_queue_url: settings.dead_letter_queue_url.clone(),
         }

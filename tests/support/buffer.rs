@@ -1,0 +1,215 @@
+//! What the buffer's tests need: a PostgreSQL that can be made unreachable under a warm ingest
+//! (a TCP proxy that is cut and restored), and SQS queues on moto.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use shared::buffer::{BufferQueue, QueueSettings};
+use sqlx::PgPool;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+
+/// A TCP proxy in front of the test's PostgreSQL. `cut` closes every connection through it and
+/// refuses new ones, as a database failover or a stopped server does; `restore` lets them in.
+pub struct DatabaseProxy {
+    pub port: u16,
+    cut: Arc<AtomicBool>,
+    generation: watch::Sender<u64>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl DatabaseProxy {
+    /// A proxy to the server `pool` connects to.
+    pub async fn to(pool: &PgPool) -> Self {
+        let options = pool.connect_options();
+        let target = format!("{}:{}", options.get_host(), options.get_port());
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let (generation, _) = watch::channel(0u64);
+        let task = {
+            let cut = cut.clone();
+            let generation = generation.clone();
+            tokio::spawn(async move {
+                loop {
+                    let Ok((mut inbound, _)) = listener.accept().await else {
+                        return;
+                    };
+                    if cut.load(Ordering::SeqCst) {
+                        drop(inbound);
+                        continue;
+                    }
+                    let target = target.clone();
+                    let mut closed = generation.subscribe();
+                    tokio::spawn(async move {
+                        let Ok(mut outbound) = TcpStream::connect(&target).await else {
+                            return;
+                        };
+                        tokio::select! {
+                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                            _ = closed.changed() => {}
+                        }
+                    });
+                }
+            })
+        };
+        Self {
+            port,
+            cut,
+            generation,
+            task,
+        }
+    }
+
+    /// A pool to the same database through the proxy: short acquire timeout, as ingest's is.
+    pub fn pool(&self, pool: &PgPool) -> PgPool {
+        let options: PgConnectOptions = (*pool.connect_options())
+            .clone()
+            .host("127.0.0.1")
+            .port(self.port);
+        PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_millis(500))
+            .connect_lazy_with(options)
+    }
+
+    /// The database is unreachable through the proxy from now on.
+    pub fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        self.generation.send_modify(|g| *g += 1);
+    }
+
+    pub fn restore(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+impl Drop for DatabaseProxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A buffer queue and its dead-letter queue on moto, named uniquely (moto keeps state across
+/// tests), with the stack's redrive policy (`max_receives` receives, then the dead-letter queue)
+/// and the given visibility timeout.
+pub async fn new_buffer_queue(max_receives: u32, visibility_seconds: u32) -> BufferQueue {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let endpoint = shared::aws::AwsEndpoint {
+        endpoint_url: Some(crate::moto_endpoint()),
+        region: Some("us-east-1".into()),
+    };
+    let config = shared::aws::sdk_config(&endpoint).await;
+    let client = aws_sdk_sqs::Client::new(&config);
+    let name = format!(
+        "buffer-{}-{}-{}",
+        std::process::id(),
+        crate::now(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    );
+    let dlq = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    let dlq_arn = client
+        .get_queue_attributes()
+        .queue_url(&dlq)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .unwrap()
+        .attributes
+        .unwrap()[&QueueAttributeName::QueueArn]
+        .clone();
+    let queue = client
+        .create_queue()
+        .queue_name(&name)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receives})
+                .to_string(),
+        )
+        .attributes(
+            QueueAttributeName::VisibilityTimeout,
+            visibility_seconds.to_string(),
+        )
+        .send()
+        .await
+        .unwrap()
+        .queue_url
+        .unwrap();
+    BufferQueue::connect(&QueueSettings {
+        queue_url: queue,
+        dead_letter_queue_url: Some(dlq),
+        endpoint,
+    })
+    .await
+}
+
+/// Everything waiting in the queue at `url`, received (and made visible again at once).
+pub async fn peek(queue: &BufferQueue, url: &str) -> Vec<shared::buffer::queue::Received> {
+    let mut all = Vec::new();
+    loop {
+        let batch = queue.receive_from(url, 10, 30, 0).await.unwrap();
+        if batch.is_empty() {
+            break;
+        }
+        all.extend(batch);
+    }
+    for m in &all {
+        queue
+            .client()
+            .change_message_visibility()
+            .queue_url(url)
+            .receipt_handle(&m.receipt_handle)
+            .visibility_timeout(0)
+            .send()
+            .await
+            .unwrap();
+    }
+    all
+}
+
+/// Ingest for every scheme's source, reaching its database through a [`DatabaseProxy`] and
+/// buffering to `queue` in `mode`. The app's `pool` is the direct one, for the test's reads.
+pub async fn buffered_app(
+    pool: PgPool,
+    mode: shared::buffer::BufferMode,
+    queue: BufferQueue,
+    max_body_bytes: usize,
+) -> (crate::TestApp, DatabaseProxy) {
+    shared::sources::apply(&pool, &crate::sources_for_every_scheme())
+        .await
+        .expect("store sources");
+    let proxy = DatabaseProxy::to(&pool).await;
+    let through = proxy.pool(&pool);
+    let registry = Arc::new(shared::sources::SourceRegistry::new(
+        through.clone(),
+        Duration::from_secs(300),
+    ));
+    let ingestor = shared::ingest::Ingestor::new(
+        through,
+        registry,
+        Arc::new(crate::secrets_for_every_scheme()),
+        shared::ingest::IngestLimits { max_body_bytes },
+    )
+    .with_buffer(shared::ingest::Buffer {
+        mode,
+        queue,
+        spill_after: Duration::from_millis(1500),
+    });
+    (
+        crate::TestApp {
+            pool,
+            ingestor: Arc::new(ingestor),
+        },
+        proxy,
+    )
+}
