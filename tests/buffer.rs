@@ -3,6 +3,7 @@
 
 use http::StatusCode;
 use pipeline_tests::buffer::{buffered_app, new_buffer_queue, peek};
+use pipeline_tests::lambda;
 use pipeline_tests::*;
 use serde_json::json;
 use shared::buffer::{BufferMode, BufferQueue, QueueSettings};
@@ -19,13 +20,15 @@ fn stripe(id: &str) -> Delivery {
     )
 }
 
+/// A GitHub delivery whose body names its id: GitHub's id is outside the signature, so the same
+/// bytes under two ids would be one body replayed (held, not queued).
 fn github(id: &str) -> Delivery {
     delivery(
         Scheme::Github,
         &secret_of(Scheme::Github),
         id,
         now(),
-        json!({}),
+        json!({"delivery": id}),
     )
 }
 
@@ -109,6 +112,28 @@ async fn a_503_only_when_neither_store_took_the_delivery(pool: PgPool) {
     let reply = app.post("stripe", d.headers, &d.body).await;
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(reply.headers["retry-after"], "5");
+
+    // A source this warm process never read cannot be verified while the database is down:
+    // 503 (the provider retries), never a 500, and nothing buffered unverified.
+    let app = std::sync::Arc::new(app);
+    let cold: Vec<_> = (0..8)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let d = github(&format!("gh-cold-source-{n}"));
+                app.post("github", d.headers, &d.body).await
+            })
+        })
+        .collect();
+    for reply in cold {
+        let reply = reply.await.unwrap();
+        assert_eq!(
+            reply.status,
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{:?}",
+            reply.json
+        );
+    }
 
     proxy.restore();
     let reply = app
@@ -240,4 +265,312 @@ async fn a_body_too_large_for_one_message_is_never_truncated(pool: PgPool) {
     );
     let buffered = peek(&queue, queue.queue_url()).await;
     assert_eq!(buffered[0].delivery.as_ref().unwrap().body, d.body);
+}
+
+/// Files everything the queue holds, as the consumer would, until a round receives nothing.
+async fn drain_buffer(app: &TestApp, queue: &BufferQueue) {
+    while hookctl::serve::consume_once(&app.pool, queue, 30)
+        .await
+        .unwrap()
+        > 0
+    {}
+}
+
+async fn queued_events(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM event_queue")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_outage_under_a_sender_that_never_retries_loses_nothing(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, proxy) = buffered_app(pool, BufferMode::Spillover, queue.clone(), MAX_BODY).await;
+    let app = std::sync::Arc::new(app);
+    let before = github("gh-before");
+    app.post("github", before.headers, &before.body).await;
+
+    proxy.cut();
+    let started = chrono::Utc::now();
+    // Twenty deliveries at once, on real concurrent requests; none is ever sent again.
+    let sends: Vec<_> = (0..20)
+        .map(|n| {
+            let app = app.clone();
+            tokio::spawn(async move {
+                let d = github(&format!("gh-outage-{n}"));
+                app.post("github", d.headers, &d.body).await
+            })
+        })
+        .collect();
+    for send in sends {
+        let reply = send.await.unwrap();
+        assert_eq!(reply.json, json!({"status": "buffered"}));
+    }
+    let buffered_by = chrono::Utc::now();
+    proxy.restore();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    drain_buffer(&app, &queue).await;
+
+    let rows = events(&app.pool).await;
+    assert_eq!(rows.len(), 21, "every delivery landed");
+    assert_eq!(
+        queued_events(&app.pool).await,
+        21,
+        "each queued for the drain once: {:?}",
+        rows.iter()
+            .map(|r| (&r.external_id, &r.status))
+            .collect::<Vec<_>>()
+    );
+    for row in rows
+        .iter()
+        .filter(|r| r.external_id.starts_with("gh-outage-"))
+    {
+        assert_eq!(row.delivery_count, 1, "{} exactly once", row.external_id);
+        assert_eq!(row.status, "pending");
+        assert!(
+            row.first_received_at >= started && row.first_received_at <= buffered_by,
+            "{}: received at {} (the buffered time), not when it was filed",
+            row.external_id,
+            row.first_received_at
+        );
+    }
+    assert_eq!(
+        queued_events(&app.pool).await,
+        21,
+        "each queued for the drain once"
+    );
+    assert!(peek(&queue, queue.queue_url()).await.is_empty());
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_buffered_delivery_and_its_retry_stored_directly_end_as_one_row(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, proxy) = buffered_app(pool, BufferMode::Spillover, queue.clone(), MAX_BODY).await;
+    let warm = stripe("evt_warm");
+    app.post("stripe", warm.headers, &warm.body).await;
+    proxy.cut();
+    let d = stripe("evt_twice");
+    assert_eq!(
+        app.post("stripe", d.headers.clone(), &d.body)
+            .await
+            .outcome(),
+        "buffered"
+    );
+    proxy.restore();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // The provider's retry arrives directly before the consumer filed the buffered copy.
+    assert_eq!(
+        app.post("stripe", d.headers.clone(), &d.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    drain_buffer(&app, &queue).await;
+
+    let row = event(&app.pool, TENANT, "evt_twice").await.unwrap();
+    assert_eq!(row.delivery_count, 2);
+    assert_eq!(row.last_delivery_outcome, "duplicate");
+    assert_eq!(row.payload.as_deref(), Some(&d.body[..]));
+    assert_eq!(
+        queued_events(&app.pool).await,
+        2,
+        "evt_warm and evt_twice, once each"
+    );
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_conflict_across_the_two_paths_is_recorded_as_the_direct_path_records_it(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, proxy) = buffered_app(pool, BufferMode::Spillover, queue.clone(), MAX_BODY).await;
+    let warm = stripe("evt_warm");
+    app.post("stripe", warm.headers, &warm.body).await;
+    proxy.cut();
+    let first = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_changed",
+        now(),
+        json!({"amount": 1}),
+    );
+    assert_eq!(
+        app.post("stripe", first.headers, &first.body)
+            .await
+            .outcome(),
+        "buffered"
+    );
+    proxy.restore();
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let second = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_changed",
+        now(),
+        json!({"amount": 2}),
+    );
+    assert_eq!(
+        app.post("stripe", second.headers, &second.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    drain_buffer(&app, &queue).await;
+
+    let row = event(&app.pool, TENANT, "evt_changed").await.unwrap();
+    assert_eq!((row.delivery_count, row.conflict_count), (2, 1));
+    assert_eq!(row.last_delivery_outcome, "conflict");
+    let conflicts: Vec<_> = anomalies(&app.pool)
+        .await
+        .into_iter()
+        .filter(|a| a.kind == "digest_conflict")
+        .collect();
+    assert_eq!(
+        conflicts.len(),
+        1,
+        "one digest_conflict, as the direct path records"
+    );
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_consumer_killed_mid_batch_doubles_nothing(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    for n in 0..4 {
+        let d = stripe(&format!("evt_killed_{n}"));
+        assert_eq!(
+            app.post("stripe", d.headers, &d.body).await.outcome(),
+            "buffered"
+        );
+    }
+    // Killed before it filed anything: received, never answered. They reappear after the
+    // visibility timeout.
+    let url = queue.queue_url().to_owned();
+    let taken = queue.receive_from(&url, 10, 1, 0).await.unwrap();
+    assert!(!taken.is_empty());
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+
+    // Killed after it filed but before SQS deleted the messages: filed again, counted once.
+    let messages: Vec<shared::buffer::filing::Message> = queue
+        .receive_from(&url, 10, 1, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| shared::buffer::filing::Message {
+            message_id: m.message_id,
+            delivery: m.delivery,
+        })
+        .collect();
+    assert!(!messages.is_empty());
+    shared::buffer::consumer::consume(&app.pool, &messages)
+        .await
+        .unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1500)).await;
+    drain_buffer(&app, &queue).await;
+
+    let rows = events(&app.pool).await;
+    assert_eq!(rows.len(), 4);
+    for row in &rows {
+        assert_eq!(row.delivery_count, 1, "{} counted once", row.external_id);
+    }
+    assert_eq!(queued_events(&app.pool).await, 4);
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_poison_message_reaches_the_dead_letter_queue_and_an_unfilable_one_an_anomaly(
+    pool: PgPool,
+) {
+    let queue = new_buffer_queue(2, 1).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    // A message no build can read (not an envelope).
+    queue
+        .client()
+        .send_message()
+        .queue_url(queue.queue_url())
+        .message_body("{\"not\": \"a buffered delivery\"}")
+        .send()
+        .await
+        .unwrap();
+    // A delivery whose source is disabled before the consumer files it.
+    let d = github("gh-disabled-meanwhile");
+    assert_eq!(
+        app.post("github", d.headers, &d.body).await.outcome(),
+        "buffered"
+    );
+    sqlx::query("UPDATE sources SET enabled = false WHERE source_id = 'github'")
+        .execute(&app.pool)
+        .await
+        .unwrap();
+
+    // Through the Lambda's own handler, as the event source mapping invokes it.
+    let url = queue.queue_url().to_owned();
+    let records: Vec<aws_lambda_events::sqs::SqsMessage> = queue
+        .receive_from(&url, 10, 1, 1)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|m| sqs_record(&m))
+        .collect();
+    assert_eq!(records.len(), 2);
+    let poison_id = records
+        .iter()
+        .find(|r| r.body.as_deref() == Some("{\"not\": \"a buffered delivery\"}"))
+        .and_then(|r| r.message_id.clone())
+        .unwrap();
+    let mut event = aws_lambda_events::sqs::SqsEvent::default();
+    event.records = records;
+    let response = ::buffer::handler(
+        lambda::invocation(event, std::time::Duration::from_secs(30)),
+        &app.pool,
+    )
+    .await
+    .unwrap();
+    let failed: Vec<&str> = response
+        .batch_item_failures
+        .iter()
+        .map(|f| f.item_identifier.as_str())
+        .collect();
+    assert_eq!(
+        failed,
+        vec![poison_id.as_str()],
+        "only the poison message is kept"
+    );
+    assert_eq!(row_count(&app.pool).await, 0);
+    let recorded = anomalies(&app.pool).await;
+    assert_eq!(
+        recorded.len(),
+        1,
+        "the unfilable delivery is an ingest anomaly"
+    );
+
+    // Handed out again past the receive count, it moves to the dead-letter queue.
+    for _ in 0..4 {
+        tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+        let _ = queue.receive_from(&url, 10, 1, 0).await.unwrap();
+    }
+    let dead = peek(&queue, queue.dead_letter_queue_url().unwrap()).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].message_id, poison_id);
+    assert!(peek(&queue, &url).await.is_empty());
+}
+
+/// A received message as the event source mapping hands it to the function.
+fn sqs_record(m: &shared::buffer::queue::Received) -> aws_lambda_events::sqs::SqsMessage {
+    let mut record = aws_lambda_events::sqs::SqsMessage::default();
+    record.message_id = Some(m.message_id.clone());
+    record.receipt_handle = Some(m.receipt_handle.clone());
+    match &m.delivery {
+        Ok(d) => {
+            record.body = Some(d.envelope_json());
+            let mut attribute = aws_lambda_events::sqs::SqsMessageAttribute::default();
+            attribute.data_type = Some("Binary".into());
+            let mut body = aws_lambda_events::encodings::Base64Data::default();
+            *body = d.body.clone();
+            attribute.binary_value = Some(body);
+            record
+                .message_attributes
+                .insert(shared::buffer::BODY_ATTRIBUTE.into(), attribute);
+        }
+        Err(_) => record.body = Some(m.message_body.clone()),
+    }
+    record
 }

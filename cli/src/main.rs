@@ -141,6 +141,11 @@ struct ServeArgs {
     /// How often backfill, reconcile and retention run, in seconds.
     #[arg(long, default_value_t = 10)]
     maintenance_interval_seconds: u64,
+    /// Buffer to a local SQS (SQS_ENDPOINT, e.g. moto): create this queue and its dead-letter
+    /// queue `<name>-dlq` if missing, ingest in BUFFER_MODE (default spillover) and file what
+    /// the queue holds, as the consumer Lambda does.
+    #[arg(long, value_name = "NAME")]
+    buffer_queue: Option<String>,
 }
 
 #[derive(Subcommand)]
@@ -328,9 +333,41 @@ async fn run_sources(action: SourcesAction) -> CmdResult {
     Ok(())
 }
 
+/// The local runner's buffer queues on `SQS_ENDPOINT`, created when missing.
+async fn local_buffer_queues(name: &str) -> Result<(String, String), String> {
+    let endpoint = std::env::var("SQS_ENDPOINT").map_err(|_| {
+        "--buffer-queue needs SQS_ENDPOINT: a local SQS such as moto's server (scripts/run-local starts one)"
+            .to_owned()
+    })?;
+    let config = shared::aws::sdk_config(&shared::aws::AwsEndpoint {
+        endpoint_url: Some(endpoint),
+        region: std::env::var("AWS_REGION").ok(),
+    })
+    .await;
+    let client = aws_sdk_sqs::Client::new(&config);
+    serve::create_buffer_queues(&client, name, 5, serve::LOCAL_VISIBILITY_SECONDS as u32).await
+}
+
 async fn run_serve(args: ServeArgs) -> CmdResult {
     shared::telemetry::init();
-    let vars = Vars::process();
+    let local_queues = match &args.buffer_queue {
+        Some(name) => Some(local_buffer_queues(name).await?),
+        None => None,
+    };
+    let vars = Vars(move |name: &str| {
+        let local = local_queues.as_ref();
+        match name {
+            "BUFFER_QUEUE_URL" if local.is_some() => local.map(|q| q.0.clone()),
+            "BUFFER_DEAD_LETTER_QUEUE_URL" if local.is_some() => local.map(|q| q.1.clone()),
+            "BUFFER_MODE" if local.is_some() => Some(
+                std::env::var(name)
+                    .ok()
+                    .filter(|v| !v.is_empty())
+                    .unwrap_or_else(|| "spillover".into()),
+            ),
+            _ => std::env::var(name).ok().filter(|v| !v.is_empty()),
+        }
+    });
     let mut settings = vars.ingest().map_err(|e| e.to_string())?;
     settings.database.pool.max_connections = settings.database.pool.max_connections.max(8);
     if let Some(path) = args.secrets_file {
@@ -384,6 +421,27 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         vars.anomaly().map_err(|e| e.to_string())?,
         maintenance_every,
     );
+    let _consumer = match &settings.buffer.queue {
+        Some(queue) => {
+            eprintln!(
+                "buffer: {} mode, SQS queue {} (dead letters: {}); the consumer files what it holds",
+                settings.buffer.mode.as_str(),
+                queue.queue_url,
+                queue.dead_letter_queue_url.as_deref().unwrap_or("none"),
+            );
+            Some(serve::spawn_buffer_consumer(
+                ingestor.pool().clone(),
+                shared::buffer::BufferQueue::connect(queue).await,
+                Duration::from_millis(200),
+            ))
+        }
+        None => {
+            eprintln!(
+                "buffer: database mode, no second buffer (a delivery the database cannot take is answered 503)"
+            );
+            None
+        }
+    };
     eprintln!(
         "ingest listening on http://{}; drain and outbox (→ {target}) every {} ms; backfill, reconcile, retention every {} s",
         args.listen,

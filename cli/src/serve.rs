@@ -63,6 +63,123 @@ pub fn spawn_pipeline(
     })
 }
 
+/// Files what the buffer holds, as the event source mapping would: receives up to ten
+/// messages (waiting up to a second), consumes them, and deletes all but those to keep; a
+/// database failure keeps them all (they are handed out again after the visibility timeout, and
+/// after the redrive policy's receive count land in the dead-letter queue).
+pub fn spawn_buffer_consumer(
+    pool: shared::store::PgPool,
+    queue: shared::buffer::BufferQueue,
+    idle: std::time::Duration,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            match consume_once(&pool, &queue, LOCAL_VISIBILITY_SECONDS).await {
+                Ok(0) => tokio::time::sleep(idle).await,
+                Ok(_) => {}
+                Err(error) => {
+                    tracing::warn!(%error, "buffer consumer pass failed");
+                    tokio::time::sleep(idle).await;
+                }
+            }
+        }
+    })
+}
+
+/// One receive-consume-delete round; returns how many messages it received. What it received
+/// stays hidden from other receivers for `visibility_seconds`.
+pub async fn consume_once(
+    pool: &shared::store::PgPool,
+    queue: &shared::buffer::BufferQueue,
+    visibility_seconds: i32,
+) -> Result<usize, String> {
+    let url = queue.queue_url().to_owned();
+    let received = queue
+        .receive_from(&url, 10, visibility_seconds, 1)
+        .await
+        .map_err(|e| e.to_string())?;
+    let count = received.len();
+    if count == 0 {
+        return Ok(0);
+    }
+    let handles: Vec<(String, String)> = received
+        .iter()
+        .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
+        .collect();
+    let messages: Vec<shared::buffer::filing::Message> = received
+        .into_iter()
+        .map(|m| shared::buffer::filing::Message {
+            message_id: m.message_id,
+            delivery: m.delivery,
+        })
+        .collect();
+    let consumed = shared::buffer::consumer::consume(pool, &messages)
+        .await
+        .map_err(|e| e.to_string())?;
+    for (id, handle) in handles {
+        if !consumed.retry.contains(&id) {
+            queue
+                .delete_from(&url, &handle)
+                .await
+                .map_err(|e| e.to_string())?;
+        }
+    }
+    Ok(count)
+}
+
+/// How long a message the local consumer received stays hidden: a pass that died leaves it to
+/// reappear this soon.
+pub const LOCAL_VISIBILITY_SECONDS: i32 = 5;
+
+/// Creates (or finds) a buffer queue named `name` and its dead-letter queue `<name>-dlq` at the
+/// SQS endpoint `client` speaks to, with the stack's redrive policy: after `max_receives`
+/// receives a message moves to the dead-letter queue.
+pub async fn create_buffer_queues(
+    client: &aws_sdk_sqs::Client,
+    name: &str,
+    max_receives: u32,
+    visibility_seconds: u32,
+) -> Result<(String, String), String> {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    let sqs = |e: &dyn std::fmt::Display| format!("creating the buffer queues: {e}");
+    let dead_letters = client
+        .create_queue()
+        .queue_name(format!("{name}-dlq"))
+        .send()
+        .await
+        .map_err(|e| sqs(&aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .queue_url
+        .unwrap_or_default();
+    let arn = client
+        .get_queue_attributes()
+        .queue_url(&dead_letters)
+        .attribute_names(QueueAttributeName::QueueArn)
+        .send()
+        .await
+        .map_err(|e| sqs(&aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .attributes
+        .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+        .ok_or_else(|| sqs(&"the dead-letter queue has no ARN"))?;
+    let queue = client
+        .create_queue()
+        .queue_name(name)
+        .attributes(
+            QueueAttributeName::RedrivePolicy,
+            serde_json::json!({"deadLetterTargetArn": arn, "maxReceiveCount": max_receives})
+                .to_string(),
+        )
+        .attributes(
+            QueueAttributeName::VisibilityTimeout,
+            visibility_seconds.to_string(),
+        )
+        .send()
+        .await
+        .map_err(|e| sqs(&aws_sdk_sqs::error::DisplayErrorContext(e)))?
+        .queue_url
+        .unwrap_or_default();
+    Ok((queue, dead_letters))
+}
+
 /// Runs a backfill pass, a reconcile pass, a retention pass and the anomaly checks every
 /// `every`, as their EventBridge schedules would, until the task is dropped.
 pub fn spawn_maintenance(

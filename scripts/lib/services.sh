@@ -177,7 +177,7 @@ install_moto() {
   "$STATE_DIR/moto-venv/bin/pip" install -q 'moto[server]' >&2 || die "pip install moto[server] failed"
 }
 
-# Starts moto in server mode (a local Secrets Manager) and exports MOTO_ENDPOINT.
+# Starts moto in server mode (a local Secrets Manager and SQS) and exports MOTO_ENDPOINT.
 start_moto() {
   local py port i
   py=$(moto_python) || { install_moto; py=$(moto_python) || die "moto is not importable after installing it"; }
@@ -191,7 +191,7 @@ start_moto() {
     sleep 0.1
   done
   port_in_use "$port" || die "moto did not listen on $port"
-  say "moto (Secrets Manager) on 127.0.0.1:$port"
+  say "moto (Secrets Manager, SQS) on 127.0.0.1:$port"
   export MOTO_ENDPOINT="http://127.0.0.1:$port"
   # Credentials and region for the AWS SDK; moto accepts any.
   export AWS_ACCESS_KEY_ID=testing AWS_SECRET_ACCESS_KEY=testing AWS_REGION=us-east-1 AWS_DEFAULT_REGION=us-east-1

@@ -96,7 +96,6 @@ impl Drop for DatabaseProxy {
 /// tests), with the stack's redrive policy (`max_receives` receives, then the dead-letter queue)
 /// and the given visibility timeout.
 pub async fn new_buffer_queue(max_receives: u32, visibility_seconds: u32) -> BufferQueue {
-    use aws_sdk_sqs::types::QueueAttributeName;
     static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
     let endpoint = shared::aws::AwsEndpoint {
         endpoint_url: Some(crate::moto_endpoint()),
@@ -110,44 +109,13 @@ pub async fn new_buffer_queue(max_receives: u32, visibility_seconds: u32) -> Buf
         crate::now(),
         NEXT.fetch_add(1, Ordering::SeqCst)
     );
-    let dlq = client
-        .create_queue()
-        .queue_name(format!("{name}-dlq"))
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
-    let dlq_arn = client
-        .get_queue_attributes()
-        .queue_url(&dlq)
-        .attribute_names(QueueAttributeName::QueueArn)
-        .send()
-        .await
-        .unwrap()
-        .attributes
-        .unwrap()[&QueueAttributeName::QueueArn]
-        .clone();
-    let queue = client
-        .create_queue()
-        .queue_name(&name)
-        .attributes(
-            QueueAttributeName::RedrivePolicy,
-            serde_json::json!({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": max_receives})
-                .to_string(),
-        )
-        .attributes(
-            QueueAttributeName::VisibilityTimeout,
-            visibility_seconds.to_string(),
-        )
-        .send()
-        .await
-        .unwrap()
-        .queue_url
-        .unwrap();
+    let (queue, dead_letters) =
+        hookctl::serve::create_buffer_queues(&client, &name, max_receives, visibility_seconds)
+            .await
+            .unwrap();
     BufferQueue::connect(&QueueSettings {
         queue_url: queue,
-        dead_letter_queue_url: Some(dlq),
+        dead_letter_queue_url: Some(dead_letters),
         endpoint,
     })
     .await

@@ -49,6 +49,8 @@ pub struct Received {
     pub receive_count: u32,
     /// When ingest sent it, as Unix milliseconds.
     pub sent_at_millis: Option<i64>,
+    /// The SQS message body, as received (the envelope's JSON).
+    pub message_body: String,
     /// The delivery, or why the message is not one.
     pub delivery: Result<BufferedDelivery, DecodeError>,
 }
@@ -174,6 +176,8 @@ impl BufferQueue {
                     .and_then(|a| a.get(BODY_ATTRIBUTE))
                     .and_then(|v| v.binary_value.as_ref())
                     .map(|b| b.as_ref().to_vec());
+                let message_body = m.body.unwrap_or_default();
+                let delivery = BufferedDelivery::decode(&message_body, body);
                 Received {
                     message_id: m.message_id.unwrap_or_default(),
                     receipt_handle: m.receipt_handle.unwrap_or_default(),
@@ -181,7 +185,8 @@ impl BufferQueue {
                         .and_then(|n| u32::try_from(n).ok())
                         .unwrap_or(1),
                     sent_at_millis: system(MessageSystemAttributeName::SentTimestamp),
-                    delivery: BufferedDelivery::decode(m.body.as_deref().unwrap_or(""), body),
+                    message_body,
+                    delivery,
                 }
             })
             .collect())

@@ -125,6 +125,11 @@ impl From<sqlx::Error> for StoreError {
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => true,
+            // A connection the peer closed during its start-up: sqlx reads the missing answer
+            // to its SSLRequest as a byte 0 and says "unexpected response". RDS Proxy, a load
+            // balancer or a server going down accepts the TCP connection and closes it; that is
+            // an outage (503, or the buffer), not a fault of this delivery (500).
+            sqlx::Error::Protocol(message) => message.contains("SSLRequest"),
             sqlx::Error::Database(db) => db.code().is_some_and(|code| {
                 // 08: connection exception; 53: insufficient resources; 57P0x: shutdown or
                 // cannot connect now; 40001/40P01: serialization failure, deadlock; 55P03 and
