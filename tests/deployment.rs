@@ -45,6 +45,18 @@ fn reference(v: &Value) -> Option<String> {
     }
 }
 
+/// `!GetAtt X.Attr` → ("X", "Attr").
+fn get_att(v: &Value) -> Option<(String, String)> {
+    match v {
+        Value::Tagged(t) if t.tag == "GetAtt" => t
+            .value
+            .as_str()
+            .and_then(|s| s.split_once('.'))
+            .map(|(r, a)| (r.to_owned(), a.to_owned())),
+        _ => None,
+    }
+}
+
 fn crate_names() -> BTreeSet<String> {
     std::fs::read_dir(root().join("functions"))
         .unwrap()
@@ -144,7 +156,29 @@ fn every_alarm_watches_a_metric_that_exists() {
                     ["5xx", "4xx", "Count", "Latency"].contains(&metric),
                     "{name}"
                 ),
-                "AWS/SQS" => assert_eq!(metric, "NumberOfMessagesSent", "{name}"),
+                "AWS/SQS" => {
+                    assert!(
+                        [
+                            "NumberOfMessagesSent",
+                            "ApproximateAgeOfOldestMessage",
+                            "ApproximateNumberOfMessagesVisible",
+                        ]
+                        .contains(&metric),
+                        "{name}: {metric}"
+                    );
+                    // Of a queue of this stack.
+                    let queue = m["Dimensions"]
+                        .as_sequence()
+                        .and_then(|d| d.iter().find(|d| d["Name"].as_str() == Some("QueueName")))
+                        .and_then(|d| get_att(&d["Value"]))
+                        .and_then(|(queue, attribute)| (attribute == "QueueName").then_some(queue))
+                        .unwrap_or_else(|| panic!("{name}: no QueueName of a stack queue"));
+                    assert_eq!(
+                        t["Resources"][queue.as_str()]["Type"].as_str(),
+                        Some("AWS::SQS::Queue"),
+                        "{name}"
+                    );
+                }
                 other => panic!("{name}: unexpected namespace {other}"),
             }
         }
@@ -1114,5 +1148,600 @@ fn ingest_parses_only_the_http_api_payload() {
     assert_eq!(
         features_of(&ingest, "lambda_http"),
         BTreeSet::from(["apigw_http".to_owned()])
+    );
+}
+
+// ---- The SQS buffer (issue 21) ------------------------------------------------------------
+
+/// The queue an IAM or policy `Resource` names, by logical id: `!GetAtt Q.Arn`, or the ARN
+/// spelled out from the queue's `QueueName` (the roles' policies spell it: the key's policy
+/// names the roles, so a reference would be a cycle). A spelled ARN that drifted from the
+/// queue's name names no queue.
+fn queue_named_by(t: &Value, resource: &Value) -> Option<String> {
+    if let Some((queue, attribute)) = get_att(resource) {
+        return (attribute == "Arn").then_some(queue);
+    }
+    let (tag, arn) = tagged(resource)?;
+    if tag != "Sub" {
+        return None;
+    }
+    let arn = arn.as_str()?;
+    of_type(t, "AWS::SQS::Queue")
+        .into_iter()
+        .find(|(_, q)| {
+            tagged(&q["Properties"]["QueueName"])
+                .and_then(|(tag, name)| (tag == "Sub").then(|| name.as_str().map(str::to_owned)))
+                .flatten()
+                .is_some_and(|name| {
+                    arn == format!(
+                        "arn:${{AWS::Partition}}:sqs:${{AWS::Region}}:${{AWS::AccountId}}:{name}"
+                    )
+                })
+        })
+        .map(|(name, _)| name)
+}
+
+/// A statement's `Action` (one string or a list) as strings.
+fn actions(statement: &Value) -> Vec<String> {
+    match &statement["Action"] {
+        Value::String(a) => vec![a.clone()],
+        Value::Sequence(a) => a.iter().map(|a| a.as_str().unwrap().to_owned()).collect(),
+        other => panic!("Action {other:?}"),
+    }
+}
+
+/// A statement's `Resource` (one or a list).
+fn statement_resources(statement: &Value) -> Vec<Value> {
+    match &statement["Resource"] {
+        Value::Sequence(r) => r.clone(),
+        Value::Null => vec![],
+        r => vec![r.clone()],
+    }
+}
+
+/// The functions whose own IAM statements allow `action` on `queue`.
+fn functions_allowed(t: &Value, action: &str, queue: &str) -> BTreeSet<String> {
+    let mut allowed = BTreeSet::new();
+    for (name, f) in of_type(t, "AWS::Serverless::Function") {
+        for policy in f["Properties"]["Policies"]
+            .as_sequence()
+            .into_iter()
+            .flatten()
+        {
+            for statement in policy["Statement"].as_sequence().into_iter().flatten() {
+                if statement["Effect"].as_str() == Some("Allow")
+                    && actions(statement).iter().any(|a| a == action)
+                    && statement_resources(statement)
+                        .iter()
+                        .any(|r| queue_named_by(t, r).as_deref() == Some(queue))
+                {
+                    allowed.insert(name.clone());
+                }
+            }
+        }
+    }
+    allowed
+}
+
+/// The functions whose roles a deny's `ArnNotEquals aws:PrincipalArn` exempts: the only
+/// principals the statement lets through.
+fn exempted_functions(statement: &Value) -> BTreeSet<String> {
+    let exempt = &statement["Condition"]["ArnNotEquals"]["aws:PrincipalArn"];
+    let exempt = match exempt {
+        Value::Sequence(list) => list.clone(),
+        Value::Null => panic!("a deny without a principal exemption: {statement:?}"),
+        one => vec![one.clone()],
+    };
+    exempt
+        .iter()
+        .map(|role| {
+            let (role, attribute) = get_att(role).unwrap_or_else(|| panic!("{role:?}"));
+            assert_eq!(attribute, "Arn");
+            role.strip_suffix("Role")
+                .unwrap_or_else(|| panic!("{role} is not a function's role"))
+                .to_owned()
+        })
+        .collect()
+}
+
+/// The statements of the queue policy on `queue`.
+fn queue_policy(t: &Value, queue: &str) -> Vec<Value> {
+    let policies: Vec<(String, Value)> = of_type(t, "AWS::SQS::QueuePolicy")
+        .into_iter()
+        .filter(|(_, p)| {
+            p["Properties"]["Queues"]
+                .as_sequence()
+                .unwrap()
+                .iter()
+                .any(|q| reference(q).as_deref() == Some(queue))
+        })
+        .collect();
+    assert_eq!(policies.len(), 1, "one queue policy on {queue}");
+    policies[0].1["Properties"]["PolicyDocument"]["Statement"]
+        .as_sequence()
+        .unwrap()
+        .clone()
+}
+
+/// The deny of a queue policy covering `action`, apart from the TLS one.
+fn deny_of<'a>(statements: &'a [Value], action: &str) -> &'a Value {
+    let denies: Vec<&Value> = statements
+        .iter()
+        .filter(|s| {
+            s["Effect"].as_str() == Some("Deny")
+                && s["Condition"]["Bool"]["aws:SecureTransport"].is_null()
+                && actions(s).iter().any(|a| a == action)
+        })
+        .collect();
+    assert_eq!(denies.len(), 1, "one deny of {action}: {denies:?}");
+    denies[0]
+}
+
+/// The buffer and its dead-letter queue are encrypted under the stack's own rotating key, keep
+/// a message the 14 days SQS allows at most, take the largest message ingest sends, and a
+/// message received 5 times unfiled moves to the dead-letter queue, which takes redrives from
+/// the buffer only.
+#[test]
+fn the_buffer_is_encrypted_kept_14_days_and_dead_letters_after_five_receives() {
+    let t = template();
+    let key = &t["Resources"]["BufferKey"];
+    assert_eq!(key["Type"].as_str(), Some("AWS::KMS::Key"));
+    assert_eq!(key["Properties"]["EnableKeyRotation"].as_bool(), Some(true));
+    let alias = &t["Resources"]["BufferKeyAlias"];
+    assert_eq!(alias["Type"].as_str(), Some("AWS::KMS::Alias"));
+    assert_eq!(
+        reference(&alias["Properties"]["TargetKeyId"]).as_deref(),
+        Some("BufferKey")
+    );
+    for queue in ["BufferQueue", "BufferDeadLetterQueue"] {
+        let q = &t["Resources"][queue];
+        assert_eq!(q["Type"].as_str(), Some("AWS::SQS::Queue"), "{queue}");
+        let p = &q["Properties"];
+        assert_eq!(
+            reference(&p["KmsMasterKeyId"]).as_deref(),
+            Some("BufferKey"),
+            "{queue}: encrypted with the buffer's key"
+        );
+        assert!(p["SqsManagedSseEnabled"].is_null(), "{queue}");
+        let reuse = p["KmsDataKeyReusePeriodSeconds"].as_u64().unwrap();
+        assert!((60..=86400).contains(&reuse), "{queue}: reuse {reuse}");
+        assert_eq!(
+            p["MessageRetentionPeriod"].as_u64(),
+            Some(1_209_600),
+            "{queue}: 14 days"
+        );
+        assert_eq!(
+            p["MaximumMessageSize"].as_u64(),
+            Some(shared::buffer::SQS_MAX_MESSAGE_BYTES as u64),
+            "{queue}: takes every message ingest sends"
+        );
+    }
+    let redrive = &t["Resources"]["BufferQueue"]["Properties"]["RedrivePolicy"];
+    assert_eq!(
+        get_att(&redrive["deadLetterTargetArn"]),
+        Some(("BufferDeadLetterQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(redrive["maxReceiveCount"].as_u64(), Some(5));
+    let allow = &t["Resources"]["BufferDeadLetterQueue"]["Properties"]["RedriveAllowPolicy"];
+    assert_eq!(allow["redrivePermission"].as_str(), Some("byQueue"));
+    let sources: Vec<Option<String>> = allow["sourceQueueArns"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|a| queue_named_by(&t, a))
+        .collect();
+    assert_eq!(sources, vec![Some("BufferQueue".to_owned())]);
+}
+
+/// AWS requires the queue's visibility timeout to be at least the function's timeout and
+/// advises 6 ×; a message gathered in a batching window is already in flight, so the longest
+/// window the parameter allows comes on top.
+#[test]
+fn the_buffer_hides_a_message_longer_than_its_consumer_can_hold_it() {
+    let t = template();
+    let timeout = t["Resources"]["BufferFunction"]["Properties"]["Timeout"]
+        .as_u64()
+        .unwrap();
+    let window = t["Parameters"]["BufferBatchingWindowSeconds"]["MaxValue"]
+        .as_u64()
+        .unwrap();
+    let visibility = t["Resources"]["BufferQueue"]["Properties"]["VisibilityTimeout"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        visibility >= 6 * timeout + window,
+        "visibility {visibility} s against a {timeout} s consumer and a {window} s window"
+    );
+    assert!(visibility <= 43_200, "SQS's maximum is 12 hours");
+}
+
+/// The buffer function files from the buffer on an event source mapping whose batch size,
+/// batching window and maximum concurrency are the parameters, within what AWS accepts (a batch
+/// above 10 needs a window: a rule refuses the combination before AWS does), and reports the
+/// messages it could not file one by one.
+#[test]
+fn the_buffer_function_is_mapped_to_the_buffer_with_batch_item_failures() {
+    let t = template();
+    let f = &t["Resources"]["BufferFunction"];
+    assert_eq!(
+        f["Metadata"]["BuildProperties"]["Binary"].as_str(),
+        Some("buffer")
+    );
+    let events: Vec<&Value> = f["Properties"]["Events"]
+        .as_mapping()
+        .unwrap()
+        .values()
+        .collect();
+    assert_eq!(events.len(), 1);
+    let event = events[0];
+    assert_eq!(event["Type"].as_str(), Some("SQS"));
+    let p = &event["Properties"];
+    assert_eq!(
+        get_att(&p["Queue"]),
+        Some(("BufferQueue".to_owned(), "Arn".to_owned()))
+    );
+    assert_eq!(
+        reference(&p["BatchSize"]).as_deref(),
+        Some("BufferBatchSize")
+    );
+    assert_eq!(
+        reference(&p["MaximumBatchingWindowInSeconds"]).as_deref(),
+        Some("BufferBatchingWindowSeconds")
+    );
+    assert_eq!(
+        reference(&p["ScalingConfig"]["MaximumConcurrency"]).as_deref(),
+        Some("BufferMaximumConcurrency")
+    );
+    let response_types: Vec<&str> = p["FunctionResponseTypes"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(response_types, ["ReportBatchItemFailures"]);
+
+    for (parameter, min, max, default) in [
+        ("BufferBatchSize", 1, 10_000, 100),
+        ("BufferBatchingWindowSeconds", 0, 300, 1),
+        ("BufferMaximumConcurrency", 2, 1000, 5),
+    ] {
+        let p = &t["Parameters"][parameter];
+        assert_eq!(p["Type"].as_str(), Some("Number"), "{parameter}");
+        assert_eq!(p["MinValue"].as_u64(), Some(min), "{parameter}");
+        assert_eq!(p["MaxValue"].as_u64(), Some(max), "{parameter}");
+        assert_eq!(p["Default"].as_u64(), Some(default), "{parameter}");
+        assert!(p["Description"].as_str().is_some(), "{parameter}");
+    }
+    // The defaults satisfy AWS: a batch above 10 has a window.
+    assert!(t["Parameters"]["BufferBatchingWindowSeconds"]["Default"].as_u64() >= Some(1));
+
+    // The rule: with no window, the batch size is one of 1..=10.
+    let rule = &t["Rules"]["BufferBatchAboveTenNeedsABatchingWindow"];
+    let (tag, condition) = tagged(&rule["RuleCondition"]).unwrap();
+    assert_eq!(tag, "Equals");
+    assert_eq!(
+        reference(&condition[0]).as_deref(),
+        Some("BufferBatchingWindowSeconds")
+    );
+    assert_eq!(condition[1].as_str(), Some("0"));
+    let (tag, assertion) = tagged(&rule["Assertions"][0]["Assert"]).unwrap();
+    assert_eq!(tag, "Contains");
+    let allowed: Vec<&str> = assertion[0]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    let one_to_ten: Vec<String> = (1..=10).map(|n| n.to_string()).collect();
+    assert_eq!(allowed, one_to_ten);
+    assert_eq!(reference(&assertion[1]).as_deref(), Some("BufferBatchSize"));
+}
+
+/// Only ingest (and the operator, redriving) may send to the buffer, and only the buffer
+/// function may receive, delete or hide its messages; only the operator reads the dead letters.
+/// Both the roles' own policies and the queue policies say so (a deny for everyone else,
+/// whatever their IAM allows), on data-plane actions only so that the account keeps managing
+/// the queues; both queues refuse plain HTTP. The key lets exactly those roles use it, through
+/// SQS only.
+#[test]
+fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
+    let t = template();
+    let set =
+        |names: &[&str]| -> BTreeSet<String> { names.iter().map(|s| s.to_string()).collect() };
+    let senders = set(&["IngestFunction", "OperatorFunction"]);
+    let consumer = set(&["BufferFunction"]);
+    let operator = set(&["OperatorFunction"]);
+
+    // The roles' policies.
+    assert_eq!(
+        functions_allowed(&t, "sqs:SendMessage", "BufferQueue"),
+        senders
+    );
+    for action in [
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+    ] {
+        assert_eq!(
+            functions_allowed(&t, action, "BufferQueue"),
+            consumer,
+            "{action}"
+        );
+        assert_eq!(
+            functions_allowed(&t, action, "BufferDeadLetterQueue"),
+            operator,
+            "{action} on the dead letters"
+        );
+    }
+    assert!(functions_allowed(&t, "sqs:SendMessage", "BufferDeadLetterQueue").is_empty());
+    for function in ["BufferFunction", "OperatorFunction", "BackfillFunction"] {
+        assert!(
+            functions_allowed(&t, "sqs:GetQueueAttributes", "BufferQueue").contains(function),
+            "{function} cannot read the buffer's depth"
+        );
+    }
+
+    // The queue policies.
+    let data_plane = [
+        "sqs:SendMessage",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
+        "sqs:ChangeMessageVisibility",
+    ];
+    for (queue, exemptions) in [
+        (
+            "BufferQueue",
+            vec![
+                ("sqs:SendMessage", senders.clone()),
+                ("sqs:ReceiveMessage", consumer.clone()),
+                ("sqs:DeleteMessage", consumer.clone()),
+                ("sqs:ChangeMessageVisibility", consumer.clone()),
+            ],
+        ),
+        (
+            "BufferDeadLetterQueue",
+            vec![
+                ("sqs:ReceiveMessage", operator.clone()),
+                ("sqs:DeleteMessage", operator.clone()),
+                ("sqs:ChangeMessageVisibility", operator.clone()),
+            ],
+        ),
+    ] {
+        let statements = queue_policy(&t, queue);
+        for (action, exempt) in exemptions {
+            let deny = deny_of(&statements, action);
+            assert_eq!(deny["Principal"].as_str(), Some("*"), "{queue} {action}");
+            assert_eq!(
+                exempted_functions(deny),
+                exempt,
+                "{queue}: who may {action}"
+            );
+        }
+        for statement in &statements {
+            assert_eq!(
+                statement["Effect"].as_str(),
+                Some("Deny"),
+                "{queue}: {statement:?}"
+            );
+            assert_eq!(
+                statement_resources(statement)
+                    .iter()
+                    .map(|r| queue_named_by(&t, r))
+                    .collect::<Vec<_>>(),
+                vec![Some(queue.to_owned())],
+                "{queue}: a statement about another resource"
+            );
+            if statement["Condition"]["Bool"]["aws:SecureTransport"].is_null() {
+                for action in actions(statement) {
+                    assert!(
+                        data_plane.contains(&action.as_str()),
+                        "{queue}: denying {action} could lock the account out of managing it"
+                    );
+                }
+            }
+        }
+        let tls_only = statements.iter().any(|s| {
+            s["Effect"].as_str() == Some("Deny")
+                && s["Condition"]["Bool"]["aws:SecureTransport"].as_str() == Some("false")
+                && actions(s) == ["sqs:*"]
+        });
+        assert!(tls_only, "{queue} admits plain HTTP");
+    }
+
+    // The key's policy: the account administers; each role of a function that uses the
+    // buffer, through SQS only, with what it needs.
+    let statements = t["Resources"]["BufferKey"]["Properties"]["KeyPolicy"]["Statement"]
+        .as_sequence()
+        .unwrap()
+        .clone();
+    let mut granted = std::collections::BTreeMap::new();
+    for s in &statements {
+        assert_eq!(s["Effect"].as_str(), Some("Allow"));
+        let principal = &s["Principal"]["AWS"];
+        if let Some((tag, root)) = tagged(principal).filter(|(tag, _)| tag == "Sub") {
+            assert_eq!(tag, "Sub");
+            assert!(root.as_str().unwrap().ends_with(":root"));
+            continue;
+        }
+        let (role, _) = get_att(principal).unwrap_or_else(|| panic!("{principal:?}"));
+        let via = &s["Condition"]["StringEquals"]["kms:ViaService"];
+        let (_, via) = tagged(via).unwrap_or_else(|| panic!("{role}: not only through SQS"));
+        assert!(via.as_str().unwrap().starts_with("sqs."), "{role}: {via:?}");
+        let mut actions = actions(s);
+        actions.sort();
+        granted.insert(role, actions);
+    }
+    let both = vec!["kms:Decrypt".to_owned(), "kms:GenerateDataKey".to_owned()];
+    assert_eq!(
+        granted,
+        std::collections::BTreeMap::from([
+            ("IngestFunctionRole".to_owned(), both.clone()),
+            ("OperatorFunctionRole".to_owned(), both),
+            (
+                "BufferFunctionRole".to_owned(),
+                vec!["kms:Decrypt".to_owned()]
+            ),
+        ])
+    );
+}
+
+/// The two buffer alarms the issue asks for: the age of the oldest buffered delivery against
+/// its parameter, and any message in the dead-letter queue; both notify the alarm topic.
+#[test]
+fn the_buffer_alarms_watch_the_oldest_message_and_the_dead_letters() {
+    let t = template();
+    for (alarm, metric, queue, period) in [
+        (
+            "BufferOldestMessageAgeAlarm",
+            "ApproximateAgeOfOldestMessage",
+            "BufferQueue",
+            300,
+        ),
+        (
+            "BufferDeadLettersAlarm",
+            "ApproximateNumberOfMessagesVisible",
+            "BufferDeadLetterQueue",
+            300,
+        ),
+    ] {
+        let a = &t["Resources"][alarm];
+        assert_eq!(
+            a["Type"].as_str(),
+            Some("AWS::CloudWatch::Alarm"),
+            "{alarm}"
+        );
+        let p = &a["Properties"];
+        assert_eq!(p["Namespace"].as_str(), Some("AWS/SQS"), "{alarm}");
+        assert_eq!(p["MetricName"].as_str(), Some(metric), "{alarm}");
+        assert_eq!(
+            get_att(&p["Dimensions"][0]["Value"]),
+            Some((queue.to_owned(), "QueueName".to_owned())),
+            "{alarm}"
+        );
+        assert_eq!(p["Dimensions"][0]["Name"].as_str(), Some("QueueName"));
+        assert_eq!(p["Period"].as_u64(), Some(period), "{alarm}");
+        assert_eq!(
+            p["TreatMissingData"].as_str(),
+            Some("notBreaching"),
+            "{alarm}"
+        );
+        let actions: Vec<Option<String>> = p["AlarmActions"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .map(reference)
+            .collect();
+        assert_eq!(actions, vec![Some("AlarmTopic".to_owned())], "{alarm}");
+    }
+    let age = &t["Resources"]["BufferOldestMessageAgeAlarm"]["Properties"];
+    assert_eq!(
+        reference(&age["Threshold"]).as_deref(),
+        Some("BufferOldestAgeThresholdSeconds")
+    );
+    assert_eq!(
+        age["ComparisonOperator"].as_str(),
+        Some("GreaterThanOrEqualToThreshold")
+    );
+    assert_eq!(
+        t["Parameters"]["BufferOldestAgeThresholdSeconds"]["Default"].as_u64(),
+        Some(300)
+    );
+    let dead = &t["Resources"]["BufferDeadLettersAlarm"]["Properties"];
+    assert_eq!(dead["Threshold"].as_f64(), Some(0.0));
+    assert_eq!(
+        dead["ComparisonOperator"].as_str(),
+        Some("GreaterThanThreshold")
+    );
+}
+
+/// Ingest is told its buffer mode (spillover by default, one of exactly the three modes) and
+/// the queue, and spills well inside its own timeout; the operator and backfill are told both
+/// queues; the stack outputs them.
+#[test]
+fn ingest_knows_its_buffer_mode_and_queue() {
+    let t = template();
+    let mode = &t["Parameters"]["BufferMode"];
+    assert_eq!(mode["Type"].as_str(), Some("String"));
+    assert_eq!(mode["Default"].as_str(), Some("spillover"));
+    let allowed: BTreeSet<&str> = mode["AllowedValues"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(allowed, BTreeSet::from(["database", "spillover", "queue"]));
+    assert_eq!(mode["AllowedValues"].as_sequence().unwrap().len(), 3);
+
+    let ingest = &t["Resources"]["IngestFunction"]["Properties"];
+    let env = &ingest["Environment"]["Variables"];
+    assert_eq!(
+        reference(&env["BUFFER_MODE"]).as_deref(),
+        Some("BufferMode")
+    );
+    assert_eq!(
+        reference(&env["BUFFER_QUEUE_URL"]).as_deref(),
+        Some("BufferQueue")
+    );
+    let spill_ms: u64 = env["SPILLOVER_AFTER_MS"].as_str().unwrap().parse().unwrap();
+    let timeout_ms = ingest["Timeout"].as_u64().unwrap() * 1000;
+    assert!(
+        spill_ms > 0 && 2 * spill_ms <= timeout_ms,
+        "spilling after {spill_ms} ms leaves too little of {timeout_ms} ms to send"
+    );
+    for function in ["OperatorFunction", "BackfillFunction"] {
+        let env = &t["Resources"][function]["Properties"]["Environment"]["Variables"];
+        assert_eq!(
+            reference(&env["BUFFER_QUEUE_URL"]).as_deref(),
+            Some("BufferQueue"),
+            "{function}"
+        );
+        assert_eq!(
+            reference(&env["BUFFER_DEAD_LETTER_QUEUE_URL"]).as_deref(),
+            Some("BufferDeadLetterQueue"),
+            "{function}"
+        );
+    }
+    for (output, queue) in [
+        ("BufferQueueUrl", "BufferQueue"),
+        ("BufferDeadLetterQueueUrl", "BufferDeadLetterQueue"),
+    ] {
+        assert_eq!(
+            reference(&t["Outputs"][output]["Value"]).as_deref(),
+            Some(queue)
+        );
+    }
+}
+
+/// The optional SQS interface endpoint: only when asked for, with private DNS (so the queue
+/// URLs resolve to it), admitting HTTPS from the functions only.
+#[test]
+fn the_sqs_endpoint_is_optional_private_and_admits_the_functions_only() {
+    let t = template();
+    let parameter = &t["Parameters"]["CreateSqsEndpoint"];
+    assert_eq!(parameter["Default"].as_str(), Some("false"));
+    let endpoint = &t["Resources"]["SqsEndpoint"];
+    let condition = endpoint["Condition"].as_str().unwrap();
+    let (tag, equals) = tagged(&t["Conditions"][condition]).unwrap();
+    assert_eq!(tag, "Equals");
+    assert_eq!(reference(&equals[0]).as_deref(), Some("CreateSqsEndpoint"));
+    assert_eq!(equals[1].as_str(), Some("true"));
+    let p = &endpoint["Properties"];
+    assert_eq!(p["VpcEndpointType"].as_str(), Some("Interface"));
+    assert_eq!(p["PrivateDnsEnabled"].as_bool(), Some(true));
+    let (_, service) = tagged(&p["ServiceName"]).unwrap();
+    assert!(service.as_str().unwrap().ends_with(".sqs"));
+    assert_eq!(reference(&p["SubnetIds"]).as_deref(), Some("SubnetIds"));
+    let group = reference(&p["SecurityGroupIds"][0]).unwrap();
+    let group = &t["Resources"][group.as_str()];
+    assert_eq!(group["Condition"].as_str(), Some(condition));
+    let ingress = group["Properties"]["SecurityGroupIngress"]
+        .as_sequence()
+        .unwrap();
+    assert_eq!(ingress.len(), 1);
+    assert_eq!(ingress[0]["FromPort"].as_u64(), Some(443));
+    assert_eq!(ingress[0]["ToPort"].as_u64(), Some(443));
+    assert_eq!(
+        reference(&ingress[0]["SourceSecurityGroupId"]).as_deref(),
+        Some("FunctionSecurityGroup")
     );
 }
