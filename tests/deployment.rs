@@ -247,6 +247,8 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     let collector = shared::metrics::install_emf().unwrap();
     shared::metrics::delivery_stored("accepted");
     shared::metrics::delivery_refused("signature");
+    shared::metrics::delivery_buffered("spillover");
+    shared::metrics::buffer_send_failed("spillover");
     shared::metrics::ingest_5xx();
     shared::metrics::drained(3, 1, 1);
     shared::metrics::queue(12, 4.5);
