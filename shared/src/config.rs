@@ -15,6 +15,9 @@ use crate::store::{PoolSettings, SessionTimeouts};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
 pub const DEFAULT_SOURCE_CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long past its TTL a warm ingest serves its last-known source or secret when the database
+/// or Secrets Manager cannot answer (`STALE_IF_ERROR_SECONDS`; see [`crate::stale`]).
+pub const DEFAULT_STALE_IF_ERROR: Duration = Duration::from_secs(3600);
 /// How long a migration waits for a lock before it gives up (`MIGRATE_LOCK_TIMEOUT_MS`). Short:
 /// an `ALTER TABLE` queued behind a long transaction would queue every ingest behind itself.
 pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,13 +100,26 @@ pub enum SecretsBackend {
 }
 
 impl SecretsBackend {
-    /// The store these settings describe.
+    /// The store these settings describe (Secrets Manager's snapshots served stale for at most
+    /// [`DEFAULT_STALE_IF_ERROR`] when it cannot answer).
     pub async fn open(&self) -> crate::secrets::SecretStore {
+        self.open_with_stale_if_error(DEFAULT_STALE_IF_ERROR).await
+    }
+
+    /// As [`SecretsBackend::open`], a snapshot served past its TTL for at most `stale_if_error`
+    /// while Secrets Manager cannot answer. A secrets file is re-read on every lookup: nothing
+    /// is cached to serve.
+    pub async fn open_with_stale_if_error(
+        &self,
+        stale_if_error: Duration,
+    ) -> crate::secrets::SecretStore {
         match self {
             SecretsBackend::File(path) => crate::secrets::SecretStore::File(path.clone()),
-            SecretsBackend::Aws(aws) => {
-                crate::secrets::SecretStore::Aws(crate::secrets::AwsSecrets::connect(aws).await)
-            }
+            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
+                crate::secrets::AwsSecrets::connect(aws)
+                    .await
+                    .with_stale_if_error(stale_if_error),
+            ),
         }
     }
 }
@@ -114,6 +130,9 @@ pub struct IngestSettings {
     pub secrets: SecretsBackend,
     pub max_body_bytes: usize,
     pub source_cache_ttl: Duration,
+    /// `STALE_IF_ERROR_SECONDS`: how long past its TTL a source or secret is served while the
+    /// database or Secrets Manager cannot answer; 0: never.
+    pub stale_if_error: Duration,
 }
 
 /// Reads variables through a lookup function, so tests need not touch the process environment.
@@ -253,6 +272,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             secrets: self.secrets_backend()?,
             max_body_bytes,
             source_cache_ttl: self.seconds("SOURCE_CACHE_TTL_SECONDS", DEFAULT_SOURCE_CACHE_TTL)?,
+            stale_if_error: self.seconds("STALE_IF_ERROR_SECONDS", DEFAULT_STALE_IF_ERROR)?,
         })
     }
 }
@@ -667,6 +687,7 @@ mod tests {
             .unwrap();
         assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert_eq!(s.source_cache_ttl, DEFAULT_SOURCE_CACHE_TTL);
+        assert_eq!(s.stale_if_error, DEFAULT_STALE_IF_ERROR);
         assert_eq!(s.database.pool.max_connections, 2);
         assert!(
             matches!(s.secrets, SecretsBackend::Aws(ref a) if a.ttl == DEFAULT_SECRET_CACHE_TTL)
@@ -821,5 +842,15 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.starts_with("SECRETS_FILE is not set"), "{err}");
+        let err = vars(&[("DATABASE_URL", "x"), ("STALE_IF_ERROR_SECONDS", "-1")])
+            .ingest()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("STALE_IF_ERROR_SECONDS: \"-1\""), "{err}");
+        let off = vars(&[("DATABASE_URL", "x"), ("STALE_IF_ERROR_SECONDS", "0")])
+            .ingest()
+            .unwrap();
+        assert_eq!(off.stale_if_error, Duration::ZERO);
     }
 }
