@@ -374,6 +374,42 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok(s)
     }
 
+    /// Where the buffer is (`BUFFER_QUEUE_URL`, `BUFFER_DEAD_LETTER_QUEUE_URL`, `SQS_ENDPOINT`,
+    /// `AWS_REGION`); `None` when no buffer queue is configured. A dead-letter queue without
+    /// the buffer queue is an error: the redrive would have nowhere to send.
+    pub fn buffer_queue(&self) -> Result<Option<crate::buffer::QueueSettings>, ConfigError> {
+        let url = |var: &'static str| -> Result<Option<String>, ConfigError> {
+            match self.get(var) {
+                None => Ok(None),
+                Some(u) if u.starts_with("https://") || u.starts_with("http://") => Ok(Some(u)),
+                Some(u) => Err(ConfigError::Invalid {
+                    var,
+                    reason: format!(
+                        "{u:?} is not an SQS queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>)"
+                    ),
+                }),
+            }
+        };
+        let queue_url = url("BUFFER_QUEUE_URL")?;
+        let dead_letter_queue_url = url("BUFFER_DEAD_LETTER_QUEUE_URL")?;
+        let endpoint_url = url("SQS_ENDPOINT")?;
+        match (queue_url, dead_letter_queue_url) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::Missing {
+                var: "BUFFER_QUEUE_URL",
+                hint: " (BUFFER_DEAD_LETTER_QUEUE_URL is set: a redrive sends back to the buffer queue)",
+            }),
+            (Some(queue_url), dead_letter_queue_url) => Ok(Some(crate::buffer::QueueSettings {
+                queue_url,
+                dead_letter_queue_url,
+                endpoint: crate::aws::AwsEndpoint {
+                    endpoint_url,
+                    region: self.get("AWS_REGION"),
+                },
+            })),
+        }
+    }
+
     /// The secret store the settings describe (Secrets Manager, or a file locally).
     pub async fn secret_store(&self) -> Result<crate::secrets::SecretStore, ConfigError> {
         Ok(self.secrets_backend()?.open().await)
@@ -824,6 +860,49 @@ mod tests {
             err.starts_with("DATABASE_URL: sslrootcert: /nowhere/ca.pem"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_buffer_queue_is_read_when_configured() {
+        assert!(vars(&[]).buffer_queue().unwrap().is_none());
+        let q = vars(&[
+            (
+                "BUFFER_QUEUE_URL",
+                "https://sqs.us-east-1.amazonaws.com/1/buffer",
+            ),
+            (
+                "BUFFER_DEAD_LETTER_QUEUE_URL",
+                "https://sqs.us-east-1.amazonaws.com/1/dlq",
+            ),
+            ("SQS_ENDPOINT", "http://127.0.0.1:5000"),
+            ("AWS_REGION", "us-east-1"),
+        ])
+        .buffer_queue()
+        .unwrap()
+        .unwrap();
+        assert_eq!(q.queue_url, "https://sqs.us-east-1.amazonaws.com/1/buffer");
+        assert_eq!(
+            q.dead_letter_queue_url.as_deref(),
+            Some("https://sqs.us-east-1.amazonaws.com/1/dlq")
+        );
+        assert_eq!(
+            q.endpoint.endpoint_url.as_deref(),
+            Some("http://127.0.0.1:5000")
+        );
+        assert_eq!(q.endpoint.region.as_deref(), Some("us-east-1"));
+        let only_dlq = vars(&[("BUFFER_DEAD_LETTER_QUEUE_URL", "https://x/dlq")])
+            .buffer_queue()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            only_dlq.starts_with("BUFFER_QUEUE_URL is not set"),
+            "{only_dlq}"
+        );
+        let bad = vars(&[("BUFFER_QUEUE_URL", "buffer")])
+            .buffer_queue()
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("BUFFER_QUEUE_URL: \"buffer\""), "{bad}");
     }
 
     #[test]
