@@ -131,6 +131,23 @@ pub fn status(r: &StatusReport) -> String {
         r.outbox.pending, r.outbox.overdue, r.outbox.failed
     );
     let _ = writeln!(out, "DEAD LETTERS  open {}", r.open_dead_letters);
+    match &r.buffer {
+        None => {}
+        Some(b) if b.unknown.is_some() => {
+            let _ = writeln!(
+                out,
+                "BUFFER        not counted: {}",
+                b.unknown.as_deref().unwrap_or_default()
+            );
+        }
+        Some(b) => {
+            let _ = writeln!(
+                out,
+                "BUFFER        waiting {}, in flight {}, delayed {}, dead letters {} (NOT accounted for)",
+                b.waiting, b.in_flight, b.delayed, b.dead_letters
+            );
+        }
+    }
     let _ = writeln!(
         out,
         "GAPS          open past grace {}, in grace (backfill pending) {}",

@@ -15,6 +15,9 @@ use crate::store::{PoolSettings, SessionTimeouts};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
 pub const DEFAULT_SOURCE_CACHE_TTL: Duration = Duration::from_secs(30);
+/// How long past its TTL a warm ingest serves its last-known source or secret when the database
+/// or Secrets Manager cannot answer (`STALE_IF_ERROR_SECONDS`; see [`crate::stale`]).
+pub const DEFAULT_STALE_IF_ERROR: Duration = Duration::from_secs(3600);
 /// How long a migration waits for a lock before it gives up (`MIGRATE_LOCK_TIMEOUT_MS`). Short:
 /// an `ALTER TABLE` queued behind a long transaction would queue every ingest behind itself.
 pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);
@@ -97,13 +100,26 @@ pub enum SecretsBackend {
 }
 
 impl SecretsBackend {
-    /// The store these settings describe.
+    /// The store these settings describe (Secrets Manager's snapshots served stale for at most
+    /// [`DEFAULT_STALE_IF_ERROR`] when it cannot answer).
     pub async fn open(&self) -> crate::secrets::SecretStore {
+        self.open_with_stale_if_error(DEFAULT_STALE_IF_ERROR).await
+    }
+
+    /// As [`SecretsBackend::open`], a snapshot served past its TTL for at most `stale_if_error`
+    /// while Secrets Manager cannot answer. A secrets file is re-read on every lookup: nothing
+    /// is cached to serve.
+    pub async fn open_with_stale_if_error(
+        &self,
+        stale_if_error: Duration,
+    ) -> crate::secrets::SecretStore {
         match self {
             SecretsBackend::File(path) => crate::secrets::SecretStore::File(path.clone()),
-            SecretsBackend::Aws(aws) => {
-                crate::secrets::SecretStore::Aws(crate::secrets::AwsSecrets::connect(aws).await)
-            }
+            SecretsBackend::Aws(aws) => crate::secrets::SecretStore::Aws(
+                crate::secrets::AwsSecrets::connect(aws)
+                    .await
+                    .with_stale_if_error(stale_if_error),
+            ),
         }
     }
 }
@@ -116,6 +132,9 @@ pub struct IngestSettings {
     pub source_cache_ttl: Duration,
     /// Where a delivery goes when PostgreSQL cannot take it (or, in `queue` mode, always).
     pub buffer: BufferSettings,
+    /// `STALE_IF_ERROR_SECONDS`: how long past its TTL a source or secret is served while the
+    /// database or Secrets Manager cannot answer; 0: never.
+    pub stale_if_error: Duration,
 }
 
 /// How long the direct path may try before a delivery spills to the buffer
@@ -281,22 +300,8 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             max_body_bytes,
             source_cache_ttl: self.seconds("SOURCE_CACHE_TTL_SECONDS", DEFAULT_SOURCE_CACHE_TTL)?,
             buffer: self.buffer()?,
+            stale_if_error: self.seconds("STALE_IF_ERROR_SECONDS", DEFAULT_STALE_IF_ERROR)?,
         })
-    }
-
-    /// The buffer's queues (`BUFFER_QUEUE_URL`, `BUFFER_DEAD_LETTER_QUEUE_URL`, and
-    /// `SQS_ENDPOINT` to override AWS's endpoint), when a queue is configured.
-    pub fn buffer_queue(&self) -> Result<Option<crate::buffer::QueueSettings>, ConfigError> {
-        Ok(self
-            .get("BUFFER_QUEUE_URL")
-            .map(|queue_url| crate::buffer::QueueSettings {
-                queue_url,
-                dead_letter_queue_url: self.get("BUFFER_DEAD_LETTER_QUEUE_URL"),
-                endpoint: crate::aws::AwsEndpoint {
-                    endpoint_url: self.get("SQS_ENDPOINT"),
-                    region: self.get("AWS_REGION"),
-                },
-            }))
     }
 
     /// `BUFFER_MODE` (`database`, `spillover`, `queue`; unset: `spillover` when a queue is
@@ -432,6 +437,42 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             reason,
         })?;
         Ok(s)
+    }
+
+    /// Where the buffer is (`BUFFER_QUEUE_URL`, `BUFFER_DEAD_LETTER_QUEUE_URL`, `SQS_ENDPOINT`,
+    /// `AWS_REGION`); `None` when no buffer queue is configured. A dead-letter queue without
+    /// the buffer queue is an error: the redrive would have nowhere to send.
+    pub fn buffer_queue(&self) -> Result<Option<crate::buffer::QueueSettings>, ConfigError> {
+        let url = |var: &'static str| -> Result<Option<String>, ConfigError> {
+            match self.get(var) {
+                None => Ok(None),
+                Some(u) if u.starts_with("https://") || u.starts_with("http://") => Ok(Some(u)),
+                Some(u) => Err(ConfigError::Invalid {
+                    var,
+                    reason: format!(
+                        "{u:?} is not an SQS queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>)"
+                    ),
+                }),
+            }
+        };
+        let queue_url = url("BUFFER_QUEUE_URL")?;
+        let dead_letter_queue_url = url("BUFFER_DEAD_LETTER_QUEUE_URL")?;
+        let endpoint_url = url("SQS_ENDPOINT")?;
+        match (queue_url, dead_letter_queue_url) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(ConfigError::Missing {
+                var: "BUFFER_QUEUE_URL",
+                hint: " (BUFFER_DEAD_LETTER_QUEUE_URL is set: a redrive sends back to the buffer queue)",
+            }),
+            (Some(queue_url), dead_letter_queue_url) => Ok(Some(crate::buffer::QueueSettings {
+                queue_url,
+                dead_letter_queue_url,
+                endpoint: crate::aws::AwsEndpoint {
+                    endpoint_url,
+                    region: self.get("AWS_REGION"),
+                },
+            })),
+        }
     }
 
     /// The secret store the settings describe (Secrets Manager, or a file locally).
@@ -747,6 +788,7 @@ mod tests {
             .unwrap();
         assert_eq!(s.max_body_bytes, DEFAULT_MAX_BODY_BYTES);
         assert_eq!(s.source_cache_ttl, DEFAULT_SOURCE_CACHE_TTL);
+        assert_eq!(s.stale_if_error, DEFAULT_STALE_IF_ERROR);
         assert_eq!(s.database.pool.max_connections, 2);
         assert!(
             matches!(s.secrets, SecretsBackend::Aws(ref a) if a.ttl == DEFAULT_SECRET_CACHE_TTL)
@@ -886,6 +928,49 @@ mod tests {
     }
 
     #[test]
+    fn the_buffer_queue_is_read_when_configured() {
+        assert!(vars(&[]).buffer_queue().unwrap().is_none());
+        let q = vars(&[
+            (
+                "BUFFER_QUEUE_URL",
+                "https://sqs.us-east-1.amazonaws.com/1/buffer",
+            ),
+            (
+                "BUFFER_DEAD_LETTER_QUEUE_URL",
+                "https://sqs.us-east-1.amazonaws.com/1/dlq",
+            ),
+            ("SQS_ENDPOINT", "http://127.0.0.1:5000"),
+            ("AWS_REGION", "us-east-1"),
+        ])
+        .buffer_queue()
+        .unwrap()
+        .unwrap();
+        assert_eq!(q.queue_url, "https://sqs.us-east-1.amazonaws.com/1/buffer");
+        assert_eq!(
+            q.dead_letter_queue_url.as_deref(),
+            Some("https://sqs.us-east-1.amazonaws.com/1/dlq")
+        );
+        assert_eq!(
+            q.endpoint.endpoint_url.as_deref(),
+            Some("http://127.0.0.1:5000")
+        );
+        assert_eq!(q.endpoint.region.as_deref(), Some("us-east-1"));
+        let only_dlq = vars(&[("BUFFER_DEAD_LETTER_QUEUE_URL", "https://x/dlq")])
+            .buffer_queue()
+            .unwrap_err()
+            .to_string();
+        assert!(
+            only_dlq.starts_with("BUFFER_QUEUE_URL is not set"),
+            "{only_dlq}"
+        );
+        let bad = vars(&[("BUFFER_QUEUE_URL", "buffer")])
+            .buffer_queue()
+            .unwrap_err()
+            .to_string();
+        assert!(bad.starts_with("BUFFER_QUEUE_URL: \"buffer\""), "{bad}");
+    }
+
+    #[test]
     fn errors_name_the_variable() {
         let err = vars(&[]).ingest().err().unwrap().to_string();
         assert!(err.starts_with("DATABASE_URL is not set"), "{err}");
@@ -901,5 +986,15 @@ mod tests {
             .unwrap()
             .to_string();
         assert!(err.starts_with("SECRETS_FILE is not set"), "{err}");
+        let err = vars(&[("DATABASE_URL", "x"), ("STALE_IF_ERROR_SECONDS", "-1")])
+            .ingest()
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.starts_with("STALE_IF_ERROR_SECONDS: \"-1\""), "{err}");
+        let off = vars(&[("DATABASE_URL", "x"), ("STALE_IF_ERROR_SECONDS", "0")])
+            .ingest()
+            .unwrap();
+        assert_eq!(off.stale_if_error, Duration::ZERO);
     }
 }

@@ -185,8 +185,12 @@ impl Ingestor {
             SecretsBackend::File(_) => crate::config::Vars::process().aws_secrets()?,
         };
         let database = Database::open_or_read_later(settings.database.clone(), aws).await?;
-        let secrets = settings.secrets.open().await;
-        let sources = SourceRegistry::new(database.pool().clone(), settings.source_cache_ttl);
+        let secrets = settings
+            .secrets
+            .open_with_stale_if_error(settings.stale_if_error)
+            .await;
+        let sources = SourceRegistry::new(database.pool().clone(), settings.source_cache_ttl)
+            .with_stale_if_error(settings.stale_if_error);
         let buffer = match &settings.buffer.queue {
             Some(queue) if settings.buffer.mode != BufferMode::Database => Some(Buffer {
                 mode: settings.buffer.mode,

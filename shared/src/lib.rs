@@ -27,6 +27,7 @@ pub mod schema;
 pub mod secrets;
 pub mod signature;
 pub mod sources;
+pub mod stale;
 pub mod status;
 pub mod store;
 pub mod telemetry;

@@ -42,6 +42,10 @@ pub const BACKLOG: &str = "Backlog";
 /// Age of the oldest waiting event after a drain pass, in seconds.
 pub const OLDEST_PENDING_AGE: &str = "OldestPendingAgeSeconds";
 
+/// Lookups a warm ingest answered from a cache entry past its TTL because the database or
+/// Secrets Manager could not answer (stale-if-error), by `What` (source, secret).
+pub const STALE_SERVED: &str = "StaleServed";
+
 /// Anomaly checks that breached in the last run.
 pub const ANOMALY_BREACHES: &str = "AnomalyBreaches";
 /// Each global anomaly check's measurement, by `Check`.
@@ -61,6 +65,7 @@ pub const EMITTED: &[&str] = &[
     EVENTS_DEAD_LETTERED,
     BACKLOG,
     OLDEST_PENDING_AGE,
+    STALE_SERVED,
 ];
 
 pub type Collector = metrics_cloudwatch_embedded::Collector;
@@ -104,6 +109,12 @@ pub fn ingest_5xx_of(version: Option<&str>) {
     if let Some(version) = version {
         metrics::counter!(INGEST_5XX, FUNCTION_VERSION => version.to_owned()).increment(1);
     }
+}
+
+/// A source (`what` = "source") or secret ("secret") served past its TTL because its store
+/// could not answer.
+pub fn stale_served(what: &'static str) {
+    metrics::counter!(STALE_SERVED, "What" => what).increment(1);
 }
 
 /// What drain batches committed: events processed, rescheduled, dead-lettered.

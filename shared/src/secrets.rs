@@ -19,6 +19,7 @@ use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
 use crate::domain::SecretVersion;
+use crate::stale::{Freshness, Policy, REFRESH_TIMEOUT, Use};
 
 /// One signing secret. Its `Debug` never shows the value and it has no `Display`.
 pub struct SigningSecret(SecretString);
@@ -188,16 +189,21 @@ pub fn system_clock() -> Clock {
 /// snapshot with one expiry, so a rotation is seen whole: there is no moment at which the new
 /// current value is served beside a stale "no previous version", which would refuse the
 /// retired secret while providers may still sign with it.
+///
+/// When Secrets Manager cannot answer ([`SecretError::Unavailable`]), the last snapshot is
+/// served past its TTL for at most `stale_if_error` (stale-if-error, see [`crate::stale`]), and
+/// Secrets Manager is asked again at most once a second meanwhile. A secret deleted or unusable
+/// is never served stale.
 pub struct AwsSecrets {
     client: aws_sdk_secretsmanager::Client,
-    ttl: Duration,
+    policy: Policy,
     clock: Clock,
     snapshots: Mutex<HashMap<String, Snapshot>>,
 }
 
 struct Snapshot {
     set: Arc<SecretSet>,
-    fetched_at: Instant,
+    freshness: Freshness,
 }
 
 const CURRENT_STAGE: &str = "AWSCURRENT";
@@ -213,39 +219,82 @@ impl AwsSecrets {
         let sdk_config = crate::aws::sdk_config(&settings.endpoint()).await;
         Self {
             client: aws_sdk_secretsmanager::Client::new(&sdk_config),
-            ttl: settings.ttl,
+            policy: Policy {
+                ttl: settings.ttl,
+                stale_if_error: crate::config::DEFAULT_STALE_IF_ERROR,
+            },
             clock,
             snapshots: Mutex::new(HashMap::new()),
         }
     }
 
+    /// Serves a snapshot at most `stale_if_error` past its TTL while Secrets Manager cannot
+    /// answer (zero: never).
+    pub fn with_stale_if_error(mut self, stale_if_error: Duration) -> Self {
+        self.policy.stale_if_error = stale_if_error;
+        self
+    }
+
     async fn secrets(&self, secret_ref: &str) -> Result<Arc<SecretSet>, SecretError> {
         let now = (self.clock)();
-        let cached = self.cached(secret_ref);
-        if let Some(snapshot) = &cached
-            && now.saturating_duration_since(snapshot.fetched_at) < self.ttl
-        {
-            return Ok(snapshot.set.clone());
-        }
-        match self.fetch(secret_ref).await {
+        let bounded = {
+            let mut map = self.snapshots();
+            match map.get_mut(secret_ref) {
+                None => false,
+                Some(snapshot) => match snapshot.freshness.lookup(&self.policy, now) {
+                    Use::Fresh | Use::Refreshing => return Ok(snapshot.set.clone()),
+                    Use::Stale => {
+                        served_stale(secret_ref, &mut snapshot.freshness, now, None);
+                        return Ok(snapshot.set.clone());
+                    }
+                    Use::Ask => snapshot.freshness.bounded(&self.policy, now),
+                },
+            }
+        };
+        let fetched = if bounded {
+            tokio::time::timeout(REFRESH_TIMEOUT, self.fetch(secret_ref))
+                .await
+                .unwrap_or_else(|_| {
+                    Err(SecretError::Unavailable {
+                        secret_ref: secret_ref.to_owned(),
+                        reason: format!("no answer within {REFRESH_TIMEOUT:?}"),
+                    })
+                })
+        } else {
+            self.fetch(secret_ref).await
+        };
+        match fetched {
             Ok(set) => {
                 let set = Arc::new(set);
-                self.remember(secret_ref, set.clone(), now);
+                let mut map = self.snapshots();
+                if map.get(secret_ref).is_some_and(|s| s.freshness.failing()) {
+                    tracing::info!(secret_ref, "secret read again: no longer served stale");
+                }
+                map.insert(
+                    secret_ref.to_owned(),
+                    Snapshot {
+                        set: set.clone(),
+                        freshness: Freshness::new(now),
+                    },
+                );
                 Ok(set)
             }
-            Err(error @ SecretError::Unavailable { .. }) => match cached {
-                // Serve the last snapshot when a refresh fails transiently: a Secrets Manager
-                // hiccup must not turn into 503s for deliveries we could verify. The next
-                // lookup tries again.
-                Some(snapshot) => {
-                    tracing::warn!(%error, "serving the cached secret: refresh failed");
-                    Ok(snapshot.set)
+            Err(error @ SecretError::Unavailable { .. }) => {
+                // Serve the last snapshot, within the bound, when a refresh fails transiently: a
+                // Secrets Manager outage must not turn into 503s for deliveries we could verify.
+                let now = (self.clock)();
+                let mut map = self.snapshots();
+                if let Some(snapshot) = map.get_mut(secret_ref)
+                    && snapshot.freshness.failed(&self.policy, now)
+                {
+                    served_stale(secret_ref, &mut snapshot.freshness, now, Some(&error));
+                    return Ok(snapshot.set.clone());
                 }
-                None => Err(error),
-            },
+                Err(error)
+            }
             Err(error) => {
                 // Deleted or unusable: stop serving what was cached.
-                self.forget(secret_ref);
+                self.snapshots().remove(secret_ref);
                 Err(error)
             }
         }
@@ -295,22 +344,32 @@ impl AwsSecrets {
         }
     }
 
-    fn cached(&self, secret_ref: &str) -> Option<Snapshot> {
-        let map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-        map.get(secret_ref).map(|s| Snapshot {
-            set: s.set.clone(),
-            fetched_at: s.fetched_at,
-        })
+    fn snapshots(&self) -> std::sync::MutexGuard<'_, HashMap<String, Snapshot>> {
+        self.snapshots.lock().unwrap_or_else(|p| p.into_inner())
     }
+}
 
-    fn remember(&self, secret_ref: &str, set: Arc<SecretSet>, fetched_at: Instant) {
-        let mut map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-        map.insert(secret_ref.to_owned(), Snapshot { set, fetched_at });
-    }
-
-    fn forget(&self, secret_ref: &str) {
-        let mut map = self.snapshots.lock().unwrap_or_else(|p| p.into_inner());
-        map.remove(secret_ref);
+/// Counts a stale secret served, and says so at most once a minute per secret.
+fn served_stale(
+    secret_ref: &str,
+    freshness: &mut Freshness,
+    now: Instant,
+    error: Option<&SecretError>,
+) {
+    crate::metrics::stale_served("secret");
+    if freshness.warn_now(now) {
+        let age_seconds = freshness.age(now).as_secs();
+        match error {
+            Some(error) => tracing::warn!(
+                secret_ref, age_seconds, %error,
+                "serving a stale secret: Secrets Manager cannot answer"
+            ),
+            None => tracing::warn!(
+                secret_ref,
+                age_seconds,
+                "serving a stale secret: Secrets Manager could not answer"
+            ),
+        }
     }
 }
 

@@ -17,6 +17,8 @@ use sqlx::{PgExecutor, PgPool};
 use crate::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use crate::extract::{EventFields, FieldMap};
 use crate::github_api::HookPath;
+use crate::secrets::{Clock, system_clock};
+use crate::stale::{Freshness, Policy, REFRESH_TIMEOUT, Use};
 use crate::store::sources::SourceRow;
 use crate::store::webhook_events::NewEvent;
 use crate::store::{self, StoreError};
@@ -597,43 +599,146 @@ pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> 
 /// Sources by id, cached in the warm process. Unknown ids are cached too (for the same TTL),
 /// so a flood of requests to random paths costs one query per id per TTL, and the cache is
 /// bounded so it cannot be grown without limit.
+///
+/// When the database cannot answer (a retryable [`StoreError`]), a cached entry is served past
+/// its TTL for at most `stale_if_error` (stale-if-error, see [`crate::stale`]): deliveries to a
+/// source this process has read keep being verified during an outage. Never for an error that
+/// will not pass; never for a source this process has not read.
 pub struct SourceRegistry {
     pool: PgPool,
-    ttl: Duration,
+    policy: Policy,
+    clock: Clock,
     cache: Mutex<HashMap<SourceId, CachedSource>>,
 }
 
 /// When a source was read, and what was found (`None`: no enabled source with that id).
-type CachedSource = (Instant, Option<Arc<Source>>);
+struct CachedSource {
+    freshness: Freshness,
+    source: Option<Arc<Source>>,
+}
 
 const MAX_CACHED_SOURCES: usize = 10_000;
 
 impl SourceRegistry {
+    /// Entries fresh for `ttl`, served stale for at most
+    /// [`crate::config::DEFAULT_STALE_IF_ERROR`] past it while the database cannot answer.
     pub fn new(pool: PgPool, ttl: Duration) -> Self {
         Self {
             pool,
-            ttl,
+            policy: Policy {
+                ttl,
+                stale_if_error: crate::config::DEFAULT_STALE_IF_ERROR,
+            },
+            clock: system_clock(),
             cache: Mutex::new(HashMap::new()),
         }
     }
 
+    /// Serves entries at most `stale_if_error` past their TTL while the database cannot answer
+    /// (zero: never).
+    pub fn with_stale_if_error(mut self, stale_if_error: Duration) -> Self {
+        self.policy.stale_if_error = stale_if_error;
+        self
+    }
+
+    /// Reads the time from `clock` (tests move it to cross the TTL and the bound).
+    pub fn with_clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    fn cache(&self) -> std::sync::MutexGuard<'_, HashMap<SourceId, CachedSource>> {
+        self.cache.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// The enabled source with this id, if there is one.
     pub async fn get(&self, id: &SourceId) -> Result<Option<Arc<Source>>, StoreError> {
-        if let Some((fetched, source)) = self.cache.lock().expect("lock poisoned").get(id)
-            && fetched.elapsed() < self.ttl
-        {
-            return Ok(source.clone());
+        let now = (self.clock)();
+        let bounded = {
+            let mut cache = self.cache();
+            match cache.get_mut(id) {
+                None => false,
+                Some(entry) => match entry.freshness.lookup(&self.policy, now) {
+                    Use::Fresh | Use::Refreshing => return Ok(entry.source.clone()),
+                    Use::Stale => {
+                        served_stale(id, &mut entry.freshness, now, None);
+                        return Ok(entry.source.clone());
+                    }
+                    Use::Ask => entry.freshness.bounded(&self.policy, now),
+                },
+            }
+        };
+        let read = async {
+            find(&self.pool, id)
+                .await
+                .map(|found| found.filter(|s| s.enabled).map(Arc::new))
+        };
+        let read = if bounded {
+            tokio::time::timeout(REFRESH_TIMEOUT, read)
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable(sqlx::Error::PoolTimedOut)))
+        } else {
+            read.await
+        };
+        match read {
+            Ok(source) => {
+                let mut cache = self.cache();
+                if cache.len() >= MAX_CACHED_SOURCES {
+                    cache.clear();
+                }
+                let recovered = cache.get(id).is_some_and(|e| e.freshness.failing());
+                if recovered {
+                    tracing::info!(source_id = %id, "source read again: no longer served stale");
+                }
+                cache.insert(
+                    id.clone(),
+                    CachedSource {
+                        freshness: Freshness::new(now),
+                        source: source.clone(),
+                    },
+                );
+                Ok(source)
+            }
+            Err(error) if error.is_retryable() => {
+                let now = (self.clock)();
+                let mut cache = self.cache();
+                if let Some(entry) = cache.get_mut(id)
+                    && entry.freshness.failed(&self.policy, now)
+                {
+                    served_stale(id, &mut entry.freshness, now, Some(&error));
+                    return Ok(entry.source.clone());
+                }
+                Err(error)
+            }
+            Err(error) => {
+                // Not an outage: whatever was cached is not served again.
+                self.cache().remove(id);
+                Err(error)
+            }
         }
-        let source = find(&self.pool, id)
-            .await?
-            .filter(|s| s.enabled)
-            .map(Arc::new);
-        let mut cache = self.cache.lock().expect("lock poisoned");
-        if cache.len() >= MAX_CACHED_SOURCES {
-            cache.clear();
+    }
+}
+
+/// Counts a stale source served, and says so at most once a minute per source.
+fn served_stale(
+    id: &SourceId,
+    freshness: &mut Freshness,
+    now: Instant,
+    error: Option<&StoreError>,
+) {
+    crate::metrics::stale_served("source");
+    if freshness.warn_now(now) {
+        let age_seconds = freshness.age(now).as_secs();
+        match error {
+            Some(error) => tracing::warn!(
+                source_id = %id, age_seconds, %error,
+                "serving a stale source: the database cannot answer"
+            ),
+            None => tracing::warn!(
+                source_id = %id, age_seconds,
+                "serving a stale source: the database could not answer"
+            ),
         }
-        cache.insert(id.clone(), (Instant::now(), source.clone()));
-        Ok(source)
     }
 }
 

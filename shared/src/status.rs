@@ -70,6 +70,11 @@ pub enum FindingKind {
     /// repair (payload purged, or the repair failed).
     UnrepairedLosses,
     PassStopped,
+    /// Buffered deliveries in the SQS buffer's dead-letter queue: the consumer failed on each
+    /// repeatedly; none is stored until it is re-driven.
+    BufferDeadLetters,
+    /// The SQS buffer could not be counted: what it holds is not known to be accounted for.
+    BufferUnknown,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -101,6 +106,22 @@ pub struct QueueStatus {
     pub pending_sla_seconds: f64,
 }
 
+/// The SQS buffer (issue 21): deliveries SQS acknowledged and the consumer has not filed yet.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct BufferStatus {
+    /// Waiting for the consumer: accounted for (they will be filed).
+    pub waiting: u64,
+    /// Received by the consumer, not yet filed or returned: accounted for.
+    pub in_flight: u64,
+    /// Sent with a delay, not yet visible: accounted for.
+    pub delayed: u64,
+    /// In the buffer's dead-letter queue: NOT accounted for until re-driven
+    /// (`hookctl buffer list`, `hookctl buffer redrive`).
+    pub dead_letters: u64,
+    /// Why the buffer could not be counted (then the counts are 0 and mean nothing).
+    pub unknown: Option<String>,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct PassStatus {
     #[serde(flatten)]
@@ -130,9 +151,45 @@ pub struct StatusReport {
     pub breaching_checks: Vec<StoredResult>,
     /// When the latest anomaly run measured (`None`: never).
     pub checks_measured_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// The SQS buffer, when one is configured (see [`StatusReport::with_buffer`]). The age of its
+    /// oldest message is CloudWatch's `ApproximateAgeOfOldestMessage`, not a queue attribute.
+    #[serde(default)]
+    pub buffer: Option<BufferStatus>,
 }
 
 impl StatusReport {
+    /// Adds the SQS buffer's counts (or why they could not be read) and their findings: any
+    /// dead letter in the buffer, or a buffer that cannot be counted, needs a human.
+    pub fn with_buffer(
+        mut self,
+        depth: Result<crate::buffer::BufferDepth, crate::buffer::QueueError>,
+    ) -> Self {
+        let buffer = match depth {
+            Ok(d) => BufferStatus {
+                waiting: d.waiting,
+                in_flight: d.in_flight,
+                delayed: d.delayed,
+                dead_letters: d.dead_letters,
+                unknown: None,
+            },
+            Err(error) => BufferStatus {
+                waiting: 0,
+                in_flight: 0,
+                delayed: 0,
+                dead_letters: 0,
+                unknown: Some(error.to_string()),
+            },
+        };
+        self.findings.extend(buffer_findings(&buffer));
+        self.verdict = if self.findings.is_empty() {
+            Verdict::AccountedFor
+        } else {
+            Verdict::NeedsAttention
+        };
+        self.buffer = Some(buffer);
+        self
+    }
+
     /// The process exit code `hookctl status` gives: 0 accounted for, 1 needs a human.
     pub fn exit_code(&self) -> u8 {
         match self.verdict {
@@ -234,7 +291,38 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         passes,
         breaching_checks,
         checks_measured_at,
+        buffer: None,
     })
+}
+
+/// What in the SQS buffer needs a human. Pure.
+pub fn buffer_findings(buffer: &BufferStatus) -> Vec<Finding> {
+    let mut out = Vec::new();
+    if let Some(reason) = &buffer.unknown {
+        out.push(Finding {
+            kind: FindingKind::BufferUnknown,
+            count: 1,
+            detail: format!(
+                "the SQS buffer could not be counted ({reason}): deliveries buffered there are \
+                 not known to be accounted for"
+            ),
+            next: "hookctl buffer list".into(),
+        });
+    }
+    if buffer.dead_letters > 0 {
+        out.push(Finding {
+            kind: FindingKind::BufferDeadLetters,
+            count: i64::try_from(buffer.dead_letters).unwrap_or(i64::MAX),
+            detail: format!(
+                "{} buffered delivery(ies) in the buffer's dead-letter queue are NOT accounted \
+                 for: the consumer failed on each repeatedly and none is stored; SQS deletes \
+                 them 14 days after they were buffered",
+                buffer.dead_letters
+            ),
+            next: "hookctl buffer list, then hookctl buffer redrive".into(),
+        });
+    }
+    out
 }
 
 /// What needs a human, most urgent first. Pure: the verdict is a function of the counts.
@@ -349,6 +437,36 @@ pub fn findings(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn buffer_dead_letters_are_not_accounted_for_and_name_the_commands() {
+        let buffer = |dead_letters, unknown: Option<&str>| BufferStatus {
+            waiting: 5,
+            in_flight: 2,
+            delayed: 0,
+            dead_letters,
+            unknown: unknown.map(Into::into),
+        };
+        assert!(
+            buffer_findings(&buffer(0, None)).is_empty(),
+            "waiting is accounted for"
+        );
+        let dead = buffer_findings(&buffer(3, None));
+        assert_eq!(dead.len(), 1);
+        assert_eq!(
+            (dead[0].kind, dead[0].count),
+            (FindingKind::BufferDeadLetters, 3)
+        );
+        assert!(
+            dead[0].detail.contains("NOT accounted for"),
+            "{}",
+            dead[0].detail
+        );
+        assert!(dead[0].next.contains("hookctl buffer list"));
+        assert!(dead[0].next.contains("hookctl buffer redrive"));
+        let unknown = buffer_findings(&buffer(0, Some("SQS GetQueueAttributes failed")));
+        assert_eq!(unknown[0].kind, FindingKind::BufferUnknown);
+    }
 
     fn queue(past_sla: i64) -> QueueStatus {
         QueueStatus {

@@ -11,6 +11,7 @@
 //! On the wire: the SQS message body is [`Envelope`] as JSON; the raw body travels as the
 //! binary message attribute [`BODY_ATTRIBUTE`], never re-encoded in the JSON.
 
+pub mod accounting;
 pub mod consumer;
 pub mod filing;
 pub mod queue;
@@ -19,6 +20,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+pub use accounting::{BufferDepth, DeadLetter, Redriven};
 pub use queue::{BufferQueue, QueueError, QueueSettings};
 
 /// SQS's limit on one message: the body plus every attribute's name, type and value.

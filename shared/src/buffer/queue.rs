@@ -63,7 +63,7 @@ pub struct BufferQueue {
     dead_letter_queue_url: Option<String>,
 }
 
-fn sqs_error<E: std::error::Error + 'static>(
+pub(super) fn sqs_error<E: std::error::Error + 'static>(
     operation: &'static str,
 ) -> impl FnOnce(aws_sdk_sqs::error::SdkError<E>) -> QueueError {
     move |error| QueueError::Sqs {
