@@ -84,7 +84,12 @@ async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
     .unwrap();
     let registry = EffectRegistry::standard();
     let invoke = |json: serde_json::Value| {
-        operator::handler(LambdaEvent::new(json, Context::default()), &pool, &registry)
+        operator::handler(
+            LambdaEvent::new(json, Context::default()),
+            &pool,
+            &registry,
+            None,
+        )
     };
 
     let listed = serde_json::to_value(
@@ -162,7 +167,7 @@ async fn the_operator_function_refuses_unattributed_or_unbounded_changes(pool: P
         context.request_id = "8f5e2c1a-request".into();
         context.invoked_function_arn =
             "arn:aws:lambda:us-east-1:123456789012:function:webhooks-operator".into();
-        operator::handler(LambdaEvent::new(json, context), &pool, &registry)
+        operator::handler(LambdaEvent::new(json, context), &pool, &registry, None)
     };
 
     let refused = |json: serde_json::Value| async move {

@@ -14,6 +14,7 @@ async fn spawn_runner(app: &TestApp, max_body: usize) -> String {
     let runner = hookctl::serve::Runner {
         ingestor: Arc::clone(&app.ingestor),
         registry: Arc::new(shared::effects::EffectRegistry::standard()),
+        buffer: None,
     };
     let router = hookctl::serve::router(runner, max_body);
     tokio::spawn(hookctl::serve::serve(listener, router));

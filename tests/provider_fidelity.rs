@@ -1410,6 +1410,7 @@ mod github {
         let runner = hookctl::serve::Runner {
             ingestor: Arc::clone(&app.ingestor),
             registry: Arc::new(shared::effects::EffectRegistry::standard()),
+            buffer: None,
         };
         tokio::spawn(hookctl::serve::serve(
             listener,

@@ -13,6 +13,8 @@ pub enum Backend {
     Direct {
         pool: PgPool,
         registry: EffectRegistry,
+        /// The buffer's queues, when `BUFFER_QUEUE_URL` is set.
+        buffer: Option<shared::buffer::BufferQueue>,
     },
     Function {
         client: aws_sdk_lambda::Client,
@@ -54,6 +56,16 @@ impl Backend {
         Backend::Direct {
             pool,
             registry: EffectRegistry::standard(),
+            buffer: None,
+        }
+    }
+
+    /// Direct, with the buffer's queues (`hookctl status` and `hookctl buffer` read them).
+    pub fn direct_with_buffer(pool: PgPool, buffer: Option<shared::buffer::BufferQueue>) -> Self {
+        Backend::Direct {
+            pool,
+            registry: EffectRegistry::standard(),
+            buffer,
         }
     }
 
@@ -79,11 +91,16 @@ impl Backend {
         request: &OperatorRequest,
     ) -> Result<serde_json::Value, CallError> {
         match self {
-            Backend::Direct { pool, registry } => {
+            Backend::Direct {
+                pool,
+                registry,
+                buffer,
+            } => {
                 let invocation = operator::Invocation::via(operator::Via::Hookctl);
                 match Box::pin(operator::handle_invoked(
                     pool,
                     registry,
+                    buffer.as_ref(),
                     request.clone(),
                     &invocation,
                 ))

@@ -181,6 +181,25 @@ pub enum OutboxAction {
 }
 
 #[derive(Subcommand, Debug)]
+pub enum BufferAction {
+    /// The buffer's dead letters: deliveries the consumer failed on repeatedly, NOT accounted
+    /// for until re-driven. Ids, source, received time, size, receive count; never a body.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Send the buffer's dead letters back to the buffer (once the cause is fixed): each is
+    /// deleted from the dead-letter queue only after SQS took it back; a message that is not a
+    /// buffered delivery stays there.
+    Redrive {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+        #[command(flatten)]
+        decision: Decision,
+    },
+}
+
+#[derive(Subcommand, Debug)]
 pub enum TombstonesAction {
     /// Declare an event ID that will never arrive: gap detection stops waiting for it.
     Add {
@@ -447,6 +466,57 @@ struct Resent {
 struct Discarded {
     discarded: Vec<i64>,
     not_failed: Vec<i64>,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct BufferDeadLetters {
+    buffer_dead_letters: Vec<shared::buffer::accounting::DeadLetter>,
+}
+#[derive(Deserialize, serde::Serialize)]
+struct BufferRedriven {
+    action_id: i64,
+    redriven: shared::buffer::accounting::Redriven,
+}
+
+/// Lists or re-drives the buffer's dead letters. Exit 1 when a redrive left messages behind
+/// that are not buffered deliveries.
+pub async fn buffer(backend: &Backend, json: bool, action: BufferAction) -> Exit {
+    match action {
+        BufferAction::List { limit } => {
+            answer(
+                backend,
+                json,
+                OperatorRequest::ListBufferDeadLetters { limit: Some(limit) },
+                |d: &BufferDeadLetters| render::buffer_dead_letters(&d.buffer_dead_letters),
+            )
+            .await
+        }
+        BufferAction::Redrive { limit, decision } => {
+            let actor = match decision.actor() {
+                Ok(actor) => actor,
+                Err(e) => return fail(e),
+            };
+            match backend
+                .call::<BufferRedriven>(&OperatorRequest::RedriveBuffer {
+                    limit: Some(limit),
+                    actor: Some(actor),
+                    reason: Some(decision.reason),
+                })
+                .await
+            {
+                Ok(r) => {
+                    show(json, &r, |r| {
+                        format!(
+                            "re-drove {} delivery(ies) to the buffer (action {}); {} not buffered deliveries left in the dead-letter queue\n",
+                            r.redriven.moved, r.action_id, r.redriven.skipped
+                        )
+                    });
+                    u8::from(r.redriven.skipped > 0)
+                }
+                Err(e) => fail(e),
+            }
+        }
+    }
 }
 
 /// Lists, resends or discards failed outbox messages. Exit 1 when a discard named a message

@@ -631,6 +631,7 @@ impl Lab {
             crate::serve::Runner {
                 ingestor,
                 registry: registry.clone(),
+                buffer: None,
             },
             256 * 1024,
         );

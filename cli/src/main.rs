@@ -8,8 +8,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use hookctl::backend::Backend;
 use hookctl::commands::{
-    self, ActionsAction, ChecksAction, DeadLettersAction, GapsAction, OutboxAction, RunsAction,
-    TombstonesAction,
+    self, ActionsAction, BufferAction, ChecksAction, DeadLettersAction, GapsAction, OutboxAction,
+    RunsAction, TombstonesAction,
 };
 use hookctl::{captured, drill, serve, verify};
 use shared::config::{SecretsBackend, Vars};
@@ -70,6 +70,12 @@ enum Command {
     DeadLetters {
         #[command(subcommand)]
         action: DeadLettersAction,
+    },
+    /// The SQS buffer's dead letters: list, redrive (BUFFER_QUEUE_URL and
+    /// BUFFER_DEAD_LETTER_QUEUE_URL, or --function).
+    Buffer {
+        #[command(subcommand)]
+        action: BufferAction,
     },
     /// Outbox messages that failed for good: list, resend, discard.
     Outbox {
@@ -220,6 +226,10 @@ async fn main() -> ExitCode {
             Ok(b) => return exit(commands::dead_letters(&b, json, action).await),
             Err(e) => Err(e),
         },
+        Command::Buffer { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::buffer(&b, json, action).await),
+            Err(e) => Err(e),
+        },
         Command::Outbox { action } => match operator_backend().await {
             Ok(b) => return exit(commands::outbox(&b, json, action).await),
             Err(e) => Err(e),
@@ -278,7 +288,13 @@ type CmdResult = Result<(), String>;
 async fn backend(function: Option<String>, endpoint: Option<String>) -> Result<Backend, String> {
     match function {
         Some(name) => Ok(Backend::function(name, endpoint).await),
-        None => Ok(Backend::direct(pool().await?)),
+        None => {
+            let buffer = match Vars::process().buffer_queue().map_err(|e| e.to_string())? {
+                Some(queue) => Some(shared::buffer::BufferQueue::connect(&queue).await),
+                None => None,
+            };
+            Ok(Backend::direct_with_buffer(pool().await?, buffer))
+        }
     }
 }
 
@@ -451,6 +467,10 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let runner = serve::Runner {
         ingestor: Arc::new(ingestor),
         registry,
+        buffer: match &settings.buffer.queue {
+            Some(queue) => Some(shared::buffer::BufferQueue::connect(queue).await),
+            None => None,
+        },
     };
     let router = serve::router(runner, settings.max_body_bytes);
     tokio::select! {

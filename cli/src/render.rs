@@ -215,6 +215,30 @@ pub fn dead_letters(list: &[DeadLetter]) -> String {
     format!("{t}\n")
 }
 
+pub fn buffer_dead_letters(list: &[shared::buffer::accounting::DeadLetter]) -> String {
+    if list.is_empty() {
+        return "no dead letters in the buffer\n".into();
+    }
+    let micros = |m: Option<i64>| time(m.and_then(chrono::DateTime::<Utc>::from_timestamp_micros));
+    let mut t = table(&[
+        "message", "source", "delivery", "received", "bytes", "receives", "why",
+    ]);
+    for d in list {
+        t.add_row(vec![
+            d.message_id.clone(),
+            d.source_id.clone().unwrap_or_default(),
+            d.delivery_id.clone().unwrap_or_default(),
+            micros(d.received_at_micros),
+            d.body_bytes.map(|b| b.to_string()).unwrap_or_default(),
+            d.receive_count.to_string(),
+            d.unreadable
+                .clone()
+                .unwrap_or_else(|| "the consumer failed on it".into()),
+        ]);
+    }
+    format!("{t}\n")
+}
+
 pub fn failed_outbox(list: &[FailedMessage]) -> String {
     if list.is_empty() {
         return "no failed outbox messages\n".into();

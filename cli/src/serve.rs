@@ -24,6 +24,8 @@ use shared::outbox::OutboxSender;
 pub struct Runner {
     pub ingestor: Arc<Ingestor>,
     pub registry: Arc<EffectRegistry>,
+    /// The buffer's queues, when the runner buffers (`POST /operator` reads them).
+    pub buffer: Option<shared::buffer::BufferQueue>,
 }
 
 /// `POST /webhooks/{source_id}`, `POST /operator`, `POST /outbox-sink` (a stand-in target that
@@ -226,6 +228,7 @@ async fn operate(State(runner): State<Runner>, body: Bytes) -> Response {
             operator::handle_invoked(
                 runner.ingestor.pool(),
                 &runner.registry,
+                runner.buffer.as_ref(),
                 request,
                 &invocation,
             )

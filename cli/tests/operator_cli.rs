@@ -554,7 +554,7 @@ async fn invoke(State(s): State<StandIn>, Path(name): Path<String>, body: Bytes)
     context.request_id = request_id;
     context.invoked_function_arn = format!("arn:aws:lambda:eu-west-1:123456789012:function:{name}");
     let event = lambda_runtime::LambdaEvent::new(payload, context);
-    match operator::handler(event, &s.pool, &s.registry).await {
+    match operator::handler(event, &s.pool, &s.registry, None).await {
         Ok(response) => (StatusCode::OK, axum::Json(response)).into_response(),
         Err(diagnostic) => (
             StatusCode::OK,
@@ -1217,4 +1217,111 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
         db.hookctl(&["outbox", "list"]).await.stdout,
         "no failed outbox messages\n"
     );
+}
+
+/// The buffer's queues on moto (`MOTO_ENDPOINT`, which the test command starts), named uniquely.
+async fn buffer_queues() -> (shared::buffer::BufferQueue, String, String) {
+    let endpoint = std::env::var("MOTO_ENDPOINT").expect("MOTO_ENDPOINT: run scripts/test");
+    let aws = shared::aws::AwsEndpoint {
+        endpoint_url: Some(endpoint),
+        region: Some("us-east-1".into()),
+    };
+    let client = aws_sdk_sqs::Client::new(&shared::aws::sdk_config(&aws).await);
+    let name = format!("cli-buffer-{}-{}", std::process::id(), unix_now());
+    let (queue, dead_letters) = hookctl::serve::create_buffer_queues(&client, &name, 5, 30)
+        .await
+        .unwrap();
+    let buffer = shared::buffer::BufferQueue::connect(&shared::buffer::QueueSettings {
+        queue_url: queue.clone(),
+        dead_letter_queue_url: Some(dead_letters.clone()),
+        endpoint: aws,
+    })
+    .await;
+    (buffer, queue, dead_letters)
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_buffers_dead_letters_are_not_accounted_for_until_redriven(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let (buffer, queue, dead_letters) = buffer_queues().await;
+    // A delivery the consumer failed on five times: SQS moved it to the dead-letter queue.
+    let delivery = shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: "d-failed-five-times".into(),
+            source_id: "pay".into(),
+            received_at_micros: unix_now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: br#"{"secret-looking":"body"}"#.to_vec(),
+    };
+    buffer.send_to(&dead_letters, &delivery).await.unwrap();
+    let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("USER", "oncall"),
+        ("BUFFER_QUEUE_URL", queue.as_str()),
+        ("BUFFER_DEAD_LETTER_QUEUE_URL", dead_letters.as_str()),
+        ("SQS_ENDPOINT", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    passes(&db).await;
+
+    let status = run(&["status", "--json"], &env).await;
+    assert_eq!(status.code, Some(1), "{}{}", status.stdout, status.stderr);
+    let report = status.json();
+    assert_eq!(report["buffer"]["dead_letters"], 1);
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "buffer_dead_letters")
+        .unwrap_or_else(|| panic!("no buffer finding: {report}"));
+    assert!(
+        finding["next"]
+            .as_str()
+            .unwrap()
+            .contains("hookctl buffer redrive")
+    );
+    let human = run(&["status"], &env).await;
+    assert!(human.stdout.contains("NOT accounted"), "{}", human.stdout);
+
+    let listed = run(&["buffer", "list", "--json"], &env).await;
+    ok(&listed);
+    let letters = listed.json()["buffer_dead_letters"].clone();
+    assert_eq!(letters.as_array().unwrap().len(), 1);
+    assert_eq!(letters[0]["source_id"], "pay");
+    assert_eq!(letters[0]["delivery_id"], "d-failed-five-times");
+    assert!(!listed.stdout.contains("secret-looking"), "never the body");
+
+    let refused = run(&["buffer", "redrive"], &env).await;
+    assert_eq!(refused.code, Some(2), "a redrive needs a reason");
+    let redriven = run(
+        &["buffer", "redrive", "--reason", "consumer fixed", "--json"],
+        &env,
+    )
+    .await;
+    ok(&redriven);
+    assert_eq!(redriven.json()["redriven"]["moved"], 1);
+    let action = db.actions().await.pop().unwrap();
+    assert_eq!(
+        (action.0.as_str(), action.1.as_str(), action.2.as_str()),
+        ("redrive_buffer", "oncall", "consumer fixed")
+    );
+
+    let status = run(&["status", "--json"], &env).await;
+    let report = status.json();
+    assert_eq!(report["buffer"]["dead_letters"], 0, "{report}");
+    assert_eq!(
+        report["buffer"]["waiting"], 1,
+        "back in the buffer, for the consumer"
+    );
+    assert_eq!(status.code, Some(0), "{}", status.stdout);
 }

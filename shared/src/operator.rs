@@ -35,6 +35,7 @@
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+use crate::buffer::BufferQueue;
 use crate::drain::{self, ReplayOutcome};
 use crate::effects::EffectRegistry;
 use crate::sources::GapStrategy;
@@ -146,6 +147,22 @@ pub enum OperatorRequest {
         #[serde(default)]
         reason: Option<String>,
     },
+    /// The buffer's dead letters (deliveries the consumer failed on repeatedly: NOT accounted
+    /// for), oldest first; never a body or a header's value. They stay where they are.
+    ListBufferDeadLetters {
+        #[serde(default)]
+        limit: Option<usize>,
+    },
+    /// Sends the buffer's dead letters back to the buffer, each deleted from the dead-letter
+    /// queue only after SQS took it back; a message that is not a buffered delivery stays.
+    RedriveBuffer {
+        #[serde(default)]
+        limit: Option<usize>,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
     /// The latest recorded state changes, newest first: who asked, why, what they touched.
     ListActions {
         #[serde(default)]
@@ -201,6 +218,9 @@ pub enum OperatorError {
     BadRequest(String),
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The buffer's SQS queues could not answer (or none is configured).
+    #[error("the buffer: {0}")]
+    Buffer(#[from] crate::buffer::QueueError),
 }
 
 /// The answer, as JSON: each shape has its own top-level keys, so a caller that knows what it
@@ -244,6 +264,13 @@ pub enum OperatorResponse {
     },
     Actions {
         actions: Vec<RecordedAction>,
+    },
+    BufferDeadLetters {
+        buffer_dead_letters: Vec<crate::buffer::accounting::DeadLetter>,
+    },
+    BufferRedriven {
+        action_id: i64,
+        redriven: crate::buffer::accounting::Redriven,
     },
     OutboxDiscarded {
         discarded: Vec<i64>,
@@ -343,7 +370,7 @@ pub async fn handle(
     registry: &EffectRegistry,
     request: OperatorRequest,
 ) -> Result<OperatorResponse, OperatorError> {
-    handle_invoked(pool, registry, request, &Invocation::via(Via::Direct)).await
+    handle_invoked(pool, registry, None, request, &Invocation::via(Via::Direct)).await
 }
 
 /// Answers a request that came in as `invocation` says; a state change is recorded with it.
@@ -351,10 +378,53 @@ pub async fn handle(
 pub async fn handle_invoked(
     pool: &PgPool,
     registry: &EffectRegistry,
+    buffer: Option<&BufferQueue>,
     request: OperatorRequest,
     invocation: &Invocation,
 ) -> Result<OperatorResponse, OperatorError> {
+    let buffer_queue = || {
+        buffer.ok_or_else(|| {
+            OperatorError::BadRequest(
+                "no buffer is configured here (BUFFER_QUEUE_URL, BUFFER_DEAD_LETTER_QUEUE_URL)"
+                    .into(),
+            )
+        })
+    };
     match request {
+        OperatorRequest::ListBufferDeadLetters { limit } => {
+            Ok(OperatorResponse::BufferDeadLetters {
+                buffer_dead_letters: buffer_queue()?
+                    .list_dead_letters(limit.unwrap_or(DEFAULT_LIMIT as usize))
+                    .await?,
+            })
+        }
+        OperatorRequest::RedriveBuffer {
+            limit,
+            actor,
+            reason,
+        } => {
+            let asked = asked("redrive_buffer", &actor, &reason)?;
+            let queue = buffer_queue()?;
+            let limit = limit.unwrap_or(DEFAULT_LIMIT as usize);
+            // Recorded first and finished with the counts: the messages move one by one.
+            let request = serde_json::json!({"limit": limit});
+            let action_id = operator_actions::record(
+                pool,
+                &asked.record(invocation, &request, &serde_json::json!([]), None, false),
+            )
+            .await?;
+            let redriven = queue.redrive(limit).await?;
+            operator_actions::finish(pool, action_id, &to_json(&redriven)).await?;
+            tracing::info!(
+                action_id,
+                actor = asked.actor,
+                "buffer dead letters re-driven"
+            );
+            Ok(OperatorResponse::BufferRedriven {
+                action_id,
+                redriven,
+            })
+        }
         OperatorRequest::Replay {
             filter,
             all,
@@ -462,9 +532,14 @@ pub async fn handle_invoked(
                 created,
             })
         }
-        OperatorRequest::Status => Ok(OperatorResponse::Status(Box::new(
-            status::report(pool, &StatusSettings::default()).await?,
-        ))),
+        OperatorRequest::Status => {
+            let report = status::report(pool, &StatusSettings::default()).await?;
+            let report = match buffer {
+                Some(queue) => report.with_buffer(queue.depth().await),
+                None => report,
+            };
+            Ok(OperatorResponse::Status(Box::new(report)))
+        }
         OperatorRequest::ShowDeadLetter { dead_letter_id } => {
             match dead_letters::find(pool, dead_letter_id).await? {
                 Some(dead_letter) => Ok(OperatorResponse::DeadLetter {

@@ -3,6 +3,7 @@
 //! or a listing. The database sits in private subnets: this is the operator's way in.
 
 use lambda_runtime::{Context, Diagnostic, LambdaEvent};
+use shared::buffer::BufferQueue;
 use shared::effects::EffectRegistry;
 use shared::operator::{self, Invocation, OperatorError, OperatorResponse, Via};
 use shared::store::PgPool;
@@ -11,6 +12,7 @@ pub async fn handler(
     event: LambdaEvent<serde_json::Value>,
     pool: &PgPool,
     registry: &EffectRegistry,
+    buffer: Option<&BufferQueue>,
 ) -> Result<OperatorResponse, Diagnostic> {
     let request = operator::parse(event.payload).map_err(diagnostic)?;
     let invocation = Invocation {
@@ -22,6 +24,7 @@ pub async fn handler(
     Box::pin(operator::handle_invoked(
         pool,
         registry,
+        buffer,
         request,
         &invocation,
     ))
@@ -54,6 +57,7 @@ fn diagnostic(error: OperatorError) -> Diagnostic {
     let error_type = match &error {
         OperatorError::BadRequest(_) => "BadRequest",
         OperatorError::Store(e) => e.diagnostic_type(),
+        OperatorError::Buffer(_) => "BufferUnavailable",
     };
     Diagnostic {
         error_type: error_type.into(),

@@ -49,7 +49,7 @@ impl BufferDepth {
 }
 
 /// One message of the dead-letter queue, described without its body or headers' values.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeadLetter {
     pub message_id: String,
     /// `None` for a message that is not a buffered delivery (see `unreadable`).
@@ -64,11 +64,11 @@ pub struct DeadLetter {
     /// When it was sent to the buffer queue, Unix milliseconds.
     pub sent_at_millis: Option<i64>,
     /// Why the message is not a buffered delivery (no content quoted); `None` when it is one.
-    pub unreadable: Option<&'static str>,
+    pub unreadable: Option<String>,
 }
 
 /// What a redrive did.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct Redriven {
     /// Sent back to the buffer queue (acknowledged by SQS), then deleted from the dead-letter
     /// queue.
@@ -97,7 +97,11 @@ impl DeadLetter {
             body_bytes: delivery.map(|d| d.body.len()),
             receive_count: message.receive_count,
             sent_at_millis: message.sent_at_millis,
-            unreadable: message.delivery.as_ref().err().map(unreadable),
+            unreadable: message
+                .delivery
+                .as_ref()
+                .err()
+                .map(|e| unreadable(e).to_owned()),
         }
     }
 }
