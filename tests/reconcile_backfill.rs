@@ -1562,3 +1562,57 @@ async fn closed_dead_letters_let_their_events_age_out_and_an_open_one_keeps_its_
     assert_eq!(letters, [("dl-open".to_owned(), "new".to_owned())]);
     assert_eq!(purged.closed_dead_letters_purged, 2, "{purged:?}");
 }
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
+    let provider = provider(20, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "by-sequence",
+            sequence_strategy(),
+            &base,
+            Duration::ZERO,
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 3));
+    // evt_7 is still in the buffer: the consumer has not filed it yet.
+    let deliveries: Vec<_> = deliveries.into_iter().filter(|d| d.id != "evt_7").collect();
+    deliver_all(&app, "by-sequence", deliveries).await;
+    let buffer = pipeline_tests::buffer::new_buffer_queue(5, 30).await;
+    let held = shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: "d-evt-7".into(),
+            source_id: "by-sequence".into(),
+            received_at_micros: now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: b"{}".to_vec(),
+    };
+    buffer.send(&held).await.unwrap();
+
+    let holding = backfiller(&pool).with_buffer(buffer.clone());
+    let outcome = completed(holding.run_once("test").await.unwrap()).await;
+    assert_eq!(outcome.buffered_deliveries, 1);
+    assert_eq!(outcome.new_candidates, 1, "the gap is seen: {outcome:?}");
+    assert_eq!(
+        (outcome.fetched, outcome.backfilled, outcome.tombstoned),
+        (0, 0, 0),
+        "but not judged while the buffer may hold it"
+    );
+    assert_eq!(outcome.waiting_grace, 1);
+
+    // The buffer empties (its delivery filed elsewhere, or gone): the gap is judged.
+    let url = buffer.queue_url().to_owned();
+    for m in buffer.receive_from(&url, 10, 30, 1).await.unwrap() {
+        buffer.delete_from(&url, &m.receipt_handle).await.unwrap();
+    }
+    let outcome = completed(holding.run_once("test").await.unwrap()).await;
+    assert_eq!(outcome.buffered_deliveries, 0);
+    assert_eq!((outcome.fetched, outcome.backfilled), (1, 1), "{outcome:?}");
+}

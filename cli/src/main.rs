@@ -427,6 +427,10 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         Arc::new(secrets),
         vars.backfill().map_err(|e| e.to_string())?,
     );
+    let backfiller = match &settings.buffer.queue {
+        Some(queue) => backfiller.with_buffer(shared::buffer::BufferQueue::connect(queue).await),
+        None => backfiller,
+    };
     let maintenance_every = Duration::from_secs(args.maintenance_interval_seconds.max(1));
     let _maintenance = serve::spawn_maintenance(
         ingestor.pool().clone(),

@@ -19,6 +19,7 @@ use std::time::Duration;
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::buffer::BufferQueue;
 use crate::extract;
 use crate::github_api::{self, GithubApi, Redelivery};
 use crate::maintenance::{self, Run, RunCounts};
@@ -39,6 +40,10 @@ pub struct BackfillSettings {
     /// Sequence windows examined per source per pass: a pass catches up this many windows of
     /// new numbers.
     pub max_windows: usize,
+    /// While the SQS buffer holds deliveries, no gap younger than this is judged
+    /// (`BUFFER_GAP_HOLD_SECONDS`): a buffered event is not missing. A delivery waits that long
+    /// in the buffer only while the oldest-message alarm pages.
+    pub buffer_hold: Duration,
 }
 
 impl Default for BackfillSettings {
@@ -48,6 +53,7 @@ impl Default for BackfillSettings {
             max_list_pages: 200,
             request_timeout: Duration::from_secs(10),
             max_windows: 10,
+            buffer_hold: Duration::from_secs(3600),
         }
     }
 }
@@ -70,6 +76,9 @@ pub struct BackfillOutcome {
     /// Sources whose listing went past `max_list_pages`: the oldest part of their window was not
     /// examined (the `truncated_gap_listings` check breaches).
     pub truncated_listings: Vec<String>,
+    /// Deliveries the SQS buffer held when the pass began (waiting, in flight, delayed): while
+    /// there are any, gaps wait at least `buffer_hold` before they are judged.
+    pub buffered_deliveries: u64,
 }
 
 impl RunCounts for BackfillOutcome {
@@ -101,6 +110,8 @@ pub struct Backfiller {
     pool: PgPool,
     secrets: Arc<SecretStore>,
     settings: BackfillSettings,
+    /// The SQS buffer, whose deliveries are not missing: read for its depth only.
+    buffer: Option<BufferQueue>,
 }
 
 impl Backfiller {
@@ -109,6 +120,30 @@ impl Backfiller {
             pool,
             secrets,
             settings,
+            buffer: None,
+        }
+    }
+
+    /// Backfill beside a buffer: while it holds deliveries, gaps wait `buffer_hold`.
+    pub fn with_buffer(mut self, buffer: BufferQueue) -> Self {
+        self.buffer = Some(buffer);
+        self
+    }
+
+    /// How long gaps wait at least in this pass: `buffer_hold` while the buffer holds
+    /// deliveries, or while it cannot be counted (they may be there).
+    async fn buffer_hold(&self, outcome: &mut BackfillOutcome) -> Option<Duration> {
+        let buffer = self.buffer.as_ref()?;
+        match buffer.depth().await {
+            Ok(depth) if depth.buffered() > 0 => {
+                outcome.buffered_deliveries = depth.buffered();
+                Some(self.settings.buffer_hold)
+            }
+            Ok(_) => None,
+            Err(error) => {
+                tracing::warn!(%error, "the buffer cannot be counted: gaps wait as if it held deliveries");
+                Some(self.settings.buffer_hold)
+            }
         }
     }
 
@@ -131,10 +166,14 @@ impl Backfiller {
     }
 
     async fn all_sources(&self, outcome: &mut BackfillOutcome) -> Result<(), StoreError> {
+        let hold = self.buffer_hold(outcome).await;
         for source in crate::sources::list(&self.pool).await? {
-            let Some(gaps) = source.gaps.clone().filter(|_| source.enabled) else {
+            let Some(mut gaps) = source.gaps.clone().filter(|_| source.enabled) else {
                 continue;
             };
+            if let Some(hold) = hold {
+                gaps.grace = gaps.grace.max(hold);
+            }
             outcome.sources += 1;
             if let Err(why) = self.one_source(&source, &gaps, outcome).await {
                 match why {

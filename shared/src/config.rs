@@ -419,6 +419,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
                 .max(1),
             request_timeout: self.millis("BACKFILL_TIMEOUT_MS", d.request_timeout)?,
             max_windows: self.parsed("BACKFILL_MAX_WINDOWS", d.max_windows)?.max(1),
+            buffer_hold: self.seconds("BUFFER_GAP_HOLD_SECONDS", d.buffer_hold)?,
         })
     }
 

@@ -14,6 +14,11 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         Arc::new(vars.secret_store().await?),
         vars.backfill()?,
     );
+    // A buffered event is not missing: gaps wait while the buffer holds deliveries.
+    let backfiller = match vars.buffer_queue()? {
+        Some(queue) => backfiller.with_buffer(shared::buffer::BufferQueue::connect(&queue).await),
+        None => backfiller,
+    };
     let (database, backfiller) = (&database, &backfiller);
     run(service_fn(move |event| async move {
         let result = backfill::handler(event, backfiller).await;
