@@ -11,6 +11,7 @@
 //! On the wire: the SQS message body is [`Envelope`] as JSON; the raw body travels as the
 //! binary message attribute [`BODY_ATTRIBUTE`], never re-encoded in the JSON.
 
+pub mod filing;
 pub mod queue;
 
 use std::collections::BTreeMap;
