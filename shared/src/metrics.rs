@@ -51,6 +51,13 @@ pub const ANOMALY_BREACHES: &str = "AnomalyBreaches";
 /// Each global anomaly check's measurement, by `Check`.
 pub const ANOMALY_VALUE: &str = "AnomalyValue";
 
+/// Buffered deliveries the buffer's consumer took off the queue, by `Outcome`: `accepted`,
+/// `duplicate`, `conflict` (stored, as a direct delivery would have been), `already_filed` (a
+/// second copy of a delivery filed before: nothing counted), `unfilable` (recorded as an
+/// anomaly and deleted from the queue), `retry` (left on the queue: it reaches the buffer's
+/// dead-letter queue if it keeps failing).
+pub const BUFFERED_DELIVERIES_FILED: &str = "BufferedDeliveriesFiled";
+
 /// Every metric name the code emits.
 pub const EMITTED: &[&str] = &[
     ANOMALY_BREACHES,
@@ -66,6 +73,7 @@ pub const EMITTED: &[&str] = &[
     BACKLOG,
     OLDEST_PENDING_AGE,
     STALE_SERVED,
+    BUFFERED_DELIVERIES_FILED,
 ];
 
 pub type Collector = metrics_cloudwatch_embedded::Collector;
@@ -81,6 +89,11 @@ pub fn install_emf() -> Result<&'static Collector, String> {
 
 pub fn delivery_stored(outcome: &'static str) {
     metrics::counter!(DELIVERIES_STORED, "Outcome" => outcome).increment(1);
+}
+
+/// One buffered delivery taken off the queue, by outcome (see [`BUFFERED_DELIVERIES_FILED`]).
+pub fn buffered_filed(outcome: &'static str) {
+    metrics::counter!(BUFFERED_DELIVERIES_FILED, "Outcome" => outcome).increment(1);
 }
 
 pub fn delivery_refused(reason: &'static str) {

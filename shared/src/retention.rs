@@ -23,7 +23,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::maintenance::{self, RunCounts};
-use crate::store::{StoreError, retention};
+use crate::store::{StoreError, buffer_receipts, retention};
 
 /// Stripe retries for up to three days, Shopify two, Standard Webhooks senders about a day:
 /// identity must outlive the longest of them with a margin.
@@ -94,6 +94,10 @@ pub struct RetentionOutcome {
     pub dead_letter_payloads_purged: u64,
     /// Closed dead letters deleted with their events at the identity horizon.
     pub closed_dead_letters_purged: u64,
+    /// Receipts of buffered deliveries filed more than 15 days ago (longer than SQS keeps a
+    /// message), past which no copy of them can arrive.
+    #[serde(default)]
+    pub buffer_receipts_purged: u64,
 }
 
 impl RunCounts for RetentionOutcome {
@@ -124,6 +128,7 @@ pub async fn run_once(
         + o.dead_letter_payloads_purged
         + o.closed_dead_letters_purged
         + o.signed_bodies_purged
+        + o.buffer_receipts_purged
         > 0
     {
         tracing::info!(
@@ -133,6 +138,7 @@ pub async fn run_once(
             dead_letter_payloads_purged = o.dead_letter_payloads_purged,
             closed_dead_letters_purged = o.closed_dead_letters_purged,
             signed_bodies_purged = o.signed_bodies_purged,
+            buffer_receipts_purged = o.buffer_receipts_purged,
             "retention pass finished"
         );
     } else {
@@ -194,6 +200,15 @@ async fn purge(
         let n = retention::purge_signed_bodies(pool, s.replay_after.as_secs_f64(), s.batch_size)
             .await?;
         outcome.signed_bodies_purged += n;
+        if n < s.batch_size as u64 {
+            break;
+        }
+    }
+    for _ in 0..s.max_batches {
+        let n =
+            buffer_receipts::prune_older_than(pool, buffer_receipts::RECEIPT_HORIZON, s.batch_size)
+                .await?;
+        outcome.buffer_receipts_purged += n;
         if n < s.batch_size as u64 {
             break;
         }

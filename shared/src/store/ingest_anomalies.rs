@@ -7,12 +7,14 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
-/// A signed delivery whose event fields could not be read.
+/// A signed delivery whose event fields could not be read, or a buffered one that can no longer
+/// be filed (its source disabled since ingest verified it).
 #[derive(Debug, Clone)]
 pub struct UnreadableDelivery<'a> {
     pub tenant_id: &'a str,
     pub source_id: &'a str,
-    /// `unparseable_payload`, `missing_field` or `invalid_field`.
+    /// `unparseable_payload`, `missing_field` or `invalid_field`; for a buffered delivery also
+    /// `buffered_source_unavailable`.
     pub kind: &'static str,
     pub payload: &'a [u8],
     pub payload_sha256: [u8; 32],

@@ -268,6 +268,207 @@ pub fn upsert_sql() -> &'static str {
     UPSERT
 }
 
+/// [`UPSERT`] over a set of deliveries: one statement, the deliveries bound as arrays and read
+/// with `unnest`, with exactly its semantics per delivery (the claim in `signed_bodies`, held
+/// replays, source collisions, the payload taken only when pending, not an older version and
+/// the id signed, API copy versus delivery, the counted anomalies, the `event_queue` entry).
+///
+/// What differs, because the deliveries were buffered: a row's received times (`received_at`,
+/// `first_received_at`, and `last_seen_at`, which never moves backwards) and an anomaly's
+/// `last_seen_at` are each delivery's own received time (`$16`), not the statement's `now()`.
+///
+/// No two deliveries of one statement share a key (`(tenant_id, external_id)`, nor, when the id
+/// is outside the signature, `(source_id, payload_sha256)`): `ON CONFLICT DO UPDATE` cannot
+/// touch one row twice in a statement, so [`upsert_batch`] splits a batch into rounds. Keys
+/// being distinct, no delivery of a round sees another's writes, and the round's result is the
+/// one the deliveries would have had one after another.
+///
+/// `webhook_events_body_once` set-wise: where the direct path fails on it, copies the stored
+/// body's claim in ([`adopt_stored_body`]) and runs again, the claim here is written, in the
+/// same statement, for the event that stores the body under an unsigned id when `signed_bodies`
+/// does not know it and the delivery's own id is not stored: the delivery then sees the replay,
+/// as the direct path's second run does.
+const UPSERT_BATCH: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::int8[], $8::int8[], $9::bytea[], $10::bytea[], $11::jsonb[],
+                         $12::text[], $13::int4[], $14::bool[], $15::int8[], $16::timestamptz[])
+        AS i(ord, tenant_id, external_id, source_id, event_type, entity_id, entity_version,
+             provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
+             outside, version_tiebreak, received_at)
+), claim AS (
+    INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
+    SELECT i.source_id, i.payload_sha256,
+           COALESCE((SELECT w.external_id FROM webhook_events AS w
+                     WHERE w.source_id = i.source_id AND w.payload_sha256 = i.payload_sha256
+                       AND w.id_outside_signature
+                       AND NOT EXISTS (SELECT 1 FROM webhook_events AS o
+                                       WHERE o.tenant_id = i.tenant_id
+                                         AND o.external_id = i.external_id)
+                     LIMIT 1),
+                    i.external_id)
+    FROM input AS i WHERE i.outside
+    ON CONFLICT (source_id, payload_sha256) DO UPDATE SET last_seen_at = now()
+    RETURNING b.source_id, b.payload_sha256, b.external_id
+), replay AS (
+    SELECT i.*,
+           (SELECT c.external_id FROM claim AS c
+            WHERE i.outside AND c.source_id = i.source_id
+              AND c.payload_sha256 = i.payload_sha256 AND c.external_id <> i.external_id)
+               AS replay_of
+    FROM input AS i
+), delivered AS (
+    INSERT INTO webhook_events AS stored (
+        tenant_id, external_id, source_id, event_type, entity_id, entity_version,
+        provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
+        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at,
+        status, processed_at, expects)
+    SELECT r.tenant_id, r.external_id, r.source_id, r.event_type, r.entity_id, r.entity_version,
+           r.provider_sequence, CASE WHEN r.replay_of IS NULL THEN r.payload END,
+           r.payload_sha256, r.headers, r.verified_with, r.provider_retries,
+           r.outside AND r.replay_of IS NULL, r.version_tiebreak,
+           r.received_at, r.received_at, r.received_at,
+           CASE WHEN r.replay_of IS NULL THEN 'pending' ELSE 'processed' END,
+           CASE WHEN r.replay_of IS NOT NULL THEN now() END,
+           CASE WHEN r.replay_of IS NOT NULL THEN 'nothing' END
+    FROM replay AS r
+    ON CONFLICT (tenant_id, external_id) DO UPDATE SET
+        (delivery_count, last_seen_at, last_delivery_outcome, conflict_count, provider_retries,
+         event_type, entity_id, entity_version, version_tiebreak, provider_sequence, payload,
+         payload_sha256, headers, verified_with, received_at, superseded_sha256) = (
+            SELECT
+                stored.delivery_count + k.ours::int,
+                CASE WHEN k.ours THEN greatest(stored.last_seen_at, EXCLUDED.last_seen_at)
+                     ELSE stored.last_seen_at END,
+                CASE WHEN k.ours THEN k.outcome ELSE stored.last_delivery_outcome END,
+                stored.conflict_count + (k.ours AND k.outcome = 'conflict')::int,
+                stored.provider_retries + CASE WHEN k.ours THEN EXCLUDED.provider_retries ELSE 0 END,
+                CASE WHEN k.take THEN EXCLUDED.event_type ELSE stored.event_type END,
+                CASE WHEN k.take THEN EXCLUDED.entity_id ELSE stored.entity_id END,
+                CASE WHEN k.take THEN EXCLUDED.entity_version ELSE stored.entity_version END,
+                CASE WHEN k.take THEN EXCLUDED.version_tiebreak ELSE stored.version_tiebreak END,
+                CASE WHEN k.take THEN EXCLUDED.provider_sequence ELSE stored.provider_sequence END,
+                CASE WHEN k.take THEN EXCLUDED.payload ELSE stored.payload END,
+                CASE WHEN k.take THEN EXCLUDED.payload_sha256 ELSE stored.payload_sha256 END,
+                CASE WHEN k.take THEN EXCLUDED.headers ELSE stored.headers END,
+                CASE WHEN k.take THEN EXCLUDED.verified_with ELSE stored.verified_with END,
+                CASE WHEN k.take THEN EXCLUDED.received_at ELSE stored.received_at END,
+                CASE WHEN k.take THEN stored.payload_sha256 ELSE stored.superseded_sha256 END
+            -- `NOT $13` of UPSERT: the proposed row is pending (no replay: a replay's id is
+            -- always outside the signature) and its id signed.
+            FROM (SELECT c.ours, c.outcome,
+                         c.ours AND c.outcome = 'conflict' AND stored.status = 'pending'
+                         AND EXCLUDED.status = 'pending' AND NOT EXCLUDED.id_outside_signature
+                         AND (stored.entity_version IS NULL OR EXCLUDED.entity_version IS NULL
+                              OR EXCLUDED.entity_version >= stored.entity_version) AS take
+                  FROM (SELECT stored.source_id = EXCLUDED.source_id AS ours,
+                               CASE WHEN stored.payload_sha256 = EXCLUDED.payload_sha256
+                                    THEN 'duplicate'
+                                    WHEN (stored.verified_with = 'provider_api')
+                                             <> (EXCLUDED.verified_with = 'provider_api')
+                                         AND stored.event_type = EXCLUDED.event_type
+                                         AND stored.entity_id IS NOT DISTINCT FROM EXCLUDED.entity_id
+                                         AND stored.entity_version
+                                             IS NOT DISTINCT FROM EXCLUDED.entity_version
+                                         AND stored.provider_sequence
+                                             IS NOT DISTINCT FROM EXCLUDED.provider_sequence
+                                    THEN 'duplicate'
+                                    ELSE 'conflict' END AS outcome) AS c) AS k)
+    RETURNING tenant_id, external_id, source_id, last_delivery_outcome, delivery_count, status,
+              payload_sha256, superseded_sha256
+), judged AS (
+    SELECT r.ord, r.tenant_id, r.external_id, r.source_id AS delivered_source,
+           r.payload_sha256 AS delivered_sha256, r.payload AS delivered_payload,
+           r.headers AS delivered_headers, r.outside, r.received_at, r.replay_of,
+           d.source_id, d.last_delivery_outcome, d.delivery_count, d.status, d.payload_sha256,
+           d.superseded_sha256, d.source_id = r.source_id AS ours,
+           CASE WHEN d.source_id <> r.source_id
+                THEN CASE WHEN d.payload_sha256 = r.payload_sha256 THEN 'duplicate'
+                          ELSE 'conflict' END
+                WHEN r.replay_of IS NOT NULL AND d.last_delivery_outcome = 'accepted'
+                THEN 'duplicate'
+                ELSE d.last_delivery_outcome END AS outcome
+    FROM delivered AS d
+    JOIN replay AS r ON r.tenant_id = d.tenant_id AND r.external_id = d.external_id
+), conflict AS (
+    INSERT INTO ingest_anomalies AS a (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        superseded_sha256, payload_replaced, payload, detail, headers, last_seen_at)
+    SELECT j.tenant_id, j.delivered_source, 'digest_conflict', j.external_id, j.delivered_sha256,
+           j.payload_sha256,
+           CASE WHEN j.payload_sha256 = j.delivered_sha256 THEN j.superseded_sha256 END,
+           j.payload_sha256 = j.delivered_sha256,
+           CASE WHEN j.payload_sha256 = j.delivered_sha256 THEN NULL ELSE j.delivered_payload END,
+           CASE WHEN j.payload_sha256 = j.delivered_sha256
+                THEN 'same event id, different payload: the unprocessed row took the newer payload'
+                WHEN j.outside AND j.status = 'pending'
+                THEN 'same event id, different payload: the stored payload was kept (the id is '
+                     || 'outside the signature, so nothing binds it to these bytes)'
+                ELSE 'same event id, different payload: the stored payload was kept (row is '
+                     || j.status || ')' END,
+           j.delivered_headers, j.received_at
+    FROM judged AS j
+    WHERE j.ours AND j.last_delivery_outcome = 'conflict' AND j.replay_of IS NULL
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1,
+        last_seen_at = greatest(a.last_seen_at, EXCLUDED.last_seen_at),
+        stored_sha256 = EXCLUDED.stored_sha256,
+        superseded_sha256 = COALESCE(EXCLUDED.superseded_sha256, a.superseded_sha256),
+        payload_replaced = a.payload_replaced OR EXCLUDED.payload_replaced,
+        payload = CASE WHEN a.payload IS NULL THEN EXCLUDED.payload ELSE a.payload END,
+        detail = EXCLUDED.detail
+), collision AS (
+    INSERT INTO ingest_anomalies AS a (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        payload_replaced, payload, detail, headers, last_seen_at)
+    SELECT j.tenant_id, j.delivered_source, 'source_collision', j.external_id, j.delivered_sha256,
+           j.payload_sha256, false, j.delivered_payload,
+           'the event id is already stored under source ' || j.source_id
+           || ' of the same tenant: that row was left as it is and this delivery is kept here, '
+           || 'not stored as an event (' || j.outcome || ')',
+           j.delivered_headers, j.received_at
+    FROM judged AS j
+    WHERE NOT j.ours
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1,
+        last_seen_at = greatest(a.last_seen_at, EXCLUDED.last_seen_at),
+        stored_sha256 = EXCLUDED.stored_sha256
+), replayed AS (
+    INSERT INTO ingest_anomalies AS a (
+        tenant_id, source_id, kind, external_id, payload_sha256, stored_sha256,
+        payload_replaced, detail, headers, replay_of, last_seen_at)
+    SELECT j.tenant_id, j.delivered_source, 'replayed_body', j.external_id, j.delivered_sha256,
+           j.payload_sha256, false,
+           CASE WHEN j.last_delivery_outcome = 'accepted'
+                THEN 'the signed body of event ' || j.replay_of || ', delivered again under this '
+                     || 'id, which is outside the signature: a replay, or a distinct delivery of '
+                     || 'identical bytes. Stored as this event, held: processed without effects'
+                ELSE 'the signed body of event ' || j.replay_of || ', delivered under the id of '
+                     || 'this stored event (' || j.status || '), which is outside the signature: '
+                     || 'the stored event was left as it was' END,
+           j.delivered_headers, j.replay_of, j.received_at
+    FROM judged AS j
+    WHERE j.ours AND j.replay_of IS NOT NULL
+    ON CONFLICT (source_id, kind, external_id, payload_sha256) WHERE last_seen_at IS NOT NULL
+    DO UPDATE SET seen_count = a.seen_count + 1,
+        last_seen_at = greatest(a.last_seen_at, EXCLUDED.last_seen_at),
+        stored_sha256 = EXCLUDED.stored_sha256
+), queued AS (
+    INSERT INTO event_queue (tenant_id, external_id)
+    SELECT j.tenant_id, j.external_id FROM judged AS j
+    WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
+)
+SELECT ord, outcome, delivery_count, status, payload_sha256 = delivered_sha256 AS holds_delivery,
+       CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
+FROM judged
+ORDER BY ord
+"#;
+
+/// The batch statement's text, for benchmarks that run it outside this crate.
+pub fn upsert_batch_sql() -> &'static str {
+    UPSERT_BATCH
+}
+
 #[derive(sqlx::FromRow)]
 struct UpsertRow {
     outcome: String,
@@ -333,6 +534,194 @@ pub async fn upsert(
         collided_with: row.collided_with,
         replay_of: row.replay_of,
     })
+}
+
+/// A verified delivery taken from the buffer, and when ingest received it.
+#[derive(Debug, Clone)]
+pub struct BatchedEvent<'a> {
+    pub event: NewEvent<'a>,
+    /// The row's received time: when ingest received the delivery, not when it was filed.
+    pub received_at: chrono::DateTime<chrono::Utc>,
+}
+
+#[derive(sqlx::FromRow)]
+struct BatchRow {
+    ord: i32,
+    outcome: String,
+    delivery_count: i32,
+    status: String,
+    holds_delivery: bool,
+    collided_with: Option<String>,
+    replay_of: Option<String>,
+}
+
+/// Splits a batch into rounds, in order, so that no key repeats within a round: a delivery goes
+/// to the round after the latest one holding any of its keys (`(tenant_id, external_id)`, and
+/// `(source_id, payload_sha256)` when its id is outside the signature). Returns each
+/// delivery's round.
+fn rounds(events: &[BatchedEvent<'_>]) -> Vec<usize> {
+    use std::collections::HashMap;
+    let mut by_event: HashMap<(&str, &str), usize> = HashMap::new();
+    let mut by_body: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    let mut assigned = Vec::with_capacity(events.len());
+    for e in events {
+        let ev = &e.event;
+        let event_key = (ev.tenant_id, ev.external_id);
+        let body_key = (ev.source_id, &ev.payload_sha256[..]);
+        let mut round = by_event.get(&event_key).map_or(0, |r| r + 1);
+        if ev.id_outside_signature {
+            round = round.max(by_body.get(&body_key).map_or(0, |r| r + 1));
+            by_body.insert(body_key, round);
+        }
+        by_event.insert(event_key, round);
+        assigned.push(round);
+    }
+    assigned
+}
+
+/// Stores a batch of buffered deliveries as [`upsert`] would one after another, with one
+/// [`UPSERT_BATCH`] statement per round (see [`rounds`]; a batch without repeated keys is one
+/// round). Runs in the caller's transaction and returns the outcomes in input order.
+///
+/// Should a body stored under another unsigned id be written concurrently between the
+/// statement's read and its insert (only a process running the release before migration 41
+/// writes one), `webhook_events_body_once` fails the statement
+/// ([`UpsertError::BodyNotClaimed`]) and the caller's transaction with it: run it again.
+pub async fn upsert_batch(
+    conn: &mut sqlx::PgConnection,
+    events: &[BatchedEvent<'_>],
+) -> Result<Vec<Upserted>, UpsertError> {
+    let assigned = rounds(events);
+    let count = assigned.iter().max().map_or(0, |r| r + 1);
+    let mut results: Vec<Option<Upserted>> = vec![None; events.len()];
+    for round in 0..count {
+        let members: Vec<usize> = (0..events.len())
+            .filter(|&i| assigned[i] == round)
+            .collect();
+        let rows = upsert_round(&mut *conn, events, &members).await?;
+        if rows.len() != members.len() {
+            return Err(StoreError::Corrupt {
+                what: "batch upsert",
+                reason: format!(
+                    "{} rows answered for {} deliveries",
+                    rows.len(),
+                    members.len()
+                ),
+            }
+            .into());
+        }
+        for row in rows {
+            let index = usize::try_from(row.ord)
+                .ok()
+                .filter(|i| *i < events.len())
+                .ok_or_else(|| StoreError::Corrupt {
+                    what: "batch upsert",
+                    reason: format!("answered for delivery {} of {}", row.ord, events.len()),
+                })?;
+            results[index] = Some(Upserted {
+                outcome: parse_outcome(&row.outcome)?,
+                delivery_count: row.delivery_count,
+                status: row.status,
+                holds_delivery: row.holds_delivery,
+                collided_with: row.collided_with,
+                replay_of: row.replay_of,
+            });
+        }
+    }
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            r.ok_or_else(|| {
+                StoreError::Corrupt {
+                    what: "batch upsert",
+                    reason: format!("no answer for delivery {i}"),
+                }
+                .into()
+            })
+        })
+        .collect()
+}
+
+async fn upsert_round(
+    conn: &mut sqlx::PgConnection,
+    events: &[BatchedEvent<'_>],
+    members: &[usize],
+) -> Result<Vec<BatchRow>, UpsertError> {
+    let n = members.len();
+    let mut ord = Vec::with_capacity(n);
+    let mut tenant = Vec::with_capacity(n);
+    let mut external = Vec::with_capacity(n);
+    let mut source = Vec::with_capacity(n);
+    let mut event_type = Vec::with_capacity(n);
+    let mut entity_id = Vec::with_capacity(n);
+    let mut entity_version = Vec::with_capacity(n);
+    let mut sequence = Vec::with_capacity(n);
+    let mut payload = Vec::with_capacity(n);
+    let mut digest = Vec::with_capacity(n);
+    let mut headers = Vec::with_capacity(n);
+    let mut verified_with = Vec::with_capacity(n);
+    let mut retries = Vec::with_capacity(n);
+    let mut outside = Vec::with_capacity(n);
+    let mut tiebreak = Vec::with_capacity(n);
+    let mut received = Vec::with_capacity(n);
+    for &i in members {
+        let b = &events[i];
+        let e = &b.event;
+        ord.push(i32::try_from(i).unwrap_or(i32::MAX));
+        tenant.push(e.tenant_id);
+        external.push(e.external_id);
+        source.push(e.source_id);
+        event_type.push(e.event_type);
+        entity_id.push(e.entity_id);
+        entity_version.push(e.entity_version);
+        sequence.push(e.sequence);
+        payload.push(e.payload);
+        digest.push(&e.payload_sha256[..]);
+        headers.push(e.headers.clone());
+        verified_with.push(e.verified_with);
+        retries.push(e.provider_retries);
+        outside.push(e.id_outside_signature);
+        tiebreak.push(e.version_tiebreak);
+        received.push(b.received_at);
+    }
+    let rows: Result<Vec<BatchRow>, sqlx::Error> = sqlx::query_as(UPSERT_BATCH)
+        .bind(ord)
+        .bind(tenant)
+        .bind(external)
+        .bind(source)
+        .bind(event_type)
+        .bind(entity_id)
+        .bind(entity_version)
+        .bind(sequence)
+        .bind(payload)
+        .bind(digest)
+        .bind(headers)
+        .bind(verified_with)
+        .bind(retries)
+        .bind(outside)
+        .bind(tiebreak)
+        .bind(received)
+        .fetch_all(conn)
+        .await;
+    match rows {
+        Err(sqlx::Error::Database(db)) if db.constraint() == Some(BODY_ONCE) => {
+            Err(UpsertError::BodyNotClaimed)
+        }
+        other => Ok(other.map_err(StoreError::from)?),
+    }
+}
+
+fn parse_outcome(outcome: &str) -> Result<DeliveryOutcome, StoreError> {
+    match outcome {
+        "accepted" => Ok(DeliveryOutcome::Accepted),
+        "duplicate" => Ok(DeliveryOutcome::Duplicate),
+        "conflict" => Ok(DeliveryOutcome::Conflict),
+        other => Err(StoreError::Corrupt {
+            what: "delivery outcome",
+            reason: other.to_owned(),
+        }),
+    }
 }
 
 /// Claims in `signed_bodies`, for the event that holds it, a body `webhook_events` stores under
