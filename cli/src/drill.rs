@@ -28,12 +28,14 @@ use comfy_table::{Table, presets};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use shared::anomaly::{self, AnomalySettings};
+use shared::aws::AwsEndpoint;
 use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
+use shared::buffer::{BufferMode, BufferQueue, QueueSettings, filing};
 use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use shared::drain::{DrainSettings, Drainer};
 use shared::effects::{EffectError, EffectFuture, EffectHandler, EffectRegistry};
 use shared::extract::FieldMap;
-use shared::ingest::{IngestLimits, Ingestor, unix_now};
+use shared::ingest::{Buffer, IngestLimits, Ingestor, unix_now};
 use shared::outbox::{OutboxSender, OutboxSettings};
 use shared::reconcile::{self, ReconcileOutcome, ReconcileSettings};
 use shared::retention::{self, RetentionSettings};
@@ -42,6 +44,8 @@ use shared::sources::{self, GapConfig, GapStrategy, Source, SourceRegistry};
 use shared::store::event_queue::ClaimedEvent;
 use shared::store::{self, MIGRATOR, PgPool, StoreError, faults};
 use simulator::{Provider, ProviderConfig};
+
+use crate::db_proxy::DatabaseProxy;
 
 #[derive(Args, Debug, Clone, Default)]
 pub struct DrillArgs {
@@ -104,9 +108,11 @@ enum Fault {
     DigestConflict,
     SilentSource,
     VacuumStarvation,
+    DatabaseDownNoRetry,
+    PoisonBufferMessage,
 }
 
-const FAULTS: [Fault; 14] = [
+const FAULTS: [Fault; 16] = [
     Fault::Control,
     Fault::LostDelivery,
     Fault::DuplicateStorm,
@@ -121,6 +127,8 @@ const FAULTS: [Fault; 14] = [
     Fault::DigestConflict,
     Fault::SilentSource,
     Fault::VacuumStarvation,
+    Fault::DatabaseDownNoRetry,
+    Fault::PoisonBufferMessage,
 ];
 
 /// What the design promises for a fault.
@@ -150,6 +158,8 @@ impl Fault {
             Fault::DigestConflict => "digest_conflict",
             Fault::SilentSource => "silent_source",
             Fault::VacuumStarvation => "vacuum_starvation",
+            Fault::DatabaseDownNoRetry => "database_down_no_retry",
+            Fault::PoisonBufferMessage => "poison_buffer_message",
         }
     }
 
@@ -175,6 +185,12 @@ impl Fault {
             Fault::VacuumStarvation => {
                 "a session opens a transaction and sits idle in it (holds back vacuum)"
             }
+            Fault::DatabaseDownNoRetry => {
+                "the database is unreachable for ingest during a batch from a sender that never retries"
+            }
+            Fault::PoisonBufferMessage => {
+                "a buffer message no build can read, and a buffered delivery whose source was disabled meanwhile"
+            }
         }
     }
 
@@ -199,8 +215,19 @@ impl Fault {
             Fault::VacuumStarvation => Promise::Human(
                 "only the session's owner ends it (or idle_in_transaction_session_timeout)",
             ),
+            Fault::PoisonBufferMessage => Promise::Human(
+                "a message no build can read: `hookctl buffer list`, then fix and `hookctl buffer redrive`, or discard",
+            ),
             _ => Promise::Repaired,
         }
+    }
+
+    /// Whether the fault needs the buffer's SQS queues (and so an SQS endpoint).
+    fn needs_buffer(self) -> bool {
+        matches!(
+            self,
+            Fault::DatabaseDownNoRetry | Fault::PoisonBufferMessage
+        )
     }
 
     fn schema(self) -> String {
@@ -224,6 +251,8 @@ pub enum Repair {
     NeedsHuman { why: String },
     /// Still wrong after the observation cycles, though the design promises a repair.
     NotRepaired { cycles: u32 },
+    /// Not run: what it needs is not there (said why). Not a failure.
+    Skipped { why: String },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -461,8 +490,168 @@ async fn listen() -> Result<(tokio::net::TcpListener, String)> {
     Ok((listener, format!("http://{address}")))
 }
 
+/// The second buffer, for the buffer's faults: a buffer queue and its dead-letter queue on the
+/// SQS at `SQS_ENDPOINT` (or moto's `MOTO_ENDPOINT`), and the proxy through which ingest alone
+/// reaches PostgreSQL, so the database can be cut for ingest while every pass (and the
+/// consumer) keeps reaching it directly.
+struct BufferLab {
+    queue: BufferQueue,
+    proxy: DatabaseProxy,
+}
+
+/// The drill's buffer queues: a message is handed out at most this many times before SQS moves
+/// it to the dead-letter queue (the stack: 5)...
+const BUFFER_MAX_RECEIVES: u32 = 2;
+/// ... and is hidden this long after each receive (the stack: 480 s): the real seconds a poison
+/// message costs the drill.
+const BUFFER_VISIBILITY_SECONDS: i32 = 1;
+/// How long ingest's direct attempt may take before it spills to SQS (the stack: 2000 ms).
+const DRILL_SPILL_AFTER: Duration = Duration::from_millis(1000);
+/// Receive rounds the consumer makes per cycle at most: it runs until the buffer holds nothing
+/// visible or in flight, as the event source mapping polls for the cycle's five minutes.
+const CONSUMER_ROUNDS: usize = 20;
+/// What the poison message says: JSON, but no buffered delivery.
+const POISON_MESSAGE: &str = r#"{"drill": "not a buffered delivery"}"#;
+
+impl BufferLab {
+    async fn open(endpoint: &str, pool: &PgPool, fault: Fault) -> Result<Self> {
+        let endpoint = AwsEndpoint {
+            endpoint_url: Some(endpoint.to_owned()),
+            region: Some(std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into())),
+        };
+        let config = shared::aws::sdk_config(&endpoint).await;
+        let client = aws_sdk_sqs::Client::new(&config);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or_default();
+        // SQS keeps queues across runs: a name of this run's own.
+        let name = format!(
+            "hookctl-drill-{}-{}-{nanos}",
+            fault.name().replace('_', "-"),
+            std::process::id()
+        );
+        let (queue_url, dead_letter_queue_url) = crate::serve::create_buffer_queues(
+            &client,
+            &name,
+            BUFFER_MAX_RECEIVES,
+            BUFFER_VISIBILITY_SECONDS as u32,
+        )
+        .await
+        .map_err(DrillError::Setup)?;
+        let queue = BufferQueue::connect(&QueueSettings {
+            queue_url,
+            dead_letter_queue_url: Some(dead_letter_queue_url),
+            endpoint,
+        })
+        .await;
+        let proxy = DatabaseProxy::to(pool)
+            .await
+            .map_err(|e| DrillError::Setup(format!("the database proxy: {e}")))?;
+        Ok(Self { queue, proxy })
+    }
+
+    fn dead_letters_url(&self) -> Result<&str> {
+        self.queue
+            .dead_letter_queue_url()
+            .map_err(|e| DrillError::Setup(e.to_string()))
+    }
+
+    /// Messages in the queue at `url`, visible or in flight (SQS's approximate counts).
+    async fn depth(&self, url: &str) -> Result<i64> {
+        use aws_sdk_sqs::types::QueueAttributeName as A;
+        let attributes = self
+            .queue
+            .client()
+            .get_queue_attributes()
+            .queue_url(url)
+            .attribute_names(A::ApproximateNumberOfMessages)
+            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
+            .send()
+            .await
+            .map_err(|e| {
+                DrillError::Setup(format!(
+                    "reading the buffer's depth: {}",
+                    aws_sdk_sqs::error::DisplayErrorContext(e)
+                ))
+            })?
+            .attributes
+            .unwrap_or_default();
+        let count = |a: A| {
+            attributes
+                .get(&a)
+                .and_then(|v| v.parse::<i64>().ok())
+                .unwrap_or(0)
+        };
+        Ok(count(A::ApproximateNumberOfMessages) + count(A::ApproximateNumberOfMessagesNotVisible))
+    }
+
+    /// The consumer, as its event source mapping runs it through a cycle: receive a batch, file
+    /// it, delete all but the messages to keep; until a round receives nothing. A database
+    /// failure keeps the whole batch (it is handed out again).
+    async fn consume(&self, pool: &PgPool, signals: &mut Signals) -> Result<()> {
+        let url = self.queue.queue_url().to_owned();
+        for _ in 0..CONSUMER_ROUNDS {
+            let received = self
+                .queue
+                .receive_from(&url, 10, BUFFER_VISIBILITY_SECONDS, 1)
+                .await
+                .map_err(|e| DrillError::Setup(e.to_string()))?;
+            if received.is_empty() {
+                break;
+            }
+            let handles: Vec<(String, String)> = received
+                .iter()
+                .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
+                .collect();
+            let messages: Vec<filing::Message> = received
+                .into_iter()
+                .map(|m| filing::Message {
+                    message_id: m.message_id,
+                    delivery: m.delivery,
+                })
+                .collect();
+            let consumed = shared::buffer::consumer::consume(pool, &messages).await?;
+            signals.count("ingest", "buffer_filed", consumed.stored);
+            signals.count("ingest", "buffer_already_filed", consumed.already_filed);
+            signals.count("ingest", "buffer_unfilable", consumed.unfilable);
+            signals.count("ingest", "buffer_kept", consumed.retry.len() as u64);
+            for (id, handle) in handles {
+                if !consumed.retry.contains(&id) {
+                    self.queue
+                        .delete_from(&url, &handle)
+                        .await
+                        .map_err(|e| DrillError::Setup(e.to_string()))?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes the drill's two queues.
+    async fn delete_queues(&self) {
+        let urls = [
+            Some(self.queue.queue_url().to_owned()),
+            self.queue.dead_letter_queue_url().ok().map(str::to_owned),
+        ];
+        for url in urls.into_iter().flatten() {
+            let _ = self
+                .queue
+                .client()
+                .delete_queue()
+                .queue_url(url)
+                .send()
+                .await;
+        }
+    }
+}
+
 struct Lab {
     pool: PgPool,
+    /// The provider simulator's API, as the sources name it.
+    api_url: String,
+    /// The buffer, for the buffer's faults.
+    buffer: Option<BufferLab>,
     ingest_url: String,
     http: reqwest::Client,
     drainer: Drainer,
@@ -564,7 +753,12 @@ fn evt(n: u64) -> String {
 }
 
 impl Lab {
-    async fn open(base: &PgPool, schema: &str, scale: Scale) -> Result<Self> {
+    async fn open(
+        base: &PgPool,
+        schema: &str,
+        scale: Scale,
+        buffer: Option<(&str, Fault)>,
+    ) -> Result<Self> {
         faults::create_schema(base, schema).await?;
         let options = (*base.connect_options())
             .clone()
@@ -615,14 +809,32 @@ impl Lab {
             ),
             ("drill/shop".to_owned(), SecretSet::new(SHOP_SECRET, None)),
         ]));
-        let ingestor = Arc::new(Ingestor::new(
-            pool.clone(),
-            Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(30))),
+        let buffer = match buffer {
+            Some((endpoint, fault)) => Some(BufferLab::open(endpoint, &pool, fault).await?),
+            None => None,
+        };
+        // With the buffer, ingest (its sources too) reaches the database through the proxy and
+        // spills to the buffer; every pass reaches it directly.
+        let ingest_pool = match &buffer {
+            Some(b) => b.proxy.pool(&pool),
+            None => pool.clone(),
+        };
+        let ingestor = Ingestor::new(
+            ingest_pool.clone(),
+            Arc::new(SourceRegistry::new(ingest_pool, Duration::from_secs(30))),
             secrets.clone(),
             IngestLimits {
                 max_body_bytes: 256 * 1024,
             },
-        ));
+        );
+        let ingestor = Arc::new(match &buffer {
+            Some(b) => ingestor.with_buffer(Buffer {
+                mode: BufferMode::Spillover,
+                queue: b.queue.clone(),
+                spill_after: DRILL_SPILL_AFTER,
+            }),
+            None => ingestor,
+        });
         let mut registry = EffectRegistry::standard();
         registry.register(Scheme::Stripe, "drill.poison", Arc::new(Poison));
         let registry = Arc::new(registry);
@@ -668,6 +880,8 @@ impl Lab {
             http: reqwest::Client::new(),
             ingest_url,
             pool,
+            api_url,
+            buffer,
             delivered: Vec::new(),
         })
     }
@@ -681,7 +895,7 @@ impl Lab {
             .send()
             .await;
         match reply {
-            Ok(r) if r.status() == StatusCode::OK => r
+            Ok(r) if r.status() == StatusCode::OK || r.status() == StatusCode::ACCEPTED => r
                 .json::<serde_json::Value>()
                 .await
                 .ok()
@@ -773,9 +987,19 @@ impl Lab {
         Ok(())
     }
 
-    /// One scheduled cycle: every pass once, then five minutes pass.
+    fn buffer(&self) -> Result<&BufferLab> {
+        self.buffer
+            .as_ref()
+            .ok_or_else(|| DrillError::Setup("this fault needs the buffer's queues".into()))
+    }
+
+    /// One scheduled cycle: every pass once (the buffer's consumer first, when there is a
+    /// buffer), then five minutes pass.
     async fn cycle(&self, signals: &mut Signals) -> Result<()> {
         let deadline = || Instant::now() + Duration::from_secs(30);
+        if let Some(b) = &self.buffer {
+            b.consume(&self.pool, signals).await?;
+        }
         let drained = self.drainer.drain_until(deadline()).await?;
         signals.count("drain", "retried", drained.retried);
         signals.count("drain", "dead_lettered", drained.dead_lettered);
@@ -825,6 +1049,13 @@ impl Lab {
             .unwrap_or_default();
         for alarm in alarms(&samples) {
             signals.note("alarm", alarm);
+        }
+        // The buffer-dead-letters alarm: SQS's own metric, any message visible in the buffer's
+        // dead-letter queue.
+        if let Some(b) = &self.buffer
+            && b.depth(b.dead_letters_url()?).await? > 0
+        {
+            signals.note("alarm", "buffer-dead-letters".into());
         }
         faults::age(&self.pool, &self.clock, CYCLE_SECONDS).await?;
         Ok(())
@@ -973,6 +1204,54 @@ async fn inject(
             let into_hour = faults::seconds_into_hour(&lab.pool).await?;
             lab.jump(into_hour + 1800.0).await?;
         }
+        Fault::DatabaseDownNoRetry => {
+            // Cut for ingest only; each delivery of the batch is made once and never again.
+            lab.buffer()?.proxy.cut();
+            let answers = lab.deliver(&batch, 1).await;
+            lab.buffer()?.proxy.restore();
+            answers?.into_signals(signals);
+            injected.ids = ids(&batch);
+        }
+        Fault::PoisonBufferMessage => {
+            let b = lab.buffer()?;
+            b.queue
+                .client()
+                .send_message()
+                .queue_url(b.queue.queue_url())
+                .message_body(POISON_MESSAGE)
+                .send()
+                .await
+                .map_err(|e| {
+                    DrillError::Setup(format!(
+                        "sending the poison message: {}",
+                        aws_sdk_sqs::error::DisplayErrorContext(e)
+                    ))
+                })?;
+            // A shop delivery buffered while the database is cut for ingest (its source known
+            // to ingest from an earlier delivery: a warm cache)...
+            lab.deliver_shop("shop_before_the_cut", "order.updated", 1)
+                .await?;
+            b.proxy.cut();
+            let answer = lab
+                .deliver_shop("shop_disabled_meanwhile", "order.updated", 2)
+                .await;
+            lab.buffer()?.proxy.restore();
+            let answer = answer?;
+            if answer != "buffered" {
+                return Err(DrillError::Setup(format!(
+                    "the shop delivery was answered {answer}, not buffered"
+                )));
+            }
+            // ... whose source is disabled before the consumer files it.
+            let mut sources = drill_sources(&lab.api_url)?;
+            for source in &mut sources {
+                if source.source_id.as_str() == "shop" {
+                    source.enabled = false;
+                }
+            }
+            sources::apply(&lab.pool, &sources).await?;
+            injected.ids = vec!["shop_disabled_meanwhile".into()];
+        }
         Fault::VacuumStarvation => {
             injected.session = Some(faults::open_idle_transaction(&lab.pool).await?);
             // The one real wait: the open-transaction check reads pg_stat_activity, whose clock
@@ -1046,14 +1325,40 @@ async fn repaired(fault: Fault, lab: &Lab, injected: &Injected) -> Result<bool> 
         Fault::SignatureStorm => faults::stored(&lab.pool, &injected.ids).await?.0 == 0,
         // Resolved only by a human: the evidence stays.
         Fault::PoisonEvent => store::dead_letters::count_open(&lab.pool).await? == 0,
+        Fault::DatabaseDownNoRetry => {
+            // Every delivery of the cut stored exactly once, processed, and the buffer empty.
+            let (rows, deliveries) = faults::stored(&lab.pool, &injected.ids).await?;
+            let b = lab.buffer()?;
+            rows == injected.ids.len() as i64
+                && deliveries == rows
+                && all_processed(&injected.ids).await?
+                && lab.projection_ok().await?
+                && b.depth(b.queue.queue_url()).await? == 0
+                && b.depth(b.dead_letters_url()?).await? == 0
+        }
+        // Resolved only by a human: the dead letter stays until redriven or discarded.
+        Fault::PoisonBufferMessage => {
+            let b = lab.buffer()?;
+            b.depth(b.dead_letters_url()?).await? == 0 && b.depth(b.queue.queue_url()).await? == 0
+        }
         Fault::DigestConflict | Fault::SilentSource | Fault::VacuumStarvation => false,
     })
 }
 
-async fn run_fault(base: &PgPool, fault: Fault, scale: Scale, keep: bool) -> Result<Row> {
+async fn run_fault(
+    base: &PgPool,
+    fault: Fault,
+    scale: Scale,
+    keep: bool,
+    sqs_endpoint: Option<&str>,
+) -> Result<Row> {
     let started = Instant::now();
     let schema = fault.schema();
-    let mut lab = Lab::open(base, &schema, scale).await?;
+    let buffer = match sqs_endpoint {
+        Some(endpoint) if fault.needs_buffer() => Some((endpoint, fault)),
+        _ => None,
+    };
+    let mut lab = Lab::open(base, &schema, scale, buffer).await?;
     setup(fault, &mut lab, scale).await?;
     let mut signals = Signals::default();
     let mut injected = inject(fault, &mut lab, scale, &mut signals).await?;
@@ -1085,7 +1390,7 @@ async fn run_fault(base: &PgPool, fault: Fault, scale: Scale, keep: bool) -> Res
             repair_cycle = Some(cycles);
         }
     }
-    let status = shared::status::report(&lab.pool, &shared::status::StatusSettings::default())
+    let mut status = shared::status::report(&lab.pool, &shared::status::StatusSettings::default())
         .await?
         .findings
         .into_iter()
@@ -1096,6 +1401,16 @@ async fn run_fault(base: &PgPool, fault: Fault, scale: Scale, keep: bool) -> Res
                 .unwrap_or_default()
         })
         .collect::<Vec<_>>();
+    // What `hookctl status` adds with the buffer's queues configured: a dead letter in the
+    // buffer is a delivery not accounted for.
+    if let Some(b) = &lab.buffer {
+        if b.depth(b.dead_letters_url()?).await? > 0 {
+            status.push("buffer_dead_letters".into());
+        }
+        if !keep {
+            b.delete_queues().await;
+        }
+    }
     drop(injected.session.take());
 
     let noticed: BTreeMap<String, Vec<String>> = signals.0;
@@ -1175,6 +1490,10 @@ pub async fn run(base: PgPool, args: DrillArgs, json: bool) -> u8 {
         eprintln!("hookctl drill: no fault {unknown:?}");
         return 2;
     }
+    // The buffer's faults need an SQS: the endpoint the local runner uses, else moto's.
+    let sqs_endpoint = ["SQS_ENDPOINT", "MOTO_ENDPOINT"]
+        .iter()
+        .find_map(|name| std::env::var(name).ok().filter(|v| !v.is_empty()));
     let _ = captured();
     let terminal = std::io::stderr().is_terminal();
     let bar = ProgressBar::new(selected.len() as u64);
@@ -1188,7 +1507,25 @@ pub async fn run(base: PgPool, args: DrillArgs, json: bool) -> u8 {
         if !terminal {
             eprintln!("drill [{}/{}] {} ...", i + 1, selected.len(), fault.name());
         }
-        match run_fault(&base, *fault, scale, args.keep).await {
+        if fault.needs_buffer() && sqs_endpoint.is_none() {
+            let row = skipped(
+                *fault,
+                "no SQS to buffer to: set SQS_ENDPOINT (or MOTO_ENDPOINT)",
+            );
+            if !terminal {
+                eprintln!(
+                    "drill [{}/{}] {}: {}",
+                    i + 1,
+                    selected.len(),
+                    row.fault,
+                    repair_cell(&row.repair)
+                );
+            }
+            rows.push(row);
+            bar.inc(1);
+            continue;
+        }
+        match run_fault(&base, *fault, scale, args.keep, sqs_endpoint.as_deref()).await {
             Ok(row) => {
                 if !terminal {
                     eprintln!(
@@ -1213,15 +1550,24 @@ pub async fn run(base: PgPool, args: DrillArgs, json: bool) -> u8 {
     }
     bar.finish_and_clear();
     let ok = rows.iter().all(|r| r.problems.is_empty());
+    let buffered = selected.iter().any(|f| f.needs_buffer()) && sqs_endpoint.is_some();
+    let mut notes = vec![
+            format!("a cycle runs drain, outbox, backfill, reconcile, retention and the anomaly checks once, then ages the stored clock {} min", CYCLE_SECONDS / 60.0),
+            "longest_open_transaction_seconds is judged at 1 s instead of 300 s: pg_stat_activity's clock cannot be aged".into(),
+            "events_dead_tuple_ratio is not judged: aging rewrites every row each cycle".into(),
+        ];
+    if buffered {
+        notes.extend([
+            format!("the buffer's faults: ingest in spillover (direct attempt bounded at {} ms) on its own queues at the SQS endpoint, reaching PostgreSQL through a proxy the drill cuts; the consumer runs first in each cycle until the buffer is empty; its counts are in the ingest column (buffer_*)", DRILL_SPILL_AFTER.as_millis()),
+            format!("the drill's buffer hands a message out {BUFFER_MAX_RECEIVES} times, {BUFFER_VISIBILITY_SECONDS} s apart, before the dead-letter queue (the stack: 5 times, 480 s)"),
+            "buffer-oldest-message-age is not judged: SQS's clock cannot be aged".into(),
+        ]);
+    }
     let matrix = Matrix {
         short: args.short,
         ok,
         rows,
-        notes: vec![
-            format!("a cycle runs drain, outbox, backfill, reconcile, retention and the anomaly checks once, then ages the stored clock {} min", CYCLE_SECONDS / 60.0),
-            "longest_open_transaction_seconds is judged at 1 s instead of 300 s: pg_stat_activity's clock cannot be aged".into(),
-            "events_dead_tuple_ratio is not judged: aging rewrites every row each cycle".into(),
-        ],
+        notes,
     };
     if json {
         println!(
@@ -1234,12 +1580,27 @@ pub async fn run(base: PgPool, args: DrillArgs, json: bool) -> u8 {
     if ok { 0 } else { 1 }
 }
 
+/// The row of a fault that could not run here.
+fn skipped(fault: Fault, why: &str) -> Row {
+    Row {
+        fault: fault.name().into(),
+        what: fault.what().into(),
+        noticed: BTreeMap::new(),
+        harmless_by_design: None,
+        repair: Repair::Skipped { why: why.into() },
+        status: Vec::new(),
+        problems: Vec::new(),
+        seconds: 0.0,
+    }
+}
+
 fn repair_cell(r: &Repair) -> String {
     match r {
         Repair::Repaired { cycles } => format!("yes, {cycles} cycle(s)"),
         Repair::NothingToRepair => "nothing to repair".into(),
         Repair::NeedsHuman { .. } => "no: needs a human".into(),
         Repair::NotRepaired { cycles } => format!("NOT REPAIRED in {cycles} cycles"),
+        Repair::Skipped { .. } => "SKIPPED (not run)".into(),
     }
 }
 
@@ -1266,7 +1627,9 @@ pub fn render(m: &Matrix) -> String {
             row.push(cell(r.noticed.get(layer)));
         }
         row.push(repair_cell(&r.repair));
-        row.push(if r.status.is_empty() {
+        row.push(if matches!(r.repair, Repair::Skipped { .. }) {
+            "-".into()
+        } else if r.status.is_empty() {
             "accounted for".into()
         } else {
             r.status.join(", ")
@@ -1290,6 +1653,9 @@ pub fn render(m: &Matrix) -> String {
         if let Repair::NeedsHuman { why } = &r.repair {
             let _ = writeln!(out, "    human      {why}");
         }
+        if let Repair::Skipped { why } = &r.repair {
+            let _ = writeln!(out, "    SKIPPED    {why}");
+        }
         for p in &r.problems {
             let _ = writeln!(out, "    PROBLEM    {p}");
         }
@@ -1307,10 +1673,21 @@ pub fn render(m: &Matrix) -> String {
         .iter()
         .filter(|r| r.harmless_by_design.is_some() && r.fault != Fault::Control.name())
         .count();
+    let skipped: Vec<&str> = m
+        .rows
+        .iter()
+        .filter(|r| matches!(r.repair, Repair::Skipped { .. }))
+        .map(|r| r.fault.as_str())
+        .collect();
+    let skipped = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(" ({} not run: {})", skipped.len(), skipped.join(", "))
+    };
     if m.ok {
         let _ = writeln!(
             out,
-            "\nVERDICT: every fault noticed by at least one layer ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so"
+            "\nVERDICT: every fault noticed by at least one layer ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so{skipped}"
         );
     } else {
         let failed: Vec<&str> = m

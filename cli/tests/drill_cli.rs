@@ -1,7 +1,9 @@
 //! `hookctl drill --short` as CI runs it: the binary against a real PostgreSQL, its matrix on
 //! standard output, its progress on standard error, its verdict in the exit code. The drill
 //! fails (exit 1) when a fault goes unnoticed by every layer without being harmless by design,
-//! or a fault the design repairs is not repaired; this test reads the matrix itself too.
+//! or a fault the design repairs is not repaired; this test reads the matrix itself too. The
+//! buffer's two faults run against moto's SQS (`MOTO_ENDPOINT`, as `scripts/test` starts it) and
+//! are skipped, not failed, when there is no SQS.
 
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
@@ -33,7 +35,7 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     // Progress while it runs, on stderr, one line per fault when piped.
     assert!(
-        stderr.contains("drill [14/14] vacuum_starvation"),
+        stderr.contains("drill [16/16] poison_buffer_message"),
         "{stderr}"
     );
     let matrix: serde_json::Value = serde_json::from_str(&stdout).unwrap();
@@ -52,11 +54,19 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     };
     let repaired = |fault: &str| row(fault)["repair"]["result"].as_str().unwrap().to_owned();
 
-    assert_eq!(rows.len(), 14, "the control and 13 fault classes");
+    assert_eq!(rows.len(), 16, "the control and 15 fault classes");
     // The control notices nothing: what the other rows show is the fault's.
     assert_eq!(row("none (control)")["noticed"], serde_json::json!({}));
     for r in rows {
         assert_eq!(r["problems"], serde_json::json!([]), "{r}");
+        if r["repair"]["result"] == "skipped" {
+            // Only the buffer's faults, and only with no SQS to buffer to.
+            assert!(
+                std::env::var("SQS_ENDPOINT").is_err() && std::env::var("MOTO_ENDPOINT").is_err(),
+                "{r}"
+            );
+            continue;
+        }
         let anyone = r["noticed"]
             .as_object()
             .unwrap()
@@ -142,4 +152,164 @@ async fn the_drill_refuses_an_unknown_fault_and_a_missing_database() {
         .await
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// The drill run for the buffer's faults only (`--fault`, repeatable), against moto's SQS.
+async fn buffer_drill(
+    connect: &PgConnectOptions,
+    sqs: Option<&str>,
+) -> (Option<i32>, String, String) {
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookctl"));
+    command
+        .args([
+            "drill",
+            "--short",
+            "--json",
+            "--fault",
+            "database_down_no_retry",
+            "--fault",
+            "poison_buffer_message",
+        ])
+        .env("DATABASE_URL", url(connect))
+        .env_remove("RUST_LOG")
+        .env_remove("SQS_ENDPOINT")
+        .env_remove("MOTO_ENDPOINT");
+    if let Some(endpoint) = sqs {
+        command
+            .env("MOTO_ENDPOINT", endpoint)
+            .env("AWS_ACCESS_KEY_ID", "testing")
+            .env("AWS_SECRET_ACCESS_KEY", "testing")
+            .env("AWS_REGION", "us-east-1");
+    }
+    let out = command.output().await.unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn buffer_row<'m>(matrix: &'m serde_json::Value, fault: &str) -> &'m serde_json::Value {
+    matrix["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["fault"] == fault)
+        .unwrap_or_else(|| panic!("no row {fault}: {matrix}"))
+}
+
+fn evidence(row: &serde_json::Value, layer: &str) -> Vec<String> {
+    row["noticed"][layer]
+        .as_array()
+        .map(|a| a.iter().map(|e| e.as_str().unwrap().to_owned()).collect())
+        .unwrap_or_default()
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let moto = std::env::var("MOTO_ENDPOINT")
+        .expect("MOTO_ENDPOINT is not set: run the tests with scripts/test, which starts moto");
+    let (code, stdout, stderr) = buffer_drill(&connect, Some(&moto)).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let matrix: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    assert_eq!(matrix["rows"].as_array().unwrap().len(), 3, "{stdout}");
+
+    // The database cut for ingest under a sender that never retries: ingest noticed (it
+    // buffered every delivery), the consumer filed each once, no human.
+    let outage = buffer_row(&matrix, "database_down_no_retry");
+    assert_eq!(outage["problems"], serde_json::json!([]), "{outage}");
+    assert_eq!(
+        evidence(outage, "ingest"),
+        ["buffered×20", "buffer_filed=20"],
+        "{outage}"
+    );
+    for layer in [
+        "drain",
+        "outbox",
+        "reconcile",
+        "backfill",
+        "checks",
+        "alarm",
+    ] {
+        assert_eq!(
+            evidence(outage, layer),
+            Vec::<String>::new(),
+            "{layer}: {outage}"
+        );
+    }
+    assert_eq!(
+        outage["repair"],
+        serde_json::json!({"result": "repaired", "cycles": 1}),
+        "{outage}"
+    );
+    assert_eq!(outage["status"], serde_json::json!([]), "{outage}");
+
+    // The poison message: kept by the consumer until SQS moves it to the dead-letter queue,
+    // which alarms; the delivery whose source was disabled meanwhile is an ingest anomaly
+    // (never stored as an event, never kept); a human must act, and status says so.
+    let poison = buffer_row(&matrix, "poison_buffer_message");
+    assert_eq!(poison["problems"], serde_json::json!([]), "{poison}");
+    assert_eq!(
+        evidence(poison, "alarm"),
+        ["buffer-dead-letters"],
+        "{poison}"
+    );
+    let ingest = evidence(poison, "ingest");
+    assert!(
+        ingest.iter().any(|e| e.starts_with("buffer_kept=")),
+        "the consumer kept the poison message: {poison}"
+    );
+    assert!(
+        ingest.contains(&"buffer_unfilable=1".to_owned()),
+        "the disabled source's delivery is unfilable: {poison}"
+    );
+    assert!(
+        !ingest.iter().any(|e| e.starts_with("buffer_filed=")),
+        "nothing of this fault is filed as an event: {poison}"
+    );
+    assert_eq!(poison["repair"]["result"], "needs_human", "{poison}");
+    assert!(
+        poison["repair"]["why"]
+            .as_str()
+            .unwrap()
+            .contains("hookctl buffer redrive"),
+        "{poison}"
+    );
+    assert!(
+        poison["status"]
+            .as_array()
+            .unwrap()
+            .contains(&serde_json::json!("buffer_dead_letters")),
+        "status must say a buffered delivery is not accounted for: {poison}"
+    );
+}
+
+#[sqlx::test(migrations = false)]
+async fn the_buffer_faults_are_skipped_not_failed_without_an_sqs(
+    _pool: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let (code, stdout, stderr) = buffer_drill(&connect, None).await;
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let matrix: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    for fault in ["database_down_no_retry", "poison_buffer_message"] {
+        let row = buffer_row(&matrix, fault);
+        assert_eq!(row["repair"]["result"], "skipped", "{row}");
+        assert!(
+            row["repair"]["why"]
+                .as_str()
+                .unwrap()
+                .contains("SQS_ENDPOINT"),
+            "{row}"
+        );
+        assert_eq!(row["problems"], serde_json::json!([]), "{row}");
+        assert_eq!(row["noticed"], serde_json::json!({}), "{row}");
+    }
+    assert!(
+        stderr.contains("poison_buffer_message: SKIPPED"),
+        "{stderr}"
+    );
 }

@@ -1,96 +1,14 @@
 //! What the buffer's tests need: a PostgreSQL that can be made unreachable under a warm ingest
-//! (a TCP proxy that is cut and restored), and SQS queues on moto.
+//! (the [`DatabaseProxy`] the fault drill uses too, cut and restored), and SQS queues on moto.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use shared::buffer::{BufferQueue, QueueSettings};
 use sqlx::PgPool;
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use tokio::net::{TcpListener, TcpStream};
-use tokio::sync::watch;
 
-/// A TCP proxy in front of the test's PostgreSQL. `cut` closes every connection through it and
-/// refuses new ones, as a database failover or a stopped server does; `restore` lets them in.
-pub struct DatabaseProxy {
-    pub port: u16,
-    cut: Arc<AtomicBool>,
-    generation: watch::Sender<u64>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl DatabaseProxy {
-    /// A proxy to the server `pool` connects to.
-    pub async fn to(pool: &PgPool) -> Self {
-        let options = pool.connect_options();
-        let target = format!("{}:{}", options.get_host(), options.get_port());
-        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let port = listener.local_addr().unwrap().port();
-        let cut = Arc::new(AtomicBool::new(false));
-        let (generation, _) = watch::channel(0u64);
-        let task = {
-            let cut = cut.clone();
-            let generation = generation.clone();
-            tokio::spawn(async move {
-                loop {
-                    let Ok((mut inbound, _)) = listener.accept().await else {
-                        return;
-                    };
-                    if cut.load(Ordering::SeqCst) {
-                        drop(inbound);
-                        continue;
-                    }
-                    let target = target.clone();
-                    let mut closed = generation.subscribe();
-                    tokio::spawn(async move {
-                        let Ok(mut outbound) = TcpStream::connect(&target).await else {
-                            return;
-                        };
-                        tokio::select! {
-                            _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
-                            _ = closed.changed() => {}
-                        }
-                    });
-                }
-            })
-        };
-        Self {
-            port,
-            cut,
-            generation,
-            task,
-        }
-    }
-
-    /// A pool to the same database through the proxy: short acquire timeout, as ingest's is.
-    pub fn pool(&self, pool: &PgPool) -> PgPool {
-        let options: PgConnectOptions = (*pool.connect_options())
-            .clone()
-            .host("127.0.0.1")
-            .port(self.port);
-        PgPoolOptions::new()
-            .max_connections(4)
-            .acquire_timeout(Duration::from_millis(500))
-            .connect_lazy_with(options)
-    }
-
-    /// The database is unreachable through the proxy from now on.
-    pub fn cut(&self) {
-        self.cut.store(true, Ordering::SeqCst);
-        self.generation.send_modify(|g| *g += 1);
-    }
-
-    pub fn restore(&self) {
-        self.cut.store(false, Ordering::SeqCst);
-    }
-}
-
-impl Drop for DatabaseProxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
+pub use hookctl::db_proxy::DatabaseProxy;
 
 /// A buffer queue and its dead-letter queue on moto, named uniquely (moto keeps state across
 /// tests), with the stack's redrive policy (`max_receives` receives, then the dead-letter queue)
@@ -156,7 +74,9 @@ pub async fn buffered_app(
     shared::sources::apply(&pool, &crate::sources_for_every_scheme())
         .await
         .expect("store sources");
-    let proxy = DatabaseProxy::to(&pool).await;
+    let proxy = DatabaseProxy::to(&pool)
+        .await
+        .expect("a proxy on 127.0.0.1");
     let through = proxy.pool(&pool);
     let registry = Arc::new(shared::sources::SourceRegistry::new(
         through.clone(),
