@@ -191,11 +191,12 @@ async fn main() {
         let buffered = ingestor(
             &options,
             concurrency,
-            Some(Buffer {
-                mode: BufferMode::Queue,
-                queue: queue.clone(),
-                spill_after: Duration::from_secs(2),
-            }),
+            Some(Buffer::new(
+                BufferMode::Queue,
+                queue.clone(),
+                Duration::from_secs(2),
+                Duration::from_secs(1),
+            )),
         )
         .await;
         let (q_rate, q_p99) = run(buffered, concurrency, seconds, &format!("q{concurrency}")).await;

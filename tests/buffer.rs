@@ -589,3 +589,40 @@ fn sqs_record(m: &shared::buffer::queue::Received) -> aws_lambda_events::sqs::Sq
     }
     record
 }
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn after_a_spill_the_next_deliveries_go_straight_to_the_buffer(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, proxy) = pipeline_tests::buffer::buffered_app_holding(
+        pool,
+        BufferMode::Spillover,
+        queue.clone(),
+        MAX_BODY,
+        std::time::Duration::from_secs(60),
+    )
+    .await;
+    let warm = stripe("evt_warm");
+    app.post("stripe", warm.headers, &warm.body).await;
+    proxy.cut();
+    let first = stripe("evt_first_in_outage");
+    assert_eq!(
+        app.post("stripe", first.headers, &first.body)
+            .await
+            .outcome(),
+        "buffered"
+    );
+    let asked = proxy.attempts();
+    for n in 0..10 {
+        let d = stripe(&format!("evt_held_{n}"));
+        assert_eq!(
+            app.post("stripe", d.headers, &d.body).await.outcome(),
+            "buffered"
+        );
+    }
+    assert_eq!(
+        proxy.attempts(),
+        asked,
+        "no delivery of the hold asked the database for a connection"
+    );
+    assert_eq!(peek(&queue, queue.queue_url()).await.len(), 11);
+}

@@ -21,6 +21,8 @@ pub const ACQUIRE_TIMEOUT: Duration = Duration::from_millis(500);
 pub struct DatabaseProxy {
     pub port: u16,
     cut: Arc<AtomicBool>,
+    /// Connections asked for through the proxy (refused ones included).
+    attempts: Arc<std::sync::atomic::AtomicU64>,
     generation: watch::Sender<u64>,
     task: tokio::task::JoinHandle<()>,
 }
@@ -33,15 +35,18 @@ impl DatabaseProxy {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let port = listener.local_addr()?.port();
         let cut = Arc::new(AtomicBool::new(false));
+        let attempts = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let (generation, _) = watch::channel(0u64);
         let task = {
             let cut = cut.clone();
+            let attempts = attempts.clone();
             let generation = generation.clone();
             tokio::spawn(async move {
                 loop {
                     let Ok((mut inbound, _)) = listener.accept().await else {
                         return;
                     };
+                    attempts.fetch_add(1, Ordering::SeqCst);
                     if cut.load(Ordering::SeqCst) {
                         drop(inbound);
                         continue;
@@ -63,6 +68,7 @@ impl DatabaseProxy {
         Ok(Self {
             port,
             cut,
+            attempts,
             generation,
             task,
         })
@@ -85,6 +91,11 @@ impl DatabaseProxy {
     pub fn cut(&self) {
         self.cut.store(true, Ordering::SeqCst);
         self.generation.send_modify(|g| *g += 1);
+    }
+
+    /// How many connections were asked for through the proxy so far.
+    pub fn attempts(&self) -> u64 {
+        self.attempts.load(Ordering::SeqCst)
     }
 
     /// New connections through the proxy reach the database again.

@@ -828,11 +828,13 @@ impl Lab {
             },
         );
         let ingestor = Arc::new(match &buffer {
-            Some(b) => ingestor.with_buffer(Buffer {
-                mode: BufferMode::Spillover,
-                queue: b.queue.clone(),
-                spill_after: DRILL_SPILL_AFTER,
-            }),
+            // No hold: every delivery of the drill's batch tries the database first.
+            Some(b) => ingestor.with_buffer(Buffer::new(
+                BufferMode::Spillover,
+                b.queue.clone(),
+                DRILL_SPILL_AFTER,
+                Duration::ZERO,
+            )),
             None => ingestor,
         });
         let mut registry = EffectRegistry::standard();

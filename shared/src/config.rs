@@ -149,7 +149,14 @@ pub struct BufferSettings {
     /// `None` exactly when the mode is `database`.
     pub queue: Option<crate::buffer::QueueSettings>,
     pub spill_after: Duration,
+    /// `SPILLOVER_HOLD_MS`: after the database failed a delivery, the next ones go straight to
+    /// the buffer for this long, instead of each waiting `spill_after` first.
+    pub spill_hold: Duration,
 }
+
+/// [`BufferSettings::spill_hold`]'s default: one probe of the database a second during an
+/// outage.
+pub const DEFAULT_SPILLOVER_HOLD: Duration = Duration::from_millis(1000);
 
 impl BufferSettings {
     /// Today's path only: no buffer.
@@ -158,6 +165,7 @@ impl BufferSettings {
             mode: crate::buffer::BufferMode::Database,
             queue: None,
             spill_after: DEFAULT_SPILLOVER_AFTER,
+            spill_hold: DEFAULT_SPILLOVER_HOLD,
         }
     }
 }
@@ -338,6 +346,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             },
             mode,
             spill_after,
+            spill_hold: self.millis("SPILLOVER_HOLD_MS", DEFAULT_SPILLOVER_HOLD)?,
         })
     }
 }

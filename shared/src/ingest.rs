@@ -129,12 +129,47 @@ pub struct Ingestor {
     buffer: Option<Buffer>,
 }
 
-/// The second buffer as ingest uses it: its mode, its queue, and how long the direct path may
-/// try first (spillover).
+/// The second buffer as ingest uses it: its mode, its queue, how long the direct path may try
+/// first (spillover), and how long after the database failed a delivery the next ones go
+/// straight to the buffer.
 pub struct Buffer {
     pub mode: BufferMode,
     pub queue: BufferQueue,
     pub spill_after: Duration,
+    pub spill_hold: Duration,
+    /// Until when deliveries go straight to the buffer (the database failed one just now).
+    holding_until: std::sync::Mutex<Option<std::time::Instant>>,
+}
+
+impl Buffer {
+    pub fn new(
+        mode: BufferMode,
+        queue: BufferQueue,
+        spill_after: Duration,
+        spill_hold: Duration,
+    ) -> Self {
+        Self {
+            mode,
+            queue,
+            spill_after,
+            spill_hold,
+            holding_until: std::sync::Mutex::new(None),
+        }
+    }
+
+    fn holding(&self) -> bool {
+        let until = *self.holding_until.lock().unwrap_or_else(|p| p.into_inner());
+        until.is_some_and(|until| std::time::Instant::now() < until)
+    }
+
+    fn hold(&self) {
+        *self.holding_until.lock().unwrap_or_else(|p| p.into_inner()) =
+            Some(std::time::Instant::now() + self.spill_hold);
+    }
+
+    fn release(&self) {
+        *self.holding_until.lock().unwrap_or_else(|p| p.into_inner()) = None;
+    }
 }
 
 /// A delivery that passed every check before storage: its source, how it was verified, when it
@@ -192,11 +227,12 @@ impl Ingestor {
         let sources = SourceRegistry::new(database.pool().clone(), settings.source_cache_ttl)
             .with_stale_if_error(settings.stale_if_error);
         let buffer = match &settings.buffer.queue {
-            Some(queue) if settings.buffer.mode != BufferMode::Database => Some(Buffer {
-                mode: settings.buffer.mode,
-                queue: BufferQueue::connect(queue).await,
-                spill_after: settings.buffer.spill_after,
-            }),
+            Some(queue) if settings.buffer.mode != BufferMode::Database => Some(Buffer::new(
+                settings.buffer.mode,
+                BufferQueue::connect(queue).await,
+                settings.buffer.spill_after,
+                settings.buffer.spill_hold,
+            )),
             _ => None,
         };
         Ok(Self {
@@ -280,6 +316,17 @@ impl Ingestor {
                 }
             }
         }
+        // The database just failed a delivery: spill at once for `spill_hold` rather than make
+        // every delivery of an outage wait `spill_after` first. Should SQS refuse, the direct
+        // path is tried after all.
+        if buffer.holding() {
+            match self.send_to_buffer(buffer, &admitted).await {
+                Ok(received) => return Ok(received),
+                Err(error) => {
+                    tracing::warn!(%error, "the buffer did not take the delivery: trying the database")
+                }
+            }
+        }
         let direct = tokio::time::timeout(
             buffer.spill_after,
             self.store_with_current_credentials(&admitted),
@@ -291,8 +338,12 @@ impl Ingestor {
                 "the direct path did not commit within {} ms",
                 buffer.spill_after.as_millis()
             ),
-            Ok(result) => return result,
+            Ok(result) => {
+                buffer.release();
+                return result;
+            }
         };
+        buffer.hold();
         tracing::warn!(%database, "spilling to the buffer: the database cannot take the delivery");
         self.send_to_buffer(buffer, &admitted)
             .await

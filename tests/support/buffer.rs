@@ -71,6 +71,18 @@ pub async fn buffered_app(
     queue: BufferQueue,
     max_body_bytes: usize,
 ) -> (crate::TestApp, DatabaseProxy) {
+    buffered_app_holding(pool, mode, queue, max_body_bytes, Duration::ZERO).await
+}
+
+/// [`buffered_app`] whose ingest, once the database failed a delivery, sends the next ones
+/// straight to the buffer for `spill_hold`.
+pub async fn buffered_app_holding(
+    pool: PgPool,
+    mode: shared::buffer::BufferMode,
+    queue: BufferQueue,
+    max_body_bytes: usize,
+    spill_hold: Duration,
+) -> (crate::TestApp, DatabaseProxy) {
     shared::sources::apply(&pool, &crate::sources_for_every_scheme())
         .await
         .expect("store sources");
@@ -88,11 +100,12 @@ pub async fn buffered_app(
         Arc::new(crate::secrets_for_every_scheme()),
         shared::ingest::IngestLimits { max_body_bytes },
     )
-    .with_buffer(shared::ingest::Buffer {
+    .with_buffer(shared::ingest::Buffer::new(
         mode,
         queue,
-        spill_after: Duration::from_millis(1500),
-    });
+        Duration::from_millis(1500),
+        spill_hold,
+    ));
     (
         crate::TestApp {
             pool,
