@@ -248,6 +248,8 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     shared::metrics::delivery_stored("accepted");
     shared::metrics::delivery_refused("signature");
     shared::metrics::delivery_buffered("spillover");
+    shared::metrics::buffered_filed("stored");
+    shared::metrics::stale_served("source");
     shared::metrics::buffer_send_failed("spillover");
     shared::metrics::ingest_5xx();
     shared::metrics::drained(3, 1, 1);
