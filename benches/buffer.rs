@@ -14,6 +14,7 @@
 //!
 //! Run: `./scripts/bench buffer` (needs DATABASE_URL with the right to create a database).
 
+use benchmarks::PAYLOAD_BYTES;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
@@ -24,19 +25,6 @@ use shared::domain::Scheme;
 use shared::sources;
 use shared::store::{self, webhook_events};
 use sqlx::postgres::PgConnectOptions;
-
-const PAYLOAD_BYTES: usize = 1024;
-
-fn event_body(id: &str) -> Vec<u8> {
-    let mut body = serde_json::json!({
-        "id": id, "object": "event", "type": "payment_intent.succeeded",
-        "data": {"object": {"id": "pi_bench", "amount": 4200, "currency": "eur", "padding": ""}}
-    });
-    let base = serde_json::to_vec(&body).unwrap().len();
-    body["data"]["object"]["padding"] =
-        serde_json::Value::String("x".repeat(PAYLOAD_BYTES.saturating_sub(base)));
-    serde_json::to_vec(&body).unwrap()
-}
 
 fn digest(body: &[u8]) -> [u8; 32] {
     use sha2::Digest;
@@ -97,7 +85,7 @@ async fn run_upsert_batch(
     tag: &'static str,
 ) -> f64 {
     let pool = pool(options, concurrency).await;
-    let body = Arc::new(event_body("evt_batch"));
+    let body = Arc::new(benchmarks::stripe_event_body("evt_batch"));
     let sha = digest(&body);
     rows_per_second(concurrency, seconds, size, move |task, n| {
         let (pool, body) = (pool.clone(), body.clone());
@@ -166,7 +154,7 @@ async fn run_file_batch(
                                 .into(),
                                 signed_headers: vec![],
                             },
-                            body: event_body(&id),
+                            body: benchmarks::stripe_event_body(&id),
                         }),
                     }
                 })
@@ -176,46 +164,6 @@ async fn run_file_batch(
         }
     })
     .await
-}
-
-/// The single-row statement with its parameters replaced by pgbench expressions (as in
-/// benches/ingest.rs).
-fn pgbench_script(level: usize) -> String {
-    let body = event_body("evt_pgbench");
-    let digest = hex::encode(digest(&body));
-    let headers = serde_json::json!({"content-type": "application/json"});
-    let params = [
-        "'bench'".to_owned(),
-        format!("'pg_l{level}_' || :client_id || '_' || :n"),
-        "'bench'".to_owned(),
-        "'payment_intent.succeeded'".to_owned(),
-        "'pi_bench'".to_owned(),
-        "NULL::bigint".to_owned(),
-        "NULL::bigint".to_owned(),
-        format!("'\\x{}'::bytea", hex::encode(&body)),
-        format!("'\\x{digest}'::bytea"),
-        format!("'{headers}'::jsonb"),
-        "'current'".to_owned(),
-        "0".to_owned(),
-        "false".to_owned(),
-        "NULL::bigint".to_owned(),
-    ];
-    let sql = webhook_events::upsert_sql();
-    let mut out = String::new();
-    let mut rest = sql;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let digits: String = rest[i + 1..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        let n: usize = digits.parse().expect("placeholder number");
-        out.push_str(&params[n - 1]);
-        rest = &rest[i + 1 + digits.len()..];
-    }
-    out.push_str(rest);
-    let flat: String = out.lines().map(str::trim).collect::<Vec<_>>().join(" ");
-    format!("\\set n random(1, 1000000000000)\n{flat};\n")
 }
 
 fn levels() -> Vec<usize> {
@@ -253,7 +201,12 @@ async fn main() {
         "ratio"
     );
     for (level, concurrency) in levels().into_iter().enumerate() {
-        let raw = benchmarks::pgbench_tps(&options, concurrency, seconds, &pgbench_script(level));
+        let raw = benchmarks::pgbench_tps(
+            &options,
+            concurrency,
+            seconds,
+            &benchmarks::pgbench_upsert_script(level),
+        );
         let b10 = run_upsert_batch(&options, concurrency, seconds, 10, "b10").await;
         let b100 = run_upsert_batch(&options, concurrency, seconds, 100, "b100").await;
         let f100 = run_file_batch(&options, concurrency, seconds, 100, "f100").await;

@@ -13,55 +13,20 @@
 //! Run: `./scripts/bench buffer` (needs DATABASE_URL with the right to create a database, and
 //! MOTO_ENDPOINT: the script starts moto).
 
+use benchmarks::PAYLOAD_BYTES;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
-use lambda_http::{Body, RequestExt};
 use shared::buffer::{BufferMode, BufferQueue, QueueSettings};
 use shared::domain::Scheme;
 use shared::ingest::{Buffer, IngestLimits, Ingestor};
-use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::{self, SourceRegistry};
 use shared::store;
 use sqlx::postgres::PgConnectOptions;
 
 const SECRET: &str = "whsec_bench";
-const PAYLOAD_BYTES: usize = 1024;
-
-fn event_body(id: &str) -> Vec<u8> {
-    let mut body = serde_json::json!({
-        "id": id, "object": "event", "type": "payment_intent.succeeded",
-        "data": {"object": {"id": "pi_bench", "amount": 4200, "currency": "eur", "padding": ""}}
-    });
-    let base = serde_json::to_vec(&body).unwrap().len();
-    body["data"]["object"]["padding"] =
-        serde_json::Value::String("x".repeat(PAYLOAD_BYTES.saturating_sub(base)));
-    serde_json::to_vec(&body).unwrap()
-}
-
-fn request(body: Vec<u8>, at: i64) -> lambda_http::Request {
-    let headers: HeaderMap =
-        shared::signature::sign(Scheme::Stripe, &SigningSecret::new(SECRET), "", at, &body)
-            .unwrap()
-            .into_iter()
-            .chain([(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            )])
-            .collect();
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri("/webhooks/bench")
-        .body(Body::Binary(body))
-        .unwrap();
-    *req.headers_mut() = headers;
-    req.with_path_parameters(std::collections::HashMap::from([(
-        "source_id".to_owned(),
-        "bench".to_owned(),
-    )]))
-}
 
 async fn ingestor(
     options: &PgConnectOptions,
@@ -106,7 +71,11 @@ async fn run(ingestor: Arc<Ingestor>, concurrency: usize, seconds: u64, tag: &st
                 let mut latencies = Vec::new();
                 while Instant::now() < deadline {
                     let n = next.fetch_add(1, Ordering::Relaxed);
-                    let req = request(event_body(&format!("evt_{tag}_{n}")), at);
+                    let req = benchmarks::signed_request(
+                        benchmarks::stripe_event_body(&format!("evt_{tag}_{n}")),
+                        at,
+                        SECRET,
+                    );
                     let sent = Instant::now();
                     let response = ingest::handler(req, &ingestor).await.unwrap();
                     latencies.push(sent.elapsed().as_secs_f64() * 1000.0);

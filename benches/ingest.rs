@@ -9,54 +9,19 @@
 //!
 //! Run: `./scripts/bench ingest` (needs DATABASE_URL with the right to create a database).
 
+use benchmarks::PAYLOAD_BYTES;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use http::HeaderMap;
-use lambda_http::{Body, RequestExt};
 use shared::domain::Scheme;
 use shared::ingest::{IngestLimits, Ingestor};
-use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::{self, SourceRegistry};
 use shared::store::{self, webhook_events};
 use sqlx::postgres::PgConnectOptions;
 
 const SECRET: &str = "whsec_bench";
-const PAYLOAD_BYTES: usize = 1024;
-
-fn event_body(id: &str) -> Vec<u8> {
-    let mut body = serde_json::json!({
-        "id": id, "object": "event", "type": "payment_intent.succeeded",
-        "data": {"object": {"id": "pi_bench", "amount": 4200, "currency": "eur", "padding": ""}}
-    });
-    let base = serde_json::to_vec(&body).unwrap().len();
-    body["data"]["object"]["padding"] =
-        serde_json::Value::String("x".repeat(PAYLOAD_BYTES.saturating_sub(base)));
-    serde_json::to_vec(&body).unwrap()
-}
-
-fn request(body: Vec<u8>, at: i64) -> lambda_http::Request {
-    let headers: HeaderMap =
-        shared::signature::sign(Scheme::Stripe, &SigningSecret::new(SECRET), "", at, &body)
-            .unwrap()
-            .into_iter()
-            .chain([(
-                http::header::CONTENT_TYPE,
-                http::HeaderValue::from_static("application/json"),
-            )])
-            .collect();
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri("/webhooks/bench")
-        .body(Body::Binary(body))
-        .unwrap();
-    *req.headers_mut() = headers;
-    req.with_path_parameters(std::collections::HashMap::from([(
-        "source_id".to_owned(),
-        "bench".to_owned(),
-    )]))
-}
 
 /// A pool built as the functions build theirs ([`store::pool_options`]), `concurrency`
 /// connections, all open before the clock starts.
@@ -93,7 +58,13 @@ async fn run_handler(
     ));
     let at = shared::ingest::unix_now();
     let prebuilt: Vec<_> = (0..PREBUILT_PER_SECOND * seconds)
-        .map(|n| std::sync::Mutex::new(Some(request(event_body(&format!("evt_l{level}_{n}")), at))))
+        .map(|n| {
+            std::sync::Mutex::new(Some(benchmarks::signed_request(
+                benchmarks::stripe_event_body(&format!("evt_l{level}_{n}")),
+                at,
+                SECRET,
+            )))
+        })
         .collect();
     let prebuilt = Arc::new(prebuilt);
     let next = Arc::new(AtomicUsize::new(0));
@@ -137,7 +108,7 @@ async fn run_store_only(
     level: usize,
 ) -> f64 {
     let pool = deployed_pool(options, concurrency).await;
-    let body = Arc::new(event_body("evt_store_only"));
+    let body = Arc::new(benchmarks::stripe_event_body("evt_store_only"));
     let done = Arc::new(AtomicUsize::new(0));
     let deadline = Instant::now() + Duration::from_secs(seconds);
     let start = Instant::now();
@@ -177,51 +148,13 @@ async fn run_store_only(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
-/// The ingest statement with its parameters replaced by pgbench expressions.
-fn pgbench_script(level: usize) -> String {
-    let body = event_body("evt_pgbench");
-    let digest = {
-        use sha2::Digest;
-        hex::encode(sha2::Sha256::digest(&body))
-    };
-    let headers = serde_json::json!({"content-type": "application/json", "stripe-signature": format!("t=1700000000,v1={}", "0".repeat(64))});
-    let params = [
-        "'bench'".to_owned(),
-        format!("'pg_l{level}_' || :client_id || '_' || :n"),
-        "'bench'".to_owned(),
-        "'payment_intent.succeeded'".to_owned(),
-        "'pi_bench'".to_owned(),
-        "NULL::bigint".to_owned(),
-        "NULL::bigint".to_owned(),
-        format!("'\\x{}'::bytea", hex::encode(&body)),
-        format!("'\\x{digest}'::bytea"),
-        format!("'{headers}'::jsonb"),
-        "'current'".to_owned(),
-        "0".to_owned(),
-        "false".to_owned(),
-        "NULL::bigint".to_owned(),
-    ];
-    let sql = webhook_events::upsert_sql();
-    let mut out = String::new();
-    let mut rest = sql;
-    while let Some(i) = rest.find('$') {
-        out.push_str(&rest[..i]);
-        let digits: String = rest[i + 1..]
-            .chars()
-            .take_while(char::is_ascii_digit)
-            .collect();
-        let n: usize = digits.parse().expect("placeholder number");
-        out.push_str(&params[n - 1]);
-        rest = &rest[i + 1 + digits.len()..];
-    }
-    out.push_str(rest);
-    // pgbench reads one SQL command per line unless it ends with a semicolon; flatten it.
-    let flat: String = out.lines().map(str::trim).collect::<Vec<_>>().join(" ");
-    format!("\\set n random(1, 1000000000000)\n{flat};\n")
-}
-
 fn run_pgbench(options: &PgConnectOptions, concurrency: usize, seconds: u64, level: usize) -> f64 {
-    benchmarks::pgbench_tps(options, concurrency, seconds, &pgbench_script(level))
+    benchmarks::pgbench_tps(
+        options,
+        concurrency,
+        seconds,
+        &benchmarks::pgbench_upsert_script(level),
+    )
 }
 
 /// The concurrency levels: 1, 4 and 16, or the comma-separated list in BENCH_LEVELS (to

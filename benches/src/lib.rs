@@ -20,6 +20,95 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
     }
 }
 
+/// The payload size the ingest and buffer benchmarks store.
+pub const PAYLOAD_BYTES: usize = 1024;
+
+/// A Stripe `payment_intent.succeeded` event `id`, padded to [`PAYLOAD_BYTES`].
+pub fn stripe_event_body(id: &str) -> Vec<u8> {
+    let mut body = serde_json::json!({
+        "id": id, "object": "event", "type": "payment_intent.succeeded",
+        "data": {"object": {"id": "pi_bench", "amount": 4200, "currency": "eur", "padding": ""}}
+    });
+    let base = serde_json::to_vec(&body).unwrap().len();
+    body["data"]["object"]["padding"] =
+        serde_json::Value::String("x".repeat(PAYLOAD_BYTES.saturating_sub(base)));
+    serde_json::to_vec(&body).unwrap()
+}
+
+/// `POST /webhooks/bench` as API Gateway hands it to the ingest handler, Stripe-signed with
+/// `secret` at Unix time `at`.
+pub fn signed_request(body: Vec<u8>, at: i64, secret: &str) -> lambda_http::Request {
+    use lambda_http::RequestExt;
+    let headers: http::HeaderMap = shared::signature::sign(
+        Scheme::Stripe,
+        &shared::secrets::SigningSecret::new(secret),
+        "",
+        at,
+        &body,
+    )
+    .unwrap()
+    .into_iter()
+    .chain([(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    )])
+    .collect();
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri("/webhooks/bench")
+        .body(lambda_http::Body::Binary(body))
+        .unwrap();
+    *req.headers_mut() = headers;
+    req.with_path_parameters(std::collections::HashMap::from([(
+        "source_id".to_owned(),
+        "bench".to_owned(),
+    )]))
+}
+
+/// The direct path's single-row upsert with its parameters replaced by pgbench expressions: a
+/// fresh event id per transaction (`pg_l<level>_<client>_<n>`), a [`PAYLOAD_BYTES`] payload.
+pub fn pgbench_upsert_script(level: usize) -> String {
+    let body = stripe_event_body("evt_pgbench");
+    let digest = {
+        use sha2::Digest;
+        hex::encode(sha2::Sha256::digest(&body))
+    };
+    let headers = serde_json::json!({"content-type": "application/json", "stripe-signature": format!("t=1700000000,v1={}", "0".repeat(64))});
+    let params = [
+        "'bench'".to_owned(),
+        format!("'pg_l{level}_' || :client_id || '_' || :n"),
+        "'bench'".to_owned(),
+        "'payment_intent.succeeded'".to_owned(),
+        "'pi_bench'".to_owned(),
+        "NULL::bigint".to_owned(),
+        "NULL::bigint".to_owned(),
+        format!("'\\x{}'::bytea", hex::encode(&body)),
+        format!("'\\x{digest}'::bytea"),
+        format!("'{headers}'::jsonb"),
+        "'current'".to_owned(),
+        "0".to_owned(),
+        "false".to_owned(),
+        "NULL::bigint".to_owned(),
+    ];
+    let sql = shared::store::webhook_events::upsert_sql();
+    let mut out = String::new();
+    let mut rest = sql;
+    while let Some(i) = rest.find('$') {
+        out.push_str(&rest[..i]);
+        let digits: String = rest[i + 1..]
+            .chars()
+            .take_while(char::is_ascii_digit)
+            .collect();
+        let n: usize = digits.parse().expect("placeholder number");
+        out.push_str(&params[n - 1]);
+        rest = &rest[i + 1 + digits.len()..];
+    }
+    out.push_str(rest);
+    // pgbench reads one SQL command per line unless it ends with a semicolon; flatten it.
+    let flat: String = out.lines().map(str::trim).collect::<Vec<_>>().join(" ");
+    format!("\\set n random(1, 1000000000000)\n{flat};\n")
+}
+
 /// Median nanoseconds per call of `f`, over `batches` batches sized to last about `batch_time`.
 /// Two closures are measured in alternating batches so machine noise hits both alike.
 pub fn paired_ns_per_op(
