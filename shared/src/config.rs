@@ -15,9 +15,7 @@ use crate::store::{PoolSettings, SessionTimeouts};
 pub const DEFAULT_MAX_BODY_BYTES: usize = 1024 * 1024;
 pub const DEFAULT_SECRET_CACHE_TTL: Duration = Duration::from_secs(60);
 pub const DEFAULT_SOURCE_CACHE_TTL: Duration = Duration::from_secs(30);
-/// How long past its TTL a warm ingest serves its last-known source or secret when the database
-/// or Secrets Manager cannot answer (`STALE_IF_ERROR_SECONDS`; see [`crate::stale`]).
-pub const DEFAULT_STALE_IF_ERROR: Duration = Duration::from_secs(3600);
+pub use crate::stale::DEFAULT_STALE_IF_ERROR;
 /// How long a migration waits for a lock before it gives up (`MIGRATE_LOCK_TIMEOUT_MS`). Short:
 /// an `ALTER TABLE` queued behind a long transaction would queue every ingest behind itself.
 pub const DEFAULT_MIGRATE_LOCK_TIMEOUT: Duration = Duration::from_secs(5);

@@ -18,6 +18,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod outbox;
+pub mod prepare;
 pub mod protocol;
 pub mod provider_api;
 pub mod reconcile;

@@ -221,7 +221,7 @@ impl AwsSecrets {
             client: aws_sdk_secretsmanager::Client::new(&sdk_config),
             policy: Policy {
                 ttl: settings.ttl,
-                stale_if_error: crate::config::DEFAULT_STALE_IF_ERROR,
+                stale_if_error: crate::stale::DEFAULT_STALE_IF_ERROR,
             },
             clock,
             snapshots: Mutex::new(HashMap::new()),

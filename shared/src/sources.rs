@@ -621,13 +621,13 @@ const MAX_CACHED_SOURCES: usize = 10_000;
 
 impl SourceRegistry {
     /// Entries fresh for `ttl`, served stale for at most
-    /// [`crate::config::DEFAULT_STALE_IF_ERROR`] past it while the database cannot answer.
+    /// [`crate::stale::DEFAULT_STALE_IF_ERROR`] past it while the database cannot answer.
     pub fn new(pool: PgPool, ttl: Duration) -> Self {
         Self {
             pool,
             policy: Policy {
                 ttl,
-                stale_if_error: crate::config::DEFAULT_STALE_IF_ERROR,
+                stale_if_error: crate::stale::DEFAULT_STALE_IF_ERROR,
             },
             clock: system_clock(),
             cache: Mutex::new(HashMap::new()),

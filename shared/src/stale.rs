@@ -19,6 +19,10 @@
 
 use std::time::{Duration, Instant};
 
+/// How long past its TTL a warm ingest serves its last-known source or secret when the database
+/// or Secrets Manager cannot answer (`STALE_IF_ERROR_SECONDS`; see [`crate::stale`]).
+pub const DEFAULT_STALE_IF_ERROR: Duration = Duration::from_secs(3600);
+
 /// How often an entry served stale is asked for again.
 pub const RETRY_INTERVAL: Duration = Duration::from_secs(1);
 

@@ -2,7 +2,7 @@
 //! direct path's semantics, in one transaction.
 //!
 //! Each delivery is filed once (`buffer_receipts`), under its source as it is now (read fresh,
-//! not cached), its fields read exactly as ingest reads them ([`crate::ingest::prepare`]), all
+//! not cached), its fields read exactly as ingest reads them ([`crate::prepare::prepare`]), all
 //! of the batch stored by [`webhook_events::upsert_batch`] with the received time ingest
 //! recorded. A delivery that can never be filed (its source disabled since, a body the field map
 //! cannot read) is recorded as an ingest anomaly in the same transaction and should be deleted
@@ -17,7 +17,7 @@ use sqlx::PgPool;
 
 use super::{BufferedDelivery, DecodeError};
 use crate::domain::SourceId;
-use crate::ingest::{self, Prepared};
+use crate::prepare::{self, Prepared};
 use crate::sources::{self, Source};
 use crate::store::StoreError;
 use crate::store::buffer_receipts;
@@ -205,7 +205,7 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             ))
         } else {
             let signed = |name: &str| d.signs_header(name);
-            match ingest::prepare(
+            match prepare::prepare(
                 source,
                 &d.header_map(),
                 &d.body,

@@ -6,7 +6,7 @@
 //! the headers kept beside the payload (those the field map and the signature read, the
 //! provider's retry marks, content type, user agent), which of them the signature covers, the
 //! received time, and the secret that verified it. The consumer derives the event's fields from
-//! them with the source's field map, as ingest does ([`crate::ingest::prepare`]).
+//! them with the source's field map, as ingest does ([`crate::prepare::prepare`]).
 //!
 //! On the wire: the SQS message body is [`Envelope`] as JSON; the raw body travels as the
 //! binary message attribute [`BODY_ATTRIBUTE`], never re-encoded in the JSON.

@@ -1,0 +1,91 @@
+//! What the upsert needs of a verified delivery, read with its source's field map: the event's
+//! fields, the headers kept beside the payload, the provider's retry mark, and whether the event
+//! id is outside the signature. Ingest's direct path and the buffer's consumer both store
+//! through [`prepare`], so a buffered delivery is filed as the same event its direct delivery
+//! would have been.
+
+use http::HeaderMap;
+
+use crate::domain::FieldLocator;
+use crate::extract::{self, EventFields, ExtractError};
+use crate::protocol;
+use crate::signature;
+use crate::sources::Source;
+use crate::store::webhook_events::NewEvent;
+
+/// What the upsert needs of a verified delivery, read with its source's field map. The direct
+/// path and the buffer's consumer both store through this, so a buffered delivery is filed as
+/// the same event its direct delivery would have been.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub fields: EventFields,
+    /// The headers kept beside the payload ([`kept_headers`]).
+    pub headers: serde_json::Value,
+    /// 1 when the provider marked the delivery as its own retry.
+    pub provider_retries: i32,
+    /// The event id was read from a header the signature does not cover.
+    pub id_outside_signature: bool,
+}
+
+/// Reads a verified delivery's fields. `signed` says which headers the signature covers; a
+/// version or tiebreak read from one it does not is never later than `received_at_micros`.
+pub fn prepare(
+    source: &Source,
+    headers: &HeaderMap,
+    body: &[u8],
+    signed: &(dyn Fn(&str) -> bool + Sync),
+    received_at_micros: i64,
+) -> Result<Prepared, ExtractError> {
+    let unsigned = extract::UnsignedHeaders {
+        signed,
+        received_at_micros,
+    };
+    let fields = extract::extract_delivery(&source.fields, headers, body, Some(&unsigned))?;
+    Ok(Prepared {
+        fields,
+        headers: kept_headers(source, headers),
+        provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
+        id_outside_signature: match &source.fields.external_id {
+            FieldLocator::Header(name) => !signed(name.as_str()),
+            FieldLocator::Json(_) => false,
+        },
+    })
+}
+
+impl Prepared {
+    /// The event to store: this delivery's fields under its source.
+    pub fn event<'a>(
+        &'a self,
+        source: &'a Source,
+        body: &'a [u8],
+        verified_with: &'a str,
+    ) -> NewEvent<'a> {
+        let mut event = source.event(&self.fields, body, self.headers.clone(), verified_with);
+        event.provider_retries = self.provider_retries;
+        event.id_outside_signature = self.id_outside_signature;
+        event
+    }
+}
+
+/// Headers kept beside the payload: what the signature and the fields were read from, what the
+/// provider says about the delivery (its retry marks, ...), content type and user agent.
+/// Nothing else (no cookies, no authorization).
+pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
+    let names = signature::signature_headers(source.scheme)
+        .iter()
+        .chain(protocol::kept_headers(source.scheme))
+        .copied()
+        .chain(["content-type", "user-agent"])
+        .map(http::HeaderName::from_static)
+        .chain(source.fields.header_names().cloned());
+    let mut kept = serde_json::Map::new();
+    for name in names {
+        if let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) {
+            kept.insert(
+                name.as_str().to_owned(),
+                serde_json::Value::String(value.to_owned()),
+            );
+        }
+    }
+    serde_json::Value::Object(kept)
+}
