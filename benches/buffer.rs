@@ -90,7 +90,9 @@ async fn run_upsert_batch(
     rows_per_second(concurrency, seconds, size, move |task, n| {
         let (pool, body) = (pool.clone(), body.clone());
         async move {
-            let ids: Vec<String> = (0..size).map(|i| format!("{tag}_{task}_{n}_{i}")).collect();
+            let ids: Vec<String> = (0..size)
+                .map(|i| format!("{tag}_c{concurrency}_{task}_{n}_{i}"))
+                .collect();
             let now = chrono::Utc::now();
             let batch: Vec<webhook_events::BatchedEvent<'_>> = ids
                 .iter()
@@ -137,7 +139,7 @@ async fn run_file_batch(
         async move {
             let messages: Vec<Message> = (0..size)
                 .map(|i| {
-                    let id = format!("{tag}_{task}_{n}_{i}");
+                    let id = format!("{tag}_c{concurrency}_{task}_{n}_{i}");
                     Message {
                         message_id: id.clone(),
                         delivery: Ok(BufferedDelivery {
