@@ -137,7 +137,7 @@ async fn dead_letters_are_counted_listed_without_bodies_and_redriven_once() {
 
     // Three deliveries the consumer failed on, and one message that is no delivery at all.
     for n in 1..=3 {
-        queue.send(&delivery(n)).await.unwrap();
+        queue.send(delivery(n)).await.unwrap();
     }
     fail_everything(&queue).await;
     sqs.send_message()
@@ -148,7 +148,7 @@ async fn dead_letters_are_counted_listed_without_bodies_and_redriven_once() {
         .unwrap();
     // Two still waiting for the consumer.
     for n in 4..=5 {
-        queue.send(&delivery(n)).await.unwrap();
+        queue.send(delivery(n)).await.unwrap();
     }
 
     assert_eq!(
@@ -223,7 +223,7 @@ async fn a_redrive_stops_at_its_limit() {
     let sqs = sqs().await;
     let queue = queues(&sqs).await;
     for n in 1..=4 {
-        queue.send(&delivery(n)).await.unwrap();
+        queue.send(delivery(n)).await.unwrap();
     }
     fail_everything(&queue).await;
     assert_eq!(queue.depth().await.unwrap().dead_letters, 4);

@@ -1594,7 +1594,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
         },
         body: b"{}".to_vec(),
     };
-    buffer.send(&held).await.unwrap();
+    buffer.send(held).await.unwrap();
 
     let holding = backfiller(&pool).with_buffer(buffer.clone());
     let outcome = completed(holding.run_once("test").await.unwrap()).await;

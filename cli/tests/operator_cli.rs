@@ -1226,17 +1226,14 @@ async fn buffer_queues() -> (shared::buffer::BufferQueue, String, String) {
         endpoint_url: Some(endpoint),
         region: Some("us-east-1".into()),
     };
-    let client = aws_sdk_sqs::Client::new(&shared::aws::sdk_config(&aws).await);
     let name = format!("cli-buffer-{}-{}", std::process::id(), unix_now());
-    let (queue, dead_letters) = hookctl::serve::create_buffer_queues(&client, &name, 5, 30)
+    let buffer = hookctl::serve::create_buffer_queue(&aws, &name, 5, 30)
         .await
         .unwrap();
-    let buffer = shared::buffer::BufferQueue::connect(&shared::buffer::QueueSettings {
-        queue_url: queue.clone(),
-        dead_letter_queue_url: Some(dead_letters.clone()),
-        endpoint: aws,
-    })
-    .await;
+    let (queue, dead_letters) = (
+        buffer.queue_url().to_owned(),
+        buffer.dead_letter_queue_url().unwrap().to_owned(),
+    );
     (buffer, queue, dead_letters)
 }
 
@@ -1260,7 +1257,7 @@ async fn the_buffers_dead_letters_are_not_accounted_for_until_redriven(
         },
         body: br#"{"secret-looking":"body"}"#.to_vec(),
     };
-    buffer.send_to(&dead_letters, &delivery).await.unwrap();
+    buffer.send_to(&dead_letters, delivery).await.unwrap();
     let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
     let env = [
         ("DATABASE_URL", db.url.as_str()),

@@ -361,10 +361,9 @@ impl Ingestor {
         admitted: &Admitted<'_>,
     ) -> Result<Received, QueueError> {
         let buffered = admitted.buffered();
-        match buffer.queue.send(&buffered).await {
-            Ok(_) => Ok(Received::Buffered {
-                delivery_id: buffered.envelope.delivery_id,
-            }),
+        let delivery_id = buffered.envelope.delivery_id.clone();
+        match buffer.queue.send(buffered).await {
+            Ok(_) => Ok(Received::Buffered { delivery_id }),
             Err(error) => {
                 crate::metrics::buffer_send_failed(buffer.mode.as_str());
                 Err(error)
@@ -510,7 +509,15 @@ impl Admitted<'_> {
     /// The delivery as the buffer keeps it: everything the consumer needs to file it as this
     /// path would have.
     fn buffered(&self) -> BufferedDelivery {
-        let headers = kept_headers(&self.source, self.delivery.headers);
+        // The kept headers `prepare` already read; read again only for a body it could not.
+        let read_again;
+        let headers = match &self.prepared {
+            Ok(prepared) => &prepared.headers,
+            Err(_) => {
+                read_again = kept_headers(&self.source, self.delivery.headers);
+                &read_again
+            }
+        };
         let headers: BTreeMap<String, String> = headers
             .as_object()
             .map(|kept| {

@@ -243,7 +243,7 @@ impl BufferQueue {
                 for message in batch {
                     let first_time = seen.insert(message.message_id.clone());
                     new |= first_time;
-                    match &message.delivery {
+                    match message.delivery {
                         Ok(delivery) if first_time => {
                             self.send_to(self.queue_url(), delivery).await?;
                             self.delete_from(&dead_letter_queue_url, &message.receipt_handle)

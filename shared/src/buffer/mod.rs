@@ -113,15 +113,26 @@ impl BufferedDelivery {
 
     /// The size SQS counts for this message: the body, and the attribute's name, type and value.
     pub fn sqs_size(&self) -> usize {
-        self.envelope_json().len()
-            + BODY_ATTRIBUTE.len()
-            + BODY_ATTRIBUTE_TYPE.len()
-            + self.body.len()
+        self.size_with(&self.envelope_json())
     }
 
     /// Whether it fits one SQS message.
     pub fn fits(&self) -> bool {
         self.sqs_size() <= SQS_MAX_MESSAGE_BYTES
+    }
+
+    /// The message body (the envelope's JSON), once, when the whole message fits one SQS
+    /// message; else the size it would have.
+    pub fn message_body(&self) -> Result<String, usize> {
+        let json = self.envelope_json();
+        match self.size_with(&json) {
+            size if size <= SQS_MAX_MESSAGE_BYTES => Ok(json),
+            size => Err(size),
+        }
+    }
+
+    fn size_with(&self, envelope_json: &str) -> usize {
+        envelope_json.len() + BODY_ATTRIBUTE.len() + BODY_ATTRIBUTE_TYPE.len() + self.body.len()
     }
 
     /// Reads a message back: its body (the envelope) and its `body` attribute.

@@ -105,24 +105,23 @@ impl BufferQueue {
 
     /// Sends one delivery; returns SQS's message id once SQS acknowledged it (stored durably
     /// across its availability zones).
-    pub async fn send(&self, delivery: &BufferedDelivery) -> Result<String, QueueError> {
+    pub async fn send(&self, delivery: BufferedDelivery) -> Result<String, QueueError> {
         self.send_to(&self.queue_url, delivery).await
     }
 
     /// Sends one delivery to the queue at `queue_url` (the buffer, or a redrive's destination).
+    /// Takes the delivery: its body moves into the request, never copied again.
     pub async fn send_to(
         &self,
         queue_url: &str,
-        delivery: &BufferedDelivery,
+        delivery: BufferedDelivery,
     ) -> Result<String, QueueError> {
-        if !delivery.fits() {
-            return Err(QueueError::TooLarge {
-                size: delivery.sqs_size(),
-            });
-        }
+        let message_body = delivery
+            .message_body()
+            .map_err(|size| QueueError::TooLarge { size })?;
         let body = MessageAttributeValue::builder()
             .data_type("Binary")
-            .binary_value(Blob::new(delivery.body.clone()))
+            .binary_value(Blob::new(delivery.body))
             .build()
             .map_err(|e| QueueError::Sqs {
                 operation: "SendMessage",
@@ -132,7 +131,7 @@ impl BufferQueue {
             .client
             .send_message()
             .queue_url(queue_url)
-            .message_body(delivery.envelope_json())
+            .message_body(message_body)
             .message_attributes(BODY_ATTRIBUTE, body)
             .send()
             .await
