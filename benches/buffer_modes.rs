@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use shared::buffer::{BufferMode, BufferQueue, QueueSettings};
+use shared::buffer::{BufferMode, BufferQueue};
 use shared::domain::Scheme;
 use shared::ingest::{Buffer, IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore};
@@ -105,18 +105,10 @@ async fn moto_queue() -> BufferQueue {
         ),
         region: Some("us-east-1".into()),
     };
-    let config = shared::aws::sdk_config(&endpoint).await;
-    let client = aws_sdk_sqs::Client::new(&config);
     let name = format!("bench-buffer-{}", std::process::id());
-    let (queue_url, dead_letters) = hookctl::serve::create_buffer_queues(&client, &name, 5, 30)
+    hookctl::serve::create_buffer_queue(&endpoint, &name, 5, 30)
         .await
-        .unwrap();
-    BufferQueue::connect(&QueueSettings {
-        queue_url,
-        dead_letter_queue_url: Some(dead_letters),
-        endpoint,
-    })
-    .await
+        .unwrap()
 }
 
 #[tokio::main]

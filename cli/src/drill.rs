@@ -30,7 +30,7 @@ use serde::Serialize;
 use shared::anomaly::{self, AnomalySettings};
 use shared::aws::AwsEndpoint;
 use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
-use shared::buffer::{BufferMode, BufferQueue, QueueSettings, filing};
+use shared::buffer::{BufferMode, BufferQueue, filing};
 use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use shared::drain::{DrainSettings, Drainer};
 use shared::effects::{EffectError, EffectFuture, EffectHandler, EffectRegistry};
@@ -519,8 +519,6 @@ impl BufferLab {
             endpoint_url: Some(endpoint.to_owned()),
             region: Some(std::env::var("AWS_REGION").unwrap_or_else(|_| "us-east-1".into())),
         };
-        let config = shared::aws::sdk_config(&endpoint).await;
-        let client = aws_sdk_sqs::Client::new(&config);
         let nanos = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
@@ -531,20 +529,14 @@ impl BufferLab {
             fault.name().replace('_', "-"),
             std::process::id()
         );
-        let (queue_url, dead_letter_queue_url) = crate::serve::create_buffer_queues(
-            &client,
+        let queue = crate::serve::create_buffer_queue(
+            &endpoint,
             &name,
             BUFFER_MAX_RECEIVES,
             BUFFER_VISIBILITY_SECONDS as u32,
         )
         .await
         .map_err(DrillError::Setup)?;
-        let queue = BufferQueue::connect(&QueueSettings {
-            queue_url,
-            dead_letter_queue_url: Some(dead_letter_queue_url),
-            endpoint,
-        })
-        .await;
         let proxy = DatabaseProxy::to(pool)
             .await
             .map_err(|e| DrillError::Setup(format!("the database proxy: {e}")))?;

@@ -355,13 +355,15 @@ async fn local_buffer_queues(name: &str) -> Result<(String, String), String> {
         "--buffer-queue needs SQS_ENDPOINT: a local SQS such as moto's server (scripts/run-local starts one)"
             .to_owned()
     })?;
-    let config = shared::aws::sdk_config(&shared::aws::AwsEndpoint {
+    let endpoint = shared::aws::AwsEndpoint {
         endpoint_url: Some(endpoint),
         region: std::env::var("AWS_REGION").ok(),
-    })
-    .await;
-    let client = aws_sdk_sqs::Client::new(&config);
-    serve::create_buffer_queues(&client, name, 5, serve::LOCAL_VISIBILITY_SECONDS as u32).await
+    };
+    let queue =
+        serve::create_buffer_queue(&endpoint, name, 5, serve::LOCAL_VISIBILITY_SECONDS as u32)
+            .await?;
+    let dead_letters = queue.dead_letter_queue_url().map_err(|e| e.to_string())?;
+    Ok((queue.queue_url().to_owned(), dead_letters.to_owned()))
 }
 
 async fn run_serve(args: ServeArgs) -> CmdResult {

@@ -134,14 +134,17 @@ pub async fn consume_once(
 pub const LOCAL_VISIBILITY_SECONDS: i32 = 5;
 
 /// Creates (or finds) a buffer queue named `name` and its dead-letter queue `<name>-dlq` at the
-/// SQS endpoint `client` speaks to, with the stack's redrive policy: after `max_receives`
-/// receives a message moves to the dead-letter queue.
-pub async fn create_buffer_queues(
-    client: &aws_sdk_sqs::Client,
+/// SQS `endpoint` (moto, for the local runner, the drill, the tests and the benchmarks), with
+/// the stack's redrive policy: after `max_receives` receives a message moves to the dead-letter
+/// queue. Returns the two, connected.
+pub async fn create_buffer_queue(
+    endpoint: &shared::aws::AwsEndpoint,
     name: &str,
     max_receives: u32,
     visibility_seconds: u32,
-) -> Result<(String, String), String> {
+) -> Result<shared::buffer::BufferQueue, String> {
+    let client = aws_sdk_sqs::Client::new(&shared::aws::sdk_config(endpoint).await);
+    let client = &client;
     use aws_sdk_sqs::types::QueueAttributeName;
     let sqs = |e: &dyn std::fmt::Display| format!("creating the buffer queues: {e}");
     let dead_letters = client
@@ -179,7 +182,14 @@ pub async fn create_buffer_queues(
         .map_err(|e| sqs(&aws_sdk_sqs::error::DisplayErrorContext(e)))?
         .queue_url
         .unwrap_or_default();
-    Ok((queue, dead_letters))
+    Ok(
+        shared::buffer::BufferQueue::connect(&shared::buffer::QueueSettings {
+            queue_url: queue,
+            dead_letter_queue_url: Some(dead_letters),
+            endpoint: endpoint.clone(),
+        })
+        .await,
+    )
 }
 
 /// Runs a backfill pass, a reconcile pass, a retention pass and the anomaly checks every

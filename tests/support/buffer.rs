@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use shared::buffer::{BufferQueue, QueueSettings};
+use shared::buffer::BufferQueue;
 use sqlx::PgPool;
 
 pub use hookctl::db_proxy::DatabaseProxy;
@@ -19,24 +19,15 @@ pub async fn new_buffer_queue(max_receives: u32, visibility_seconds: u32) -> Buf
         endpoint_url: Some(crate::moto_endpoint()),
         region: Some("us-east-1".into()),
     };
-    let config = shared::aws::sdk_config(&endpoint).await;
-    let client = aws_sdk_sqs::Client::new(&config);
     let name = format!(
         "buffer-{}-{}-{}",
         std::process::id(),
         crate::now(),
         NEXT.fetch_add(1, Ordering::SeqCst)
     );
-    let (queue, dead_letters) =
-        hookctl::serve::create_buffer_queues(&client, &name, max_receives, visibility_seconds)
-            .await
-            .unwrap();
-    BufferQueue::connect(&QueueSettings {
-        queue_url: queue,
-        dead_letter_queue_url: Some(dead_letters),
-        endpoint,
-    })
-    .await
+    hookctl::serve::create_buffer_queue(&endpoint, &name, max_receives, visibility_seconds)
+        .await
+        .unwrap()
 }
 
 /// Everything waiting in the queue at `url`, received (and made visible again at once).
