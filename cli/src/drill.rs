@@ -30,7 +30,7 @@ use serde::Serialize;
 use shared::anomaly::{self, AnomalySettings};
 use shared::aws::AwsEndpoint;
 use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
-use shared::buffer::{BufferMode, BufferQueue, filing};
+use shared::buffer::{BufferMode, BufferQueue};
 use shared::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use shared::drain::{DrainSettings, Drainer};
 use shared::effects::{EffectError, EffectFuture, EffectHandler, EffectRegistry};
@@ -543,79 +543,29 @@ impl BufferLab {
         Ok(Self { queue, proxy })
     }
 
-    fn dead_letters_url(&self) -> Result<&str> {
+    /// The buffer's counts, as `hookctl status` reads them.
+    async fn depth(&self) -> Result<shared::buffer::BufferDepth> {
         self.queue
-            .dead_letter_queue_url()
-            .map_err(|e| DrillError::Setup(e.to_string()))
-    }
-
-    /// Messages in the queue at `url`, visible or in flight (SQS's approximate counts).
-    async fn depth(&self, url: &str) -> Result<i64> {
-        use aws_sdk_sqs::types::QueueAttributeName as A;
-        let attributes = self
-            .queue
-            .client()
-            .get_queue_attributes()
-            .queue_url(url)
-            .attribute_names(A::ApproximateNumberOfMessages)
-            .attribute_names(A::ApproximateNumberOfMessagesNotVisible)
-            .send()
+            .depth()
             .await
-            .map_err(|e| {
-                DrillError::Setup(format!(
-                    "reading the buffer's depth: {}",
-                    aws_sdk_sqs::error::DisplayErrorContext(e)
-                ))
-            })?
-            .attributes
-            .unwrap_or_default();
-        let count = |a: A| {
-            attributes
-                .get(&a)
-                .and_then(|v| v.parse::<i64>().ok())
-                .unwrap_or(0)
-        };
-        Ok(count(A::ApproximateNumberOfMessages) + count(A::ApproximateNumberOfMessagesNotVisible))
+            .map_err(|e| DrillError::Setup(format!("reading the buffer's depth: {e}")))
     }
 
     /// The consumer, as its event source mapping runs it through a cycle: receive a batch, file
     /// it, delete all but the messages to keep; until a round receives nothing. A database
     /// failure keeps the whole batch (it is handed out again).
     async fn consume(&self, pool: &PgPool, signals: &mut Signals) -> Result<()> {
-        let url = self.queue.queue_url().to_owned();
         for _ in 0..CONSUMER_ROUNDS {
-            let received = self
-                .queue
-                .receive_from(&url, 10, BUFFER_VISIBILITY_SECONDS, 1)
+            let consumed = crate::serve::consume_once(pool, &self.queue, BUFFER_VISIBILITY_SECONDS)
                 .await
-                .map_err(|e| DrillError::Setup(e.to_string()))?;
-            if received.is_empty() {
+                .map_err(DrillError::Setup)?;
+            if consumed.received() == 0 {
                 break;
             }
-            let handles: Vec<(String, String)> = received
-                .iter()
-                .map(|m| (m.message_id.clone(), m.receipt_handle.clone()))
-                .collect();
-            let messages: Vec<filing::Message> = received
-                .into_iter()
-                .map(|m| filing::Message {
-                    message_id: m.message_id,
-                    delivery: m.delivery,
-                })
-                .collect();
-            let consumed = shared::buffer::consumer::consume(pool, &messages).await?;
             signals.count("ingest", "buffer_filed", consumed.stored);
             signals.count("ingest", "buffer_already_filed", consumed.already_filed);
             signals.count("ingest", "buffer_unfilable", consumed.unfilable);
             signals.count("ingest", "buffer_kept", consumed.retry.len() as u64);
-            for (id, handle) in handles {
-                if !consumed.retry.contains(&id) {
-                    self.queue
-                        .delete_from(&url, &handle)
-                        .await
-                        .map_err(|e| DrillError::Setup(e.to_string()))?;
-                }
-            }
         }
         Ok(())
     }
@@ -1047,7 +997,7 @@ impl Lab {
         // The buffer-dead-letters alarm: SQS's own metric, any message visible in the buffer's
         // dead-letter queue.
         if let Some(b) = &self.buffer
-            && b.depth(b.dead_letters_url()?).await? > 0
+            && b.depth().await?.dead_letters > 0
         {
             signals.note("alarm", "buffer-dead-letters".into());
         }
@@ -1327,13 +1277,12 @@ async fn repaired(fault: Fault, lab: &Lab, injected: &Injected) -> Result<bool> 
                 && deliveries == rows
                 && all_processed(&injected.ids).await?
                 && lab.projection_ok().await?
-                && b.depth(b.queue.queue_url()).await? == 0
-                && b.depth(b.dead_letters_url()?).await? == 0
+                && b.depth().await?.is_empty()
         }
         // Resolved only by a human: the dead letter stays until redriven or discarded.
         Fault::PoisonBufferMessage => {
             let b = lab.buffer()?;
-            b.depth(b.dead_letters_url()?).await? == 0 && b.depth(b.queue.queue_url()).await? == 0
+            b.depth().await?.is_empty()
         }
         Fault::DigestConflict | Fault::SilentSource | Fault::VacuumStarvation => false,
     })
@@ -1384,8 +1333,15 @@ async fn run_fault(
             repair_cycle = Some(cycles);
         }
     }
-    let mut status = shared::status::report(&lab.pool, &shared::status::StatusSettings::default())
-        .await?
+    // What `hookctl status` says, with the buffer's queues when the fault has them (a dead
+    // letter in the buffer is a delivery not accounted for).
+    let report =
+        shared::status::report(&lab.pool, &shared::status::StatusSettings::default()).await?;
+    let report = match &lab.buffer {
+        Some(b) => report.with_buffer(b.queue.depth().await),
+        None => report,
+    };
+    let status = report
         .findings
         .into_iter()
         .map(|f| {
@@ -1395,15 +1351,10 @@ async fn run_fault(
                 .unwrap_or_default()
         })
         .collect::<Vec<_>>();
-    // What `hookctl status` adds with the buffer's queues configured: a dead letter in the
-    // buffer is a delivery not accounted for.
-    if let Some(b) = &lab.buffer {
-        if b.depth(b.dead_letters_url()?).await? > 0 {
-            status.push("buffer_dead_letters".into());
-        }
-        if !keep {
-            b.delete_queues().await;
-        }
+    if let Some(b) = &lab.buffer
+        && !keep
+    {
+        b.delete_queues().await;
     }
     drop(injected.session.take());
 

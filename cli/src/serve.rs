@@ -77,7 +77,7 @@ pub fn spawn_buffer_consumer(
     tokio::spawn(async move {
         loop {
             match consume_once(&pool, &queue, LOCAL_VISIBILITY_SECONDS).await {
-                Ok(0) => tokio::time::sleep(idle).await,
+                Ok(consumed) if consumed.received() == 0 => tokio::time::sleep(idle).await,
                 Ok(_) => {}
                 Err(error) => {
                     tracing::warn!(%error, "buffer consumer pass failed");
@@ -88,21 +88,21 @@ pub fn spawn_buffer_consumer(
     })
 }
 
-/// One receive-consume-delete round; returns how many messages it received. What it received
-/// stays hidden from other receivers for `visibility_seconds`.
+/// One receive-consume-delete round; returns what became of the messages it received (none:
+/// the queue was empty). What it received stays hidden from other receivers for
+/// `visibility_seconds`.
 pub async fn consume_once(
     pool: &shared::store::PgPool,
     queue: &shared::buffer::BufferQueue,
     visibility_seconds: i32,
-) -> Result<usize, String> {
+) -> Result<shared::buffer::consumer::Consumed, String> {
     let url = queue.queue_url().to_owned();
     let received = queue
         .receive_from(&url, 10, visibility_seconds, 1)
         .await
         .map_err(|e| e.to_string())?;
-    let count = received.len();
-    if count == 0 {
-        return Ok(0);
+    if received.is_empty() {
+        return Ok(Default::default());
     }
     let handles: Vec<(String, String)> = received
         .iter()
@@ -126,7 +126,7 @@ pub async fn consume_once(
                 .map_err(|e| e.to_string())?;
         }
     }
-    Ok(count)
+    Ok(consumed)
 }
 
 /// How long a message the local consumer received stays hidden: a pass that died leaves it to

@@ -46,6 +46,11 @@ impl BufferDepth {
     pub fn buffered(&self) -> u64 {
         self.waiting + self.in_flight + self.delayed
     }
+
+    /// Nothing in either queue.
+    pub fn is_empty(&self) -> bool {
+        self.buffered() == 0 && self.dead_letters == 0
+    }
 }
 
 /// One message of the dead-letter queue, described without its body or headers' values.

@@ -22,6 +22,13 @@ pub struct Consumed {
     pub retry: Vec<String>,
 }
 
+impl Consumed {
+    /// How many messages the batch held.
+    pub fn received(&self) -> u64 {
+        self.stored + self.already_filed + self.unfilable + self.retry.len() as u64
+    }
+}
+
 /// Files a batch. A database failure is an error: nothing of the batch was committed, and
 /// every message stays on the queue.
 pub async fn consume(pool: &PgPool, messages: &[Message]) -> Result<Consumed, StoreError> {
