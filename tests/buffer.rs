@@ -272,6 +272,7 @@ async fn drain_buffer(app: &TestApp, queue: &BufferQueue) {
     while hookctl::serve::consume_once(&app.pool, queue, 30)
         .await
         .unwrap()
+        .received()
         > 0
     {}
 }
@@ -625,4 +626,40 @@ async fn after_a_spill_the_next_deliveries_go_straight_to_the_buffer(pool: PgPoo
         "no delivery of the hold asked the database for a connection"
     );
     assert_eq!(peek(&queue, queue.queue_url()).await.len(), 11);
+}
+
+/// An SQS endpoint that takes the connection and never answers (no NAT, a black-holed VPC
+/// endpoint) costs the provider a 503 inside the ingest function's 10 s timeout, never the
+/// timeout itself: the SQS client's attempt and operation timeouts bound the send.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_sqs_that_never_answers_costs_a_503_inside_the_function_timeout(pool: PgPool) {
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let address = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((socket, _)) = silent.accept().await {
+            held.push(socket);
+        }
+    });
+    let queue = BufferQueue::connect(&QueueSettings {
+        queue_url: format!("http://{address}/000000000000/silent"),
+        dead_letter_queue_url: None,
+        endpoint: shared::aws::AwsEndpoint {
+            endpoint_url: Some(format!("http://{address}")),
+            region: Some("us-east-1".into()),
+        },
+    })
+    .await;
+    let (app, proxy) = buffered_app(pool, BufferMode::Spillover, queue, MAX_BODY).await;
+    let warm = stripe("evt_warm");
+    app.post("stripe", warm.headers, &warm.body).await;
+    proxy.cut();
+    let d = stripe("evt_nowhere_to_go");
+    let reply = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        app.post("stripe", d.headers, &d.body),
+    )
+    .await
+    .expect("answered inside the ingest function's 10 s timeout");
+    assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
 }

@@ -902,3 +902,25 @@ async fn a_body_stored_without_its_claim_is_seen_as_a_replay_by_both_paths(pool:
     }
     drop_database(b, &name).await;
 }
+
+/// Day 60: a receipt outlives every copy SQS could still hand out (14 days at most), then
+/// retention deletes it; a younger one stays and still refuses its delivery a second time.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn retention_deletes_receipts_past_the_longest_sqs_retention(pool: PgPool) {
+    sqlx::query(
+        "INSERT INTO buffer_receipts (delivery_id, filed_at) VALUES \
+         ('d-old', now() - interval '16 days'), ('d-young', now() - interval '13 days')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let outcome = shared::retention::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(outcome.buffer_receipts_purged, 1);
+    let left: Vec<String> = sqlx::query_scalar("SELECT delivery_id FROM buffer_receipts")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec!["d-young".to_owned()]);
+}
