@@ -48,6 +48,7 @@ async fn unreachable_queue() -> BufferQueue {
             endpoint_url: Some("http://127.0.0.1:9".into()),
             region: Some("us-east-1".into()),
         },
+        metrics_endpoint_url: None,
     })
     .await
 }
@@ -648,6 +649,7 @@ async fn an_sqs_that_never_answers_costs_a_503_inside_the_function_timeout(pool:
             endpoint_url: Some(format!("http://{address}")),
             region: Some("us-east-1".into()),
         },
+        metrics_endpoint_url: None,
     })
     .await;
     let (app, proxy) = buffered_app(pool, BufferMode::Spillover, queue, MAX_BODY).await;

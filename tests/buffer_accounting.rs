@@ -71,6 +71,7 @@ async fn queues(sqs: &aws_sdk_sqs::Client) -> BufferQueue {
         queue_url: queue,
         dead_letter_queue_url: Some(dlq),
         endpoint: endpoint(),
+        metrics_endpoint_url: Some(moto_endpoint()),
     })
     .await
 }
@@ -239,6 +240,7 @@ async fn without_a_dead_letter_queue_the_accounting_says_so() {
         queue_url: format!("{}/123456789012/nowhere", moto_endpoint()),
         dead_letter_queue_url: None,
         endpoint: endpoint(),
+        metrics_endpoint_url: Some(moto_endpoint()),
     })
     .await;
     let error = queue.depth().await.unwrap_err().to_string();

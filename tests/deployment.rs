@@ -339,6 +339,10 @@ fn the_migrations_resource_tracks_the_newest_migration() {
     );
 }
 
+/// Actions AWS authorizes on no resource but "*" (no resource-level permission exists): the
+/// only statements that may name "*", and only with these actions alone.
+const ONLY_ON_ANY_RESOURCE: &[&str] = &["cloudwatch:GetMetricData"];
+
 #[test]
 fn no_iam_statement_grants_a_wildcard_action() {
     let t = template();
@@ -354,7 +358,10 @@ fn no_iam_statement_grants_a_wildcard_action() {
                     assert!(!action.contains('*'), "{name}: wildcard action {action}");
                 }
                 assert!(
-                    statement["Resource"].as_str() != Some("*"),
+                    statement["Resource"].as_str() != Some("*")
+                        || actions(statement)
+                            .iter()
+                            .all(|a| ONLY_ON_ANY_RESOURCE.contains(&a.as_str())),
                     "{name}: wildcard resource"
                 );
             }
@@ -1484,6 +1491,34 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
             "{function} cannot read the buffer's depth"
         );
     }
+    // The oldest buffered message's age is CloudWatch's; only the operator reads it, and only
+    // that (GetMetricData has no resource-level permission: "*" is all AWS accepts).
+    let metric_readers: BTreeSet<String> = of_type(&t, "AWS::Serverless::Function")
+        .into_iter()
+        .filter(|(_, f)| {
+            f["Properties"]["Policies"]
+                .as_sequence()
+                .into_iter()
+                .flatten()
+                .flat_map(|p| p["Statement"].as_sequence().into_iter().flatten())
+                .any(|s| {
+                    s["Effect"].as_str() == Some("Allow")
+                        && actions(s).iter().any(|a| a.starts_with("cloudwatch:"))
+                })
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    assert_eq!(metric_readers, operator, "who reads CloudWatch");
+    let operator_cloudwatch: Vec<String> =
+        t["Resources"]["OperatorFunction"]["Properties"]["Policies"]
+            .as_sequence()
+            .unwrap()
+            .iter()
+            .flat_map(|p| p["Statement"].as_sequence().into_iter().flatten())
+            .flat_map(actions)
+            .filter(|a| a.starts_with("cloudwatch:"))
+            .collect();
+    assert_eq!(operator_cloudwatch, ["cloudwatch:GetMetricData"]);
 
     // The queue policies.
     let data_plane = [

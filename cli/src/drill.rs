@@ -1335,10 +1335,10 @@ async fn run_fault(
     }
     // What `hookctl status` says, with the buffer's queues when the fault has them (a dead
     // letter in the buffer is a delivery not accounted for).
-    let report =
-        shared::status::report(&lab.pool, &shared::status::StatusSettings::default()).await?;
+    let settings = shared::status::StatusSettings::default();
+    let report = shared::status::report(&lab.pool, &settings).await?;
     let report = match &lab.buffer {
-        Some(b) => report.with_buffer(b.queue.depth().await),
+        Some(b) => report.with_buffer(b.queue.read().await, &settings),
         None => report,
     };
     let status = report

@@ -141,9 +141,18 @@ pub fn status(r: &StatusReport) -> String {
             );
         }
         Some(b) => {
+            let oldest = match (&b.oldest_age_unknown, b.oldest_age_seconds) {
+                (Some(why), _) => format!("oldest unknown ({why})"),
+                (None, Some(seconds)) => format!(
+                    "oldest {} (CloudWatch, {})",
+                    age(seconds),
+                    time(b.oldest_measured_at)
+                ),
+                (None, None) => "oldest: no CloudWatch datapoint in 15 min".into(),
+            };
             let _ = writeln!(
                 out,
-                "BUFFER        waiting {}, in flight {}, delayed {}, dead letters {} (NOT accounted for)",
+                "BUFFER        waiting {}, in flight {}, delayed {}, {oldest}, dead letters {} (NOT accounted for)",
                 b.waiting, b.in_flight, b.delayed, b.dead_letters
             );
         }

@@ -187,6 +187,7 @@ pub async fn create_buffer_queue(
             queue_url: queue,
             dead_letter_queue_url: Some(dead_letters),
             endpoint: endpoint.clone(),
+            metrics_endpoint_url: endpoint.endpoint_url.clone(),
         })
         .await,
     )

@@ -1226,7 +1226,14 @@ async fn buffer_queues() -> (shared::buffer::BufferQueue, String, String) {
         endpoint_url: Some(endpoint),
         region: Some("us-east-1".into()),
     };
-    let name = format!("cli-buffer-{}-{}", std::process::id(), unix_now());
+    // Unique per test too: tests of one process run in the same second.
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let name = format!(
+        "cli-buffer-{}-{}-{}",
+        std::process::id(),
+        unix_now(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    );
     let buffer = hookctl::serve::create_buffer_queue(&aws, &name, 5, 30)
         .await
         .unwrap();
@@ -1321,4 +1328,135 @@ async fn the_buffers_dead_letters_are_not_accounted_for_until_redriven(
         "back in the buffer, for the consumer"
     );
     assert_eq!(status.code, Some(0), "{}", status.stdout);
+}
+
+/// Puts a datapoint of SQS's `ApproximateAgeOfOldestMessage` for a queue into moto's
+/// CloudWatch, as SQS publishes it in AWS every minute.
+async fn oldest_age_datapoint(queue_url: &str, seconds_ago: u64, age: f64) {
+    use aws_sdk_cloudwatch::types::{Dimension, MetricDatum};
+    let endpoint = shared::aws::AwsEndpoint {
+        endpoint_url: Some(std::env::var("MOTO_ENDPOINT").unwrap()),
+        region: Some("us-east-1".into()),
+    };
+    let cloudwatch = aws_sdk_cloudwatch::Client::new(&shared::aws::sdk_config(&endpoint).await);
+    let at = std::time::SystemTime::now() - std::time::Duration::from_secs(seconds_ago);
+    cloudwatch
+        .put_metric_data()
+        .namespace("AWS/SQS")
+        .metric_data(
+            MetricDatum::builder()
+                .metric_name("ApproximateAgeOfOldestMessage")
+                .dimensions(
+                    Dimension::builder()
+                        .name("QueueName")
+                        .value(queue_url.rsplit('/').next().unwrap())
+                        .build(),
+                )
+                .timestamp(aws_sdk_cloudwatch::primitives::DateTime::from(at))
+                .value(age)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn status_shows_how_long_the_oldest_buffered_delivery_has_waited(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let (buffer, queue, dead_letters) = buffer_queues().await;
+    let delivery = shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: "d-waiting".into(),
+            source_id: "pay".into(),
+            received_at_micros: unix_now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: br#"{"id":"evt_1"}"#.to_vec(),
+    };
+    buffer.send(delivery).await.unwrap();
+    let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
+    let env = |cloudwatch: &str| {
+        [
+            ("DATABASE_URL", db.url.clone()),
+            ("BUFFER_QUEUE_URL", queue.clone()),
+            ("BUFFER_DEAD_LETTER_QUEUE_URL", dead_letters.clone()),
+            ("SQS_ENDPOINT", endpoint.clone()),
+            ("CLOUDWATCH_ENDPOINT", cloudwatch.to_owned()),
+            ("AWS_ACCESS_KEY_ID", "testing".into()),
+            ("AWS_SECRET_ACCESS_KEY", "testing".into()),
+            ("AWS_REGION", "us-east-1".into()),
+        ]
+    };
+    let status = |cloudwatch: String| {
+        let env = env(&cloudwatch);
+        async move {
+            let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            (
+                run(&["status", "--json"], &env).await,
+                run(&["status"], &env).await,
+            )
+        }
+    };
+    passes(&db).await;
+
+    // No datapoint yet (a queue that just became active): counted, no age, accounted for.
+    let (json, human) = status(endpoint.clone()).await;
+    let report = json.json();
+    assert_eq!(report["buffer"]["waiting"], 1, "{report}");
+    assert!(report["buffer"]["oldest_age_seconds"].is_null(), "{report}");
+    assert!(report["buffer"]["oldest_age_unknown"].is_null(), "{report}");
+    assert_eq!(json.code, Some(0), "{}", json.stdout);
+    assert!(
+        human.stdout.contains("no CloudWatch datapoint"),
+        "{}",
+        human.stdout
+    );
+
+    // SQS says the oldest has waited 7 minutes, past the 300 s the alarm pages at.
+    oldest_age_datapoint(&queue, 120, 420.0).await;
+    let (json, human) = status(endpoint.clone()).await;
+    let report = json.json();
+    assert_eq!(report["buffer"]["oldest_age_seconds"], 420.0, "{report}");
+    assert!(report["buffer"]["oldest_measured_at"].is_string());
+    assert_eq!(json.code, Some(1), "{}", json.stdout);
+    let finding = report["findings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["kind"] == "buffer_not_draining")
+        .unwrap_or_else(|| panic!("no finding: {report}"));
+    assert_eq!(finding["count"], 1);
+    assert!(
+        human.stdout.contains("oldest 7 min (CloudWatch"),
+        "{}",
+        human.stdout
+    );
+
+    // A newer datapoint: the consumer caught up, 12 s. The newest one counts.
+    oldest_age_datapoint(&queue, 5, 12.0).await;
+    let (json, _) = status(endpoint.clone()).await;
+    let report = json.json();
+    assert_eq!(report["buffer"]["oldest_age_seconds"], 12.0, "{report}");
+    assert_eq!(json.code, Some(0), "{}", json.stdout);
+
+    // CloudWatch unreachable (no NAT, no endpoint): the age is unknown and says why; the counts
+    // still stand, and so does the verdict.
+    let (json, human) = status("http://127.0.0.1:9".into()).await;
+    let report = json.json();
+    assert_eq!(report["buffer"]["waiting"], 1, "{report}");
+    assert!(
+        report["buffer"]["oldest_age_unknown"]
+            .as_str()
+            .is_some_and(|why| why.contains("CloudWatch GetMetricData")),
+        "{report}"
+    );
+    assert_eq!(json.code, Some(0), "{}", json.stdout);
+    assert!(human.stdout.contains("oldest unknown"), "{}", human.stdout);
 }

@@ -448,7 +448,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
     }
 
     /// Where the buffer is (`BUFFER_QUEUE_URL`, `BUFFER_DEAD_LETTER_QUEUE_URL`, `SQS_ENDPOINT`,
-    /// `AWS_REGION`); `None` when no buffer queue is configured. A dead-letter queue without
+    /// `CLOUDWATCH_ENDPOINT`, `AWS_REGION`); `None` when no buffer queue is configured. A dead-letter queue without
     /// the buffer queue is an error: the redrive would have nowhere to send.
     pub fn buffer_queue(&self) -> Result<Option<crate::buffer::QueueSettings>, ConfigError> {
         let url = |var: &'static str| -> Result<Option<String>, ConfigError> {
@@ -466,6 +466,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         let queue_url = url("BUFFER_QUEUE_URL")?;
         let dead_letter_queue_url = url("BUFFER_DEAD_LETTER_QUEUE_URL")?;
         let endpoint_url = url("SQS_ENDPOINT")?;
+        let metrics_endpoint_url = url("CLOUDWATCH_ENDPOINT")?;
         match (queue_url, dead_letter_queue_url) {
             (None, None) => Ok(None),
             (None, Some(_)) => Err(ConfigError::Missing {
@@ -479,6 +480,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
                     endpoint_url,
                     region: self.get("AWS_REGION"),
                 },
+                metrics_endpoint_url,
             })),
         }
     }
@@ -948,6 +950,7 @@ mod tests {
                 "https://sqs.us-east-1.amazonaws.com/1/dlq",
             ),
             ("SQS_ENDPOINT", "http://127.0.0.1:5000"),
+            ("CLOUDWATCH_ENDPOINT", "http://127.0.0.1:5001"),
             ("AWS_REGION", "us-east-1"),
         ])
         .buffer_queue()
@@ -963,6 +966,10 @@ mod tests {
             Some("http://127.0.0.1:5000")
         );
         assert_eq!(q.endpoint.region.as_deref(), Some("us-east-1"));
+        assert_eq!(
+            q.metrics_endpoint_url.as_deref(),
+            Some("http://127.0.0.1:5001")
+        );
         let only_dlq = vars(&[("BUFFER_DEAD_LETTER_QUEUE_URL", "https://x/dlq")])
             .buffer_queue()
             .unwrap_err()

@@ -533,9 +533,10 @@ pub async fn handle_invoked(
             })
         }
         OperatorRequest::Status => {
-            let report = status::report(pool, &StatusSettings::default()).await?;
+            let settings = StatusSettings::default();
+            let report = status::report(pool, &settings).await?;
             let report = match buffer {
-                Some(queue) => report.with_buffer(queue.depth().await),
+                Some(queue) => report.with_buffer(queue.read().await, &settings),
                 None => report,
             };
             Ok(OperatorResponse::Status(Box::new(report)))

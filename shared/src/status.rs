@@ -29,6 +29,9 @@ pub struct StatusSettings {
     /// Per job, how long since its last completed run before it has stopped running: three
     /// schedule periods, the ranges of the `last_*_age_seconds` checks.
     pub pass_max_age: Vec<(&'static str, Duration)>,
+    /// The oldest buffered delivery waiting longer than this needs a human: the default of the
+    /// stack's `BufferOldestAgeAlarmSeconds`.
+    pub buffer_oldest_age: Duration,
 }
 
 impl Default for StatusSettings {
@@ -43,6 +46,7 @@ impl Default for StatusSettings {
                 ("retention", Duration::from_secs(3 * 3600)),
                 ("anomaly", Duration::from_secs(30 * 60)),
             ],
+            buffer_oldest_age: Duration::from_secs(300),
         }
     }
 }
@@ -75,6 +79,9 @@ pub enum FindingKind {
     BufferDeadLetters,
     /// The SQS buffer could not be counted: what it holds is not known to be accounted for.
     BufferUnknown,
+    /// The oldest buffered delivery has waited past the limit: the buffer function is not
+    /// filing (the database refuses it, or it fails), or cannot keep up.
+    BufferNotDraining,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -120,6 +127,17 @@ pub struct BufferStatus {
     pub dead_letters: u64,
     /// Why the buffer could not be counted (then the counts are 0 and mean nothing).
     pub unknown: Option<String>,
+    /// How long the oldest buffered delivery has waited: CloudWatch's
+    /// `ApproximateAgeOfOldestMessage`, its newest datapoint of the last 15 minutes (`None`: no
+    /// datapoint that recent, as for a queue idle for hours, or see `oldest_age_unknown`).
+    #[serde(default)]
+    pub oldest_age_seconds: Option<f64>,
+    /// When CloudWatch measured that age.
+    #[serde(default)]
+    pub oldest_measured_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Why the age could not be read (the counts above still stand).
+    #[serde(default)]
+    pub oldest_age_unknown: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -158,19 +176,24 @@ pub struct StatusReport {
 }
 
 impl StatusReport {
-    /// Adds the SQS buffer's counts (or why they could not be read) and their findings: any
-    /// dead letter in the buffer, or a buffer that cannot be counted, needs a human.
+    /// Adds the SQS buffer's counts and its oldest delivery's age (or why they could not be read)
+    /// and their findings: any dead letter in the buffer, a buffer that cannot be counted, or
+    /// one whose oldest delivery has waited past `settings.buffer_oldest_age` needs a human.
     pub fn with_buffer(
         mut self,
-        depth: Result<crate::buffer::BufferDepth, crate::buffer::QueueError>,
+        reading: crate::buffer::BufferReading,
+        settings: &StatusSettings,
     ) -> Self {
-        let buffer = match depth {
+        let mut buffer = match reading.depth {
             Ok(d) => BufferStatus {
                 waiting: d.waiting,
                 in_flight: d.in_flight,
                 delayed: d.delayed,
                 dead_letters: d.dead_letters,
                 unknown: None,
+                oldest_age_seconds: None,
+                oldest_measured_at: None,
+                oldest_age_unknown: None,
             },
             Err(error) => BufferStatus {
                 waiting: 0,
@@ -178,9 +201,20 @@ impl StatusReport {
                 delayed: 0,
                 dead_letters: 0,
                 unknown: Some(error.to_string()),
+                oldest_age_seconds: None,
+                oldest_measured_at: None,
+                oldest_age_unknown: None,
             },
         };
-        self.findings.extend(buffer_findings(&buffer));
+        match reading.oldest {
+            Ok(age) => {
+                buffer.oldest_age_seconds = age.map(|a| a.seconds);
+                buffer.oldest_measured_at = age.map(|a| a.measured_at);
+            }
+            Err(error) => buffer.oldest_age_unknown = Some(error.to_string()),
+        }
+        self.findings
+            .extend(buffer_findings(&buffer, settings.buffer_oldest_age));
         self.verdict = if self.findings.is_empty() {
             Verdict::AccountedFor
         } else {
@@ -296,7 +330,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
 }
 
 /// What in the SQS buffer needs a human. Pure.
-pub fn buffer_findings(buffer: &BufferStatus) -> Vec<Finding> {
+pub fn buffer_findings(buffer: &BufferStatus, oldest_limit: Duration) -> Vec<Finding> {
     let mut out = Vec::new();
     if let Some(reason) = &buffer.unknown {
         out.push(Finding {
@@ -320,6 +354,26 @@ pub fn buffer_findings(buffer: &BufferStatus) -> Vec<Finding> {
                 buffer.dead_letters
             ),
             next: "hookctl buffer list, then hookctl buffer redrive".into(),
+        });
+    }
+    // Only while something is buffered: the metric's last datapoint outlives the message by up
+    // to a minute or two.
+    if let Some(age) = buffer.oldest_age_seconds
+        && age > oldest_limit.as_secs_f64()
+        && buffer.unknown.is_none()
+        && buffer.waiting + buffer.in_flight + buffer.delayed > 0
+    {
+        out.push(Finding {
+            kind: FindingKind::BufferNotDraining,
+            count: i64::try_from(buffer.waiting + buffer.in_flight + buffer.delayed)
+                .unwrap_or(i64::MAX),
+            detail: format!(
+                "the oldest buffered delivery has waited {age:.0} s (more than {} s): the buffer \
+                 function is not filing them (database down or refusing, errors in its log) or \
+                 cannot keep up; they are accounted for while they wait, for at most 14 days",
+                oldest_limit.as_secs()
+            ),
+            next: "aws logs tail /aws/lambda/<stack>-buffer --since 1h".into(),
         });
     }
     out
@@ -438,20 +492,28 @@ pub fn findings(
 mod tests {
     use super::*;
 
-    #[test]
-    fn buffer_dead_letters_are_not_accounted_for_and_name_the_commands() {
-        let buffer = |dead_letters, unknown: Option<&str>| BufferStatus {
+    const LIMIT: Duration = Duration::from_secs(300);
+
+    fn buffer(dead_letters: u64, unknown: Option<&str>) -> BufferStatus {
+        BufferStatus {
             waiting: 5,
             in_flight: 2,
             delayed: 0,
             dead_letters,
             unknown: unknown.map(Into::into),
-        };
+            oldest_age_seconds: None,
+            oldest_measured_at: None,
+            oldest_age_unknown: None,
+        }
+    }
+
+    #[test]
+    fn buffer_dead_letters_are_not_accounted_for_and_name_the_commands() {
         assert!(
-            buffer_findings(&buffer(0, None)).is_empty(),
+            buffer_findings(&buffer(0, None), LIMIT).is_empty(),
             "waiting is accounted for"
         );
-        let dead = buffer_findings(&buffer(3, None));
+        let dead = buffer_findings(&buffer(3, None), LIMIT);
         assert_eq!(dead.len(), 1);
         assert_eq!(
             (dead[0].kind, dead[0].count),
@@ -464,8 +526,32 @@ mod tests {
         );
         assert!(dead[0].next.contains("hookctl buffer list"));
         assert!(dead[0].next.contains("hookctl buffer redrive"));
-        let unknown = buffer_findings(&buffer(0, Some("SQS GetQueueAttributes failed")));
+        let unknown = buffer_findings(&buffer(0, Some("SQS GetQueueAttributes failed")), LIMIT);
         assert_eq!(unknown[0].kind, FindingKind::BufferUnknown);
+    }
+
+    #[test]
+    fn a_buffer_waiting_past_the_limit_needs_a_human_and_an_unknown_age_does_not() {
+        let aged = |age: Option<f64>, waiting: u64| BufferStatus {
+            oldest_age_seconds: age,
+            waiting,
+            in_flight: 0,
+            ..buffer(0, None)
+        };
+        let late = buffer_findings(&aged(Some(301.0), 4), LIMIT);
+        assert_eq!(
+            late.iter().map(|f| (f.kind, f.count)).collect::<Vec<_>>(),
+            [(FindingKind::BufferNotDraining, 4)]
+        );
+        assert!(late[0].detail.contains("301 s"), "{}", late[0].detail);
+        assert!(buffer_findings(&aged(Some(299.0), 4), LIMIT).is_empty());
+        // The metric's last datapoint outlives the message: an empty buffer is not late.
+        assert!(buffer_findings(&aged(Some(900.0), 0), LIMIT).is_empty());
+        let unknown_age = BufferStatus {
+            oldest_age_unknown: Some("CloudWatch GetMetricData failed".into()),
+            ..aged(None, 4)
+        };
+        assert!(buffer_findings(&unknown_age, LIMIT).is_empty());
     }
 
     fn queue(past_sla: i64) -> QueueStatus {

@@ -53,6 +53,14 @@ impl BufferDepth {
     }
 }
 
+/// What `status` reads of the buffer: its counts, and its oldest delivery's age from CloudWatch
+/// (each may fail on its own: the counts stand without the age).
+#[derive(Debug)]
+pub struct BufferReading {
+    pub depth: Result<BufferDepth, QueueError>,
+    pub oldest: Result<Option<super::OldestAge>, QueueError>,
+}
+
 /// One message of the dead-letter queue, described without its body or headers' values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeadLetter {
@@ -112,6 +120,12 @@ impl DeadLetter {
 }
 
 impl BufferQueue {
+    /// The counts and the oldest delivery's age, read at once.
+    pub async fn read(&self) -> BufferReading {
+        let (depth, oldest) = tokio::join!(self.depth(), self.oldest_age());
+        BufferReading { depth, oldest }
+    }
+
     /// Both queues' counts (GetQueueAttributes on each).
     pub async fn depth(&self) -> Result<BufferDepth, QueueError> {
         let dead_letter_queue_url = self.dead_letter_queue_url()?.to_owned();

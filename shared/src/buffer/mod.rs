@@ -12,6 +12,7 @@
 //! binary message attribute [`BODY_ATTRIBUTE`], never re-encoded in the JSON.
 
 pub mod accounting;
+pub mod age;
 pub mod consumer;
 pub mod filing;
 pub mod queue;
@@ -20,7 +21,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-pub use accounting::{BufferDepth, DeadLetter, Redriven};
+pub use accounting::{BufferDepth, BufferReading, DeadLetter, Redriven};
+pub use age::OldestAge;
 pub use queue::{BufferQueue, QueueError, QueueSettings};
 
 /// SQS's limit on one message: the body plus every attribute's name, type and value.

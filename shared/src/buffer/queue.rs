@@ -24,6 +24,9 @@ pub struct QueueSettings {
     pub dead_letter_queue_url: Option<String>,
     /// `SQS_ENDPOINT` overrides AWS's (moto in tests, a VPC endpoint in production).
     pub endpoint: AwsEndpoint,
+    /// `CLOUDWATCH_ENDPOINT` overrides AWS's for the oldest message's age (read by `status`
+    /// only); never the SQS override.
+    pub metrics_endpoint_url: Option<String>,
 }
 
 /// Why SQS did not take or give a message.
@@ -36,6 +39,11 @@ pub enum QueueError {
     },
     #[error("a buffered delivery of {size} bytes exceeds one SQS message")]
     TooLarge { size: usize },
+    #[error("CloudWatch {operation} failed: {reason}")]
+    CloudWatch {
+        operation: &'static str,
+        reason: String,
+    },
     #[error("no dead-letter queue is configured (BUFFER_DEAD_LETTER_QUEUE_URL)")]
     NoDeadLetterQueue,
 }
@@ -61,6 +69,17 @@ pub struct BufferQueue {
     client: aws_sdk_sqs::Client,
     queue_url: String,
     dead_letter_queue_url: Option<String>,
+    /// Kept for the CloudWatch client the age reader builds (see `age`).
+    sdk_config: std::sync::Arc<aws_config::SdkConfig>,
+    metrics_endpoint_url: Option<String>,
+}
+
+/// The SDK timeouts every buffer call has (see `ATTEMPT_TIMEOUT`).
+pub(super) fn timeouts() -> aws_sdk_sqs::config::timeout::TimeoutConfig {
+    aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
+        .operation_attempt_timeout(ATTEMPT_TIMEOUT)
+        .operation_timeout(OPERATION_TIMEOUT)
+        .build()
 }
 
 pub(super) fn sqs_error<E: std::error::Error + 'static>(
@@ -74,18 +93,16 @@ pub(super) fn sqs_error<E: std::error::Error + 'static>(
 
 impl BufferQueue {
     pub async fn connect(settings: &QueueSettings) -> Self {
-        let config = crate::aws::sdk_config(&settings.endpoint).await;
-        let timeouts = aws_sdk_sqs::config::timeout::TimeoutConfig::builder()
-            .operation_attempt_timeout(ATTEMPT_TIMEOUT)
-            .operation_timeout(OPERATION_TIMEOUT)
-            .build();
-        let config = aws_sdk_sqs::config::Builder::from(&config)
-            .timeout_config(timeouts)
+        let sdk_config = crate::aws::sdk_config(&settings.endpoint).await;
+        let config = aws_sdk_sqs::config::Builder::from(&sdk_config)
+            .timeout_config(timeouts())
             .build();
         Self {
             client: aws_sdk_sqs::Client::from_conf(config),
             queue_url: settings.queue_url.clone(),
             dead_letter_queue_url: settings.dead_letter_queue_url.clone(),
+            sdk_config: std::sync::Arc::new(sdk_config),
+            metrics_endpoint_url: settings.metrics_endpoint_url.clone(),
         }
     }
 
@@ -97,6 +114,14 @@ impl BufferQueue {
         self.dead_letter_queue_url
             .as_deref()
             .ok_or(QueueError::NoDeadLetterQueue)
+    }
+
+    pub(super) fn sdk_config(&self) -> &aws_config::SdkConfig {
+        &self.sdk_config
+    }
+
+    pub(super) fn metrics_endpoint_url(&self) -> Option<&str> {
+        self.metrics_endpoint_url.as_deref()
     }
 
     pub fn client(&self) -> &aws_sdk_sqs::Client {
