@@ -1491,6 +1491,21 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
             "{function} cannot read the buffer's depth"
         );
     }
+    // The buffer's depth is both queues' counts (BufferQueue::depth reads the dead-letter queue
+    // too): a function given both URLs must read both, or in AWS every count is AccessDenied
+    // and the buffer "cannot be counted" for good.
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        let env = &f["Properties"]["Environment"]["Variables"];
+        if reference(&env["BUFFER_DEAD_LETTER_QUEUE_URL"]).is_none() {
+            continue;
+        }
+        for queue in ["BufferQueue", "BufferDeadLetterQueue"] {
+            assert!(
+                functions_allowed(&t, "sqs:GetQueueAttributes", queue).contains(&name),
+                "{name} is given BUFFER_DEAD_LETTER_QUEUE_URL but cannot count {queue}"
+            );
+        }
+    }
     // The oldest buffered message's age is CloudWatch's; only the operator reads it, and only
     // that (GetMetricData has no resource-level permission: "*" is all AWS accepts).
     let metric_readers: BTreeSet<String> = of_type(&t, "AWS::Serverless::Function")
