@@ -311,3 +311,142 @@ async fn a_watermark_standing_still_while_newer_events_arrive_breaches(pool: PgP
     .unwrap();
     assert_eq!(value, 1.0);
 }
+
+/// A buffered event is not missing: while the SQS buffer holds deliveries (any source's: SQS
+/// cannot say whose), or cannot be counted, no source is judged silent; its dead-letter queue is
+/// a check of its own.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
+    let _app = app(pool.clone()).await;
+    sqlx::query("UPDATE sources SET created_at = now() - interval '22 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    // Three weeks of 20 github events at this hour of the week; none in the last hour.
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'github-w' || w || '-' || n, 'github', 'ping', sha256(convert_to('gh' || w || n, 'UTF8')), 'current', t, t, t, 'processed', t \
+         FROM generate_series(1, 3) AS w, generate_series(1, 20) AS n, \
+              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let queue = pipeline_tests::buffer::new_buffer_queue(5, 30).await;
+    let settings = AnomalySettings::default();
+    let run = |queue| {
+        let (pool, settings) = (pool.clone(), settings.clone());
+        async move {
+            anomaly::run_once_with_buffer(&pool, &settings, "test", Some(queue))
+                .await
+                .unwrap()
+        }
+    };
+    let result = |run_id: i64, check: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (Option<f64>, bool, String)>(
+                "SELECT value, breached, detail FROM anomaly_results \
+                 WHERE run_id = $1 AND check_name = $2 AND subject IN ('', 'github')",
+            )
+            .bind(run_id)
+            .bind(check)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+
+    // The buffer empty: github is silent, and the buffer's dead letters are counted (none).
+    let empty = run(&queue).await;
+    assert!(
+        empty.breaches.contains(&"source_silence:github".to_owned()),
+        "{:?}",
+        empty.breaches
+    );
+    assert_eq!(
+        result(empty.run_id, "buffer_dead_letters").await,
+        (Some(0.0), false, String::new())
+    );
+
+    // One delivery waits in the buffer: github's hour may be in it.
+    let waiting = shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: "d-waiting".into(),
+            source_id: "github".into(),
+            received_at_micros: now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: b"{}".to_vec(),
+    };
+    queue.send(waiting.clone()).await.unwrap();
+    let holding = run(&queue).await;
+    assert!(
+        !holding
+            .breaches
+            .iter()
+            .any(|b| b.starts_with("source_silence")),
+        "{:?}",
+        holding.breaches
+    );
+    let (value, breached, detail) = result(holding.run_id, "source_silence").await;
+    assert_eq!((value, breached), (Some(0.0), false));
+    assert!(
+        detail.contains("the SQS buffer holds 1 deliveries not filed yet"),
+        "{detail}"
+    );
+
+    // One the consumer gave up on: a breach, whatever else the buffer holds.
+    queue
+        .send_to(queue.dead_letter_queue_url().unwrap(), waiting)
+        .await
+        .unwrap();
+    let dead = run(&queue).await;
+    assert!(
+        dead.breaches.contains(&"buffer_dead_letters".to_owned()),
+        "{:?}",
+        dead.breaches
+    );
+    assert_eq!(
+        result(dead.run_id, "buffer_dead_letters").await.0,
+        Some(1.0)
+    );
+
+    // A buffer that cannot be counted holds silence too, and says why.
+    let unreachable = shared::buffer::BufferQueue::connect(&shared::buffer::QueueSettings {
+        queue_url: "http://127.0.0.1:9/000000000000/nowhere".into(),
+        dead_letter_queue_url: Some("http://127.0.0.1:9/000000000000/nowhere-dlq".into()),
+        endpoint: shared::aws::AwsEndpoint {
+            endpoint_url: Some("http://127.0.0.1:9".into()),
+            region: Some("us-east-1".into()),
+        },
+        metrics_endpoint_url: None,
+    })
+    .await;
+    let blind = run(&unreachable).await;
+    assert!(
+        !blind
+            .breaches
+            .iter()
+            .any(|b| b.starts_with("source_silence")),
+        "{:?}",
+        blind.breaches
+    );
+    let (value, breached, detail) = result(blind.run_id, "buffer_dead_letters").await;
+    assert_eq!((value, breached), (None, false));
+    assert!(
+        detail.starts_with("the buffer could not be counted"),
+        "{detail}"
+    );
+    assert!(
+        result(blind.run_id, "source_silence")
+            .await
+            .2
+            .contains("could not be counted")
+    );
+}

@@ -717,6 +717,31 @@ async fn what_can_never_be_filed_is_an_anomaly_and_what_cannot_now_is_retried(po
         .unwrap();
     assert_eq!(again, [Filed::AlreadyFiled, Filed::AlreadyFiled]);
     assert_eq!(anomalies(&pool).await.len(), 2);
+
+    // The provider got its 200 (`buffered`) and will not send it again: the anomaly checks
+    // say so, each kind under its own check.
+    let report = shared::anomaly::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    for breached in [
+        "unfilable_buffered_deliveries_last_day",
+        "unreadable_deliveries_last_hour",
+    ] {
+        assert!(
+            report.breaches.iter().any(|b| b == breached),
+            "{breached}: {:?}",
+            report.breaches
+        );
+    }
+    let counted: f64 = sqlx::query_scalar(
+        "SELECT value FROM anomaly_results WHERE run_id = $1 \
+         AND check_name = 'unfilable_buffered_deliveries_last_day'",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(counted, 1.0);
 }
 
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]

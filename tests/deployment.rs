@@ -1742,7 +1742,7 @@ fn ingest_knows_its_buffer_mode_and_queue() {
         spill_ms > 0 && 2 * spill_ms <= timeout_ms,
         "spilling after {spill_ms} ms leaves too little of {timeout_ms} ms to send"
     );
-    for function in ["OperatorFunction", "BackfillFunction"] {
+    for function in ["OperatorFunction", "BackfillFunction", "AnomalyFunction"] {
         let env = &t["Resources"][function]["Properties"]["Environment"]["Variables"];
         assert_eq!(
             reference(&env["BUFFER_QUEUE_URL"]).as_deref(),

@@ -323,6 +323,7 @@ async fn the_anomaly_function_runs_the_checks_and_reports_them(pool: PgPool) {
         scheduled(Duration::from_secs(60)),
         &pool,
         &Default::default(),
+        None,
     )
     .await
     .unwrap();

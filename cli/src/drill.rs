@@ -982,7 +982,13 @@ impl Lab {
             );
         }
         retention::run_once(&self.pool, &self.retention, "drill").await?;
-        let report = anomaly::run_once(&self.pool, &self.anomaly, "drill").await?;
+        let report = anomaly::run_once_with_buffer(
+            &self.pool,
+            &self.anomaly,
+            "drill",
+            self.buffer.as_ref().map(|b| &b.queue),
+        )
+        .await?;
         for breach in report.breaches {
             signals.note("checks", breach);
         }

@@ -429,8 +429,12 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         Arc::new(secrets),
         vars.backfill().map_err(|e| e.to_string())?,
     );
-    let backfiller = match &settings.buffer.queue {
-        Some(queue) => backfiller.with_buffer(shared::buffer::BufferQueue::connect(queue).await),
+    let buffer = match &settings.buffer.queue {
+        Some(queue) => Some(shared::buffer::BufferQueue::connect(queue).await),
+        None => None,
+    };
+    let backfiller = match &buffer {
+        Some(queue) => backfiller.with_buffer(queue.clone()),
         None => backfiller,
     };
     let maintenance_every = Duration::from_secs(args.maintenance_interval_seconds.max(1));
@@ -438,9 +442,12 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         ingestor.pool().clone(),
         drainer,
         Arc::new(backfiller),
-        vars.reconcile().map_err(|e| e.to_string())?,
-        vars.retention().map_err(|e| e.to_string())?,
-        vars.anomaly().map_err(|e| e.to_string())?,
+        serve::MaintenanceSettings {
+            reconcile: vars.reconcile().map_err(|e| e.to_string())?,
+            retention: vars.retention().map_err(|e| e.to_string())?,
+            anomaly: vars.anomaly().map_err(|e| e.to_string())?,
+        },
+        buffer,
         maintenance_every,
     );
     let _consumer = match &settings.buffer.queue {
@@ -682,10 +689,19 @@ async fn pass<F: Fn(&str) -> Option<String>>(
         }
         Job::Anomaly => {
             let settings = vars.anomaly().map_err(|e| err(&e))?;
+            let buffer = match vars.buffer_queue().map_err(|e| err(&e))? {
+                Some(queue) => Some(shared::buffer::BufferQueue::connect(&queue).await),
+                None => None,
+            };
             serde_json::to_value(
-                shared::anomaly::run_once(&pool, &settings, "operator")
-                    .await
-                    .map_err(|e| err(&e))?,
+                shared::anomaly::run_once_with_buffer(
+                    &pool,
+                    &settings,
+                    "operator",
+                    buffer.as_ref(),
+                )
+                .await
+                .map_err(|e| err(&e))?,
             )
         }
         Job::Retention => {

@@ -193,17 +193,29 @@ pub async fn create_buffer_queue(
     )
 }
 
-/// Runs a backfill pass, a reconcile pass, a retention pass and the anomaly checks every
-/// `every`, as their EventBridge schedules would, until the task is dropped.
+/// The scheduled passes' settings, as the stack's functions read them.
+pub struct MaintenanceSettings {
+    pub reconcile: shared::reconcile::ReconcileSettings,
+    pub retention: shared::retention::RetentionSettings,
+    pub anomaly: shared::anomaly::AnomalySettings,
+}
+
+/// Runs a backfill pass, a reconcile pass, a retention pass and the anomaly checks (beside the
+/// buffer, when there is one) every `every`, as their EventBridge schedules would, until the
+/// task is dropped.
 pub fn spawn_maintenance(
     pool: shared::store::PgPool,
     drainer: Arc<Drainer>,
     backfiller: Arc<shared::backfill::Backfiller>,
-    reconcile: shared::reconcile::ReconcileSettings,
-    retention: shared::retention::RetentionSettings,
-    anomaly: shared::anomaly::AnomalySettings,
+    settings: MaintenanceSettings,
+    buffer: Option<shared::buffer::BufferQueue>,
     every: std::time::Duration,
 ) -> tokio::task::JoinHandle<()> {
+    let MaintenanceSettings {
+        reconcile,
+        retention,
+        anomaly,
+    } = settings;
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -222,7 +234,14 @@ pub fn spawn_maintenance(
             {
                 tracing::warn!(%error, "retention pass failed");
             }
-            if let Err(error) = shared::anomaly::run_once(&pool, &anomaly, "local-schedule").await {
+            if let Err(error) = shared::anomaly::run_once_with_buffer(
+                &pool,
+                &anomaly,
+                "local-schedule",
+                buffer.as_ref(),
+            )
+            .await
+            {
                 tracing::warn!(%error, "anomaly checks failed");
             }
         }

@@ -249,12 +249,21 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
 
     // The poison message: kept by the consumer until SQS moves it to the dead-letter queue,
     // which alarms; the delivery whose source was disabled meanwhile is an ingest anomaly
-    // (never stored as an event, never kept); a human must act, and status says so.
+    // (never stored as an event, never kept); the anomaly checks see both (their own alarm);
+    // a human must act, and status says so.
     let poison = buffer_row(&matrix, "poison_buffer_message");
     assert_eq!(poison["problems"], serde_json::json!([]), "{poison}");
     assert_eq!(
         evidence(poison, "alarm"),
-        ["buffer-dead-letters"],
+        ["anomaly-breaches", "buffer-dead-letters"],
+        "{poison}"
+    );
+    assert_eq!(
+        evidence(poison, "checks"),
+        [
+            "unfilable_buffered_deliveries_last_day",
+            "buffer_dead_letters"
+        ],
         "{poison}"
     );
     let ingest = evidence(poison, "ingest");

@@ -7,12 +7,18 @@
 //! Fixed thresholds suit most checks; flow per source would either nag or miss with one, so each
 //! source's last complete hour is judged against the same hour of the week in its own history
 //! (up to four weeks): silence is far fewer events than usual, a spike far more.
+//!
+//! Beside the SQS buffer ([`run_once_with_buffer`]), a buffered event is not missing: while the
+//! buffer holds deliveries (or cannot be counted) no source is judged silent, because its events
+//! may be waiting there with their received times, and `buffer_dead_letters` counts what the
+//! buffer's consumer gave up on.
 
 use std::collections::HashMap;
 
 use serde::Serialize;
 use sqlx::PgPool;
 
+use crate::buffer::{BufferDepth, BufferQueue, QueueError};
 use crate::maintenance::{self, RunCounts};
 use crate::store::StoreError;
 use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
@@ -49,15 +55,42 @@ pub fn global_check_count() -> usize {
     anomaly::GLOBAL_CHECKS.len() + 1
 }
 
-#[tracing::instrument(skip(pool, settings), err)]
+/// Deliveries in the buffer's dead-letter queue: the consumer failed on each `maxReceiveCount`
+/// times and none is stored (measured from SQS, not SQL: the statement is empty).
+pub const BUFFER_DEAD_LETTERS: GlobalCheck = GlobalCheck {
+    name: "buffer_dead_letters",
+    family: "machinery",
+    sql: "",
+    low: Some(0.0),
+    high: Some(0.0),
+};
+
+/// One anomaly run, without an SQS buffer.
 pub async fn run_once(
     pool: &PgPool,
     settings: &AnomalySettings,
     trigger: &str,
 ) -> Result<AnomalyReport, StoreError> {
+    run_once_with_buffer(pool, settings, trigger, None).await
+}
+
+/// One anomaly run, beside the SQS buffer when there is one (`BUFFER_QUEUE_URL`): its depth is
+/// read once, before the checks.
+#[tracing::instrument(skip(pool, settings, buffer), err)]
+pub async fn run_once_with_buffer(
+    pool: &PgPool,
+    settings: &AnomalySettings,
+    trigger: &str,
+    buffer: Option<&BufferQueue>,
+) -> Result<AnomalyReport, StoreError> {
+    let buffer = match buffer {
+        Some(queue) => Some(queue.depth().await),
+        None => None,
+    };
+    let buffer = &buffer;
     let (run_id, Results(results)) =
         maintenance::recorded(pool, "anomaly", trigger, |run_id| async move {
-            let results = match measure_all(pool, settings).await {
+            let results = match measure_all(pool, settings, buffer.as_ref()).await {
                 Ok(results) => results,
                 Err(e) => return (Results(Vec::new()), Err(e)),
             };
@@ -115,6 +148,7 @@ impl RunCounts for Results {
 async fn measure_all(
     pool: &PgPool,
     settings: &AnomalySettings,
+    buffer: Option<&Result<BufferDepth, QueueError>>,
 ) -> Result<Vec<CheckResult>, StoreError> {
     let mut results = vec![judge(
         &anomaly::VIEW_REFRESH_AGE,
@@ -125,10 +159,52 @@ async fn measure_all(
     for check in anomaly::GLOBAL_CHECKS {
         results.push(judge(check, anomaly::measure(pool, check).await?, settings));
     }
+    let holding = buffer.and_then(buffer_holds);
     for flow in anomaly::source_flow(pool).await? {
-        results.extend(judge_flow(&flow, settings));
+        let [silence, spike] = judge_flow(&flow, settings);
+        results.push(match &holding {
+            Some(why) => not_judged(silence, why),
+            None => silence,
+        });
+        results.push(spike);
+    }
+    if let Some(depth) = buffer {
+        results.push(match depth {
+            Ok(d) => judge(&BUFFER_DEAD_LETTERS, Some(d.dead_letters as f64), settings),
+            Err(error) => CheckResult {
+                detail: format!("the buffer could not be counted: {error}"),
+                ..judge(&BUFFER_DEAD_LETTERS, None, settings)
+            },
+        });
     }
     Ok(results)
+}
+
+/// Why silence is not judged now: the buffer holds deliveries, which may be any source's events
+/// (SQS cannot say whose), or it cannot be counted. `None` when it is empty.
+fn buffer_holds(depth: &Result<BufferDepth, QueueError>) -> Option<String> {
+    match depth {
+        Ok(d) if d.buffered() == 0 => None,
+        Ok(d) => Some(format!(
+            "the SQS buffer holds {} deliveries not filed yet: silence is judged once it is empty",
+            d.buffered()
+        )),
+        Err(error) => Some(format!(
+            "the SQS buffer could not be counted ({error}): silence is judged once it can be"
+        )),
+    }
+}
+
+fn not_judged(result: CheckResult, why: &str) -> CheckResult {
+    CheckResult {
+        breached: false,
+        detail: if result.detail.is_empty() {
+            why.to_owned()
+        } else {
+            format!("{}; {why}", result.detail)
+        },
+        ..result
+    }
 }
 
 fn judge(check: &GlobalCheck, value: Option<f64>, settings: &AnomalySettings) -> CheckResult {

@@ -176,6 +176,17 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // Issue 21: a delivery the SQS buffer took (answered 200 `buffered`) whose source was
+    // disabled before the consumer filed it: recorded as an ingest anomaly, no event. The
+    // provider will not send it again.
+    check(
+        "unfilable_buffered_deliveries_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM ingest_anomalies WHERE kind = 'buffered_source_unavailable' \
+         AND detected_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
     check(
         "redelivered_after_purge_last_day",
         "integrity",
