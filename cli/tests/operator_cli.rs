@@ -1460,3 +1460,85 @@ async fn status_shows_how_long_the_oldest_buffered_delivery_has_waited(
     assert_eq!(json.code, Some(0), "{}", json.stdout);
     assert!(human.stdout.contains("oldest unknown"), "{}", human.stdout);
 }
+
+/// A buffered event is not missing: while the buffer holds deliveries, a gap young enough for
+/// the buffer's hold is in grace (as backfill treats it), and an older one still needs a human.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn status_counts_young_gaps_in_grace_while_the_buffer_holds_deliveries(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let (buffer, queue, dead_letters) = buffer_queues().await;
+    passes(&db).await;
+    // Source grace 600 s + allowance 900 s: both are past it; only the first is within the
+    // buffer's hold (3600 s + 900 s).
+    for (id, minutes) in [("evt_gap_young", 30), ("evt_gap_old", 120)] {
+        sqlx::query(
+            "INSERT INTO gap_candidates (tenant_id, external_id, source_id, first_seen_at) \
+             VALUES ('acme', $1, 'pay', now() - make_interval(mins => $2))",
+        )
+        .bind(id)
+        .bind(minutes)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
+    let env = [
+        ("DATABASE_URL", db.url.as_str()),
+        ("BUFFER_QUEUE_URL", queue.as_str()),
+        ("BUFFER_DEAD_LETTER_QUEUE_URL", dead_letters.as_str()),
+        ("SQS_ENDPOINT", endpoint.as_str()),
+        ("CLOUDWATCH_ENDPOINT", endpoint.as_str()),
+        ("AWS_ACCESS_KEY_ID", "testing"),
+        ("AWS_SECRET_ACCESS_KEY", "testing"),
+        ("AWS_REGION", "us-east-1"),
+    ];
+    let gaps = |report: &serde_json::Value| {
+        (
+            report["open_gaps"].as_i64().unwrap(),
+            report["gaps_in_grace"].as_i64().unwrap(),
+            report["findings"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|f| f["kind"] == "open_gaps")
+                .map(|f| f["count"].as_i64().unwrap()),
+        )
+    };
+
+    // The buffer empty: both gaps are missing events.
+    let status = run(&["status", "--json"], &env).await;
+    assert_eq!(gaps(&status.json()), (2, 0, Some(2)), "{}", status.stdout);
+    assert_eq!(status.code, Some(1));
+
+    // A delivery waits in the buffer: the young gap may be it.
+    let waiting = shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: "d-gap".into(),
+            source_id: "pay".into(),
+            received_at_micros: unix_now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: br#"{"id":"evt_gap_young"}"#.to_vec(),
+    };
+    buffer.send(waiting).await.unwrap();
+    let status = run(&["status", "--json"], &env).await;
+    assert_eq!(gaps(&status.json()), (1, 1, Some(1)), "{}", status.stdout);
+    assert_eq!(status.code, Some(1), "the old gap still needs a human");
+
+    // The old one resolved: accounted for while the buffer holds the young one's chance.
+    sqlx::query(
+        "UPDATE gap_candidates SET status = 'tombstoned' WHERE external_id = 'evt_gap_old'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let status = run(&["status", "--json"], &env).await;
+    assert_eq!(gaps(&status.json()), (0, 1, None), "{}", status.stdout);
+    assert_eq!(status.code, Some(0), "{}", status.stdout);
+}

@@ -32,6 +32,9 @@ pub struct StatusSettings {
     /// The oldest buffered delivery waiting longer than this needs a human: the default of the
     /// stack's `BufferOldestAgeAlarmSeconds`.
     pub buffer_oldest_age: Duration,
+    /// While the SQS buffer holds deliveries, a gap younger than this (plus the allowance) is
+    /// not missing yet: backfill's `BUFFER_GAP_HOLD_SECONDS`.
+    pub buffer_gap_hold: Duration,
 }
 
 impl Default for StatusSettings {
@@ -47,6 +50,7 @@ impl Default for StatusSettings {
                 ("anomaly", Duration::from_secs(30 * 60)),
             ],
             buffer_oldest_age: Duration::from_secs(300),
+            buffer_gap_hold: Duration::from_secs(3600),
         }
     }
 }
@@ -164,6 +168,10 @@ pub struct StatusReport {
     /// Open gaps past their grace period and allowance, and those still being handled.
     pub open_gaps: i64,
     pub gaps_in_grace: i64,
+    /// Of `open_gaps`, those young enough that an SQS buffer holding deliveries explains them
+    /// (backfill holds them too): [`StatusReport::with_buffer`] counts them in grace then.
+    #[serde(default)]
+    pub gaps_within_buffer_hold: i64,
     pub passes: Vec<PassStatus>,
     /// The checks that breached in the latest anomaly run.
     pub breaching_checks: Vec<StoredResult>,
@@ -206,6 +214,32 @@ impl StatusReport {
                 oldest_age_unknown: None,
             },
         };
+        // A buffered event is not missing: while the buffer holds deliveries (or cannot be
+        // counted), gaps within the hold are in grace, as backfill treats them.
+        let holding =
+            buffer.unknown.is_some() || buffer.waiting + buffer.in_flight + buffer.delayed > 0;
+        if holding && self.gaps_within_buffer_hold > 0 {
+            let held = self.gaps_within_buffer_hold.min(self.open_gaps);
+            self.open_gaps -= held;
+            self.gaps_in_grace += held;
+            let open_gaps = self.open_gaps;
+            if let Some(at) = self
+                .findings
+                .iter()
+                .position(|f| f.kind == FindingKind::OpenGaps)
+            {
+                if open_gaps == 0 {
+                    self.findings.remove(at);
+                } else {
+                    self.findings[at] = Finding {
+                        kind: FindingKind::OpenGaps,
+                        count: open_gaps,
+                        detail: open_gaps_detail(open_gaps),
+                        next: OPEN_GAPS_NEXT.into(),
+                    };
+                }
+            }
+        }
         match reading.oldest {
             Ok(age) => {
                 buffer.oldest_age_seconds = age.map(|a| a.seconds);
@@ -248,8 +282,13 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
     // A table as small as the losses, whichever part of `webhook_events` reconcile last read.
     let unrepaired_losses = store::unrepaired_losses::counts(pool).await?;
     let open_dead_letters = store::dead_letters::count_open(pool).await?;
-    let (open_gaps, gaps_in_grace) =
-        store::gaps::count_open_past_grace(pool, settings.gap_allowance.as_secs_f64()).await?;
+    let gaps = store::gaps::count_open_past_grace(
+        pool,
+        settings.gap_allowance.as_secs_f64(),
+        settings.buffer_gap_hold.as_secs_f64(),
+    )
+    .await?;
+    let (open_gaps, gaps_in_grace) = (gaps.past_grace, gaps.in_grace);
     let checks = store::anomaly::latest_results(pool).await?;
     let checks_measured_at = checks.first().map(|c| c.measured_at);
     let breaching_checks: Vec<StoredResult> = checks.into_iter().filter(|c| c.breached).collect();
@@ -322,11 +361,18 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         open_dead_letters,
         open_gaps,
         gaps_in_grace,
+        gaps_within_buffer_hold: gaps.within_buffer_hold,
         passes,
         breaching_checks,
         checks_measured_at,
         buffer: None,
     })
+}
+
+const OPEN_GAPS_NEXT: &str = "hookctl gaps list";
+
+fn open_gaps_detail(open_gaps: i64) -> String {
+    format!("{open_gaps} event(s) the provider sent that backfill has not recovered")
 }
 
 /// What in the SQS buffer needs a human. Pure.
@@ -418,8 +464,8 @@ pub fn findings(
     add(
         FindingKind::OpenGaps,
         open_gaps,
-        format!("{open_gaps} event(s) the provider sent that backfill has not recovered"),
-        "hookctl gaps list",
+        open_gaps_detail(open_gaps),
+        OPEN_GAPS_NEXT,
     );
     let names: Vec<String> = breaching
         .iter()

@@ -536,15 +536,37 @@ pub async fn open_gaps(
 pub async fn count_open_past_grace(
     executor: impl PgExecutor<'_>,
     allowance_seconds: f64,
-) -> Result<(i64, i64), StoreError> {
+    buffer_hold_seconds: f64,
+) -> Result<OpenGapCounts, StoreError> {
     const SQL: &str = "SELECT \
              count(*) FILTER (WHERE g.first_seen_at < now() - make_interval(secs => s.gap_grace_seconds + $1)), \
-             count(*) FILTER (WHERE g.first_seen_at >= now() - make_interval(secs => s.gap_grace_seconds + $1)) \
+             count(*) FILTER (WHERE g.first_seen_at >= now() - make_interval(secs => s.gap_grace_seconds + $1)), \
+             count(*) FILTER (WHERE g.first_seen_at < now() - make_interval(secs => s.gap_grace_seconds + $1) \
+                                AND g.first_seen_at >= now() - make_interval(secs => GREATEST(s.gap_grace_seconds, $2) + $1)) \
          FROM gap_candidates AS g JOIN sources AS s USING (source_id) WHERE g.status = 'open'";
-    Ok(sqlx::query_as(SQL)
+    let (past_grace, in_grace, within_buffer_hold) = sqlx::query_as(SQL)
         .bind(allowance_seconds)
+        .bind(buffer_hold_seconds)
         .fetch_one(executor)
-        .await?)
+        .await?;
+    Ok(OpenGapCounts {
+        past_grace,
+        in_grace,
+        within_buffer_hold,
+    })
+}
+
+/// Open gaps by how long they have waited.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OpenGapCounts {
+    /// Past their source's grace period plus the allowance.
+    pub past_grace: i64,
+    /// Still within it.
+    pub in_grace: i64,
+    /// Of `past_grace`, those within the buffer's hold instead (the longer of the grace period
+    /// and the hold, plus the allowance): what backfill does not judge yet while the SQS buffer
+    /// holds deliveries.
+    pub within_buffer_hold: i64,
 }
 
 /// A tombstone: an ID declared never to arrive.
