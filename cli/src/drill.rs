@@ -12,9 +12,9 @@
 //! thresholds of the stack's alarms.
 //!
 //! A control run with no fault comes first: whatever it notices would be noise in every row.
-//! Exit 0 when every fault was noticed by some layer (or is harmless by design, said so in the
-//! matrix) and every fault the design repairs was repaired; 1 otherwise; 2 when the drill could
-//! not run.
+//! Exit 0 when every fault was noticed by as many layers as the drill asks of it (at least two,
+//! or none when it is harmless by design, said so in the matrix) and every fault the design
+//! repairs was repaired; 1 otherwise; 2 when the drill could not run.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
@@ -222,6 +222,32 @@ impl Fault {
         }
     }
 
+    /// Issue 23: how many layers must notice the fault. Two for every fault that is not harmless
+    /// by design (the design's redundancy: one layer's bug must not hide a fault), pinned at the
+    /// count each reaches today, so that the short form in CI fails when a layer goes deaf. A
+    /// fault one layer at most could notice would say why here, and in the matrix.
+    fn layers_required(self) -> usize {
+        match self {
+            Fault::Control | Fault::Reordering | Fault::DrainerKilled => 0,
+            // Ingest's 401s, and the alarm on them; nothing is stored, so no check can count.
+            Fault::SignatureStorm => 2,
+            // Ingest answers `buffered`, and the spill's alarm; the consumer files them.
+            Fault::DatabaseDownNoRetry => 2,
+            // The consumer keeps the poison message, and the buffer's dead-letter alarm.
+            Fault::PoisonBufferMessage => 2,
+            // The per-source check, and the alarm on the checks.
+            Fault::SilentSource | Fault::VacuumStarvation => 2,
+            Fault::LostDelivery
+            | Fault::DuplicateStorm
+            | Fault::LostQueueRow
+            | Fault::DeletedEffect
+            | Fault::DeletedOutboxRow
+            | Fault::OutboxTargetDown
+            | Fault::PoisonEvent
+            | Fault::DigestConflict => 3,
+        }
+    }
+
     /// Whether the fault needs the buffer's SQS queues (and so an SQS endpoint).
     fn needs_buffer(self) -> bool {
         matches!(
@@ -261,6 +287,11 @@ pub struct Row {
     pub what: String,
     /// Per layer, the evidence it gave (empty: did not notice).
     pub noticed: BTreeMap<String, Vec<String>>,
+    /// Per layer that noticed, the cycle in which it first did (0: as the fault was injected).
+    pub first_noticed: BTreeMap<String, u32>,
+    /// How many layers noticed, and how many the drill asks for (issue 23).
+    pub layers: usize,
+    pub layers_required: usize,
     /// Why no layer is expected to notice, when none is.
     pub harmless_by_design: Option<String>,
     pub repair: Repair,
@@ -440,6 +471,23 @@ fn alarms(samples: &[Sample]) -> Vec<String> {
     );
     check("backlog", max(shared::metrics::BACKLOG) > 50_000.0);
     check("ingest-5xx", sum(shared::metrics::INGEST_5XX, None) > 5.0);
+    // Issue 23's alarms, each notifying on-call only.
+    check(
+        "reconcile-repairs",
+        sum(shared::metrics::RECONCILE_REPAIRS, None) > 0.0,
+    );
+    check(
+        "outbox-delivery-delayed",
+        max(shared::metrics::OUTBOX_OLDEST_UNDELIVERED_AGE)
+            > shared::store::anomaly::OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS,
+    );
+    check(
+        "buffer-spillover",
+        sum(
+            shared::metrics::DELIVERIES_BUFFERED,
+            Some(("Mode", "spillover")),
+        ) > 0.0,
+    );
     fired
 }
 
@@ -1037,6 +1085,15 @@ impl Signals {
         }
     }
 
+    /// Records `cycle` as the first of every layer that has noticed and had no first yet.
+    fn mark_first(&self, cycle: u32, first: &mut BTreeMap<String, u32>) {
+        for (layer, evidence) in &self.0 {
+            if !evidence.is_empty() {
+                first.entry(layer.clone()).or_insert(cycle);
+            }
+        }
+    }
+
     /// Sums a count per layer and name across cycles.
     fn count(&mut self, layer: &str, name: &str, n: u64) {
         if n == 0 {
@@ -1305,6 +1362,8 @@ async fn run_fault(
     setup(fault, &mut lab, scale).await?;
     let mut signals = Signals::default();
     let mut injected = inject(fault, &mut lab, scale, &mut signals).await?;
+    let mut first_noticed = BTreeMap::new();
+    signals.mark_first(0, &mut first_noticed);
 
     let (limit, promise) = match fault.promise() {
         Promise::Human(_) => (scale.watch_cycles, fault.promise()),
@@ -1323,6 +1382,7 @@ async fn run_fault(
     while cycles == 0 || (repair_cycle.is_none() && cycles < limit) {
         cycles += 1;
         lab.cycle(&mut signals).await?;
+        signals.mark_first(cycles, &mut first_noticed);
         if fault == Fault::OutboxTargetDown && cycles == 4 {
             lab.target.down.store(false, Ordering::SeqCst);
         }
@@ -1360,7 +1420,25 @@ async fn run_fault(
 
     let noticed: BTreeMap<String, Vec<String>> = signals.0;
     let anyone = noticed.values().any(|v| !v.is_empty());
+    let layers = noticed.values().filter(|v| !v.is_empty()).count();
+    let layers_required = fault.layers_required();
     let mut problems = Vec::new();
+    if layers < layers_required {
+        problems.push(format!(
+            "noticed by {layers} layer(s); the drill asks for {layers_required}"
+        ));
+    }
+    if fault == Fault::OutboxTargetDown {
+        // Seen before it is final: the checks and an alarm within two cycles of the target
+        // going down, while its messages have most of their tries left.
+        for layer in ["checks", "alarm"] {
+            match first_noticed.get(layer) {
+                Some(&cycle) if cycle <= 2 => {}
+                Some(cycle) => problems.push(format!("{layer} noticed only in cycle {cycle}")),
+                None => problems.push(format!("{layer} never noticed")),
+            }
+        }
+    }
     let (repair, harmless) = match promise {
         Promise::Repaired => match repair_cycle {
             Some(0) => (Repair::NothingToRepair, None),
@@ -1407,6 +1485,9 @@ async fn run_fault(
         fault: fault.name().into(),
         what: fault.what().into(),
         noticed,
+        first_noticed,
+        layers,
+        layers_required,
         harmless_by_design: harmless,
         repair,
         status,
@@ -1531,6 +1612,9 @@ fn skipped(fault: Fault, why: &str) -> Row {
         fault: fault.name().into(),
         what: fault.what().into(),
         noticed: BTreeMap::new(),
+        first_noticed: BTreeMap::new(),
+        layers: 0,
+        layers_required: fault.layers_required(),
         harmless_by_design: None,
         repair: Repair::Skipped { why: why.into() },
         status: Vec::new(),
@@ -1549,6 +1633,17 @@ fn repair_cell(r: &Repair) -> String {
     }
 }
 
+/// How many layers noticed, of how many the drill asks for.
+fn layers_cell(r: &Row) -> String {
+    if matches!(r.repair, Repair::Skipped { .. }) {
+        "-".into()
+    } else if r.layers_required == 0 {
+        format!("{} of 0", r.layers)
+    } else {
+        format!("{} of ≥{}", r.layers, r.layers_required)
+    }
+}
+
 /// The first piece of evidence of a layer, and how many more.
 fn cell(evidence: Option<&Vec<String>>) -> String {
     match evidence.map(Vec::as_slice) {
@@ -1564,13 +1659,18 @@ pub fn render(m: &Matrix) -> String {
     t.load_style(presets::ASCII_MARKDOWN);
     let mut header = vec!["fault".to_owned()];
     header.extend(LAYERS.iter().map(|l| (*l).to_owned()));
-    header.extend(["repaired, no human".into(), "status after".into()]);
+    header.extend([
+        "layers".into(),
+        "repaired, no human".into(),
+        "status after".into(),
+    ]);
     t.set_header(header);
     for r in &m.rows {
         let mut row = vec![r.fault.clone()];
         for layer in LAYERS {
             row.push(cell(r.noticed.get(layer)));
         }
+        row.push(layers_cell(r));
         row.push(repair_cell(&r.repair));
         row.push(if matches!(r.repair, Repair::Skipped { .. }) {
             "-".into()
@@ -1632,7 +1732,7 @@ pub fn render(m: &Matrix) -> String {
     if m.ok {
         let _ = writeln!(
             out,
-            "\nVERDICT: every fault noticed by at least one layer ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so{skipped}"
+            "\nVERDICT: every fault noticed by at least two layers, each by as many as the drill asks for ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so{skipped}"
         );
     } else {
         let failed: Vec<&str> = m
@@ -1644,4 +1744,21 @@ pub fn render(m: &Matrix) -> String {
         let _ = writeln!(out, "\nVERDICT: FAILED: {}", failed.join(", "));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23: two layers for every fault that is not harmless by design.
+    #[test]
+    fn every_fault_not_harmless_by_design_asks_for_two_layers() {
+        for fault in FAULTS {
+            match fault.promise() {
+                Promise::Harmless(_) => assert_eq!(fault.layers_required(), 0, "{fault:?}"),
+                _ => assert!(fault.layers_required() >= 2, "{fault:?}"),
+            }
+            assert!(fault.layers_required() <= LAYERS.len(), "{fault:?}");
+        }
+    }
 }

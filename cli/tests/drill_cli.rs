@@ -76,7 +76,49 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
             anyone || r["harmless_by_design"].is_string(),
             "unnoticed and not harmless by design: {r}"
         );
+        // Issue 23: two layers for every fault that is not harmless by design, and each at
+        // least its own count (the drill's exit code says the same; this reads the matrix).
+        let (layers, required) = (
+            r["layers"].as_u64().unwrap(),
+            r["layers_required"].as_u64().unwrap(),
+        );
+        assert!(layers >= required, "{r}");
+        if r["harmless_by_design"].is_null() {
+            assert!(required >= 2, "{r}");
+        }
     }
+    // Reconcile's repairs are heard: the repairs check and its alarm, which pages on-call only
+    // (anomaly-breaches, whose alarm invokes reconcile, does not count them).
+    for fault in ["lost_queue_row", "deleted_effect", "deleted_outbox_row"] {
+        assert_eq!(
+            noticed(fault, "checks"),
+            ["reconcile_repairs_last_day"],
+            "{fault}"
+        );
+        assert_eq!(noticed(fault, "alarm"), ["reconcile-repairs"], "{fault}");
+        assert_eq!(row(fault)["layers"], 3, "{fault}");
+    }
+    // A target down is seen by the checks and an alarm within two cycles, before it is final.
+    assert_eq!(
+        noticed("outbox_target_down", "checks"),
+        [
+            "outbox_retrying_messages",
+            "outbox_oldest_undelivered_seconds"
+        ]
+    );
+    assert!(noticed("outbox_target_down", "alarm").contains(&"outbox-delivery-delayed".to_owned()));
+    for layer in ["checks", "alarm"] {
+        let first = row("outbox_target_down")["first_noticed"][layer]
+            .as_u64()
+            .unwrap();
+        assert!(first <= 2, "{layer} first noticed in cycle {first}");
+    }
+    assert!(
+        noticed("outbox_target_down", "outbox")
+            .iter()
+            .all(|e| !e.starts_with("failed=")),
+        "no message failed for good"
+    );
     // Each layer does the noticing the design gives it.
     assert!(noticed("lost_delivery", "backfill").contains(&"backfilled=1".to_owned()));
     assert_eq!(repaired("lost_delivery"), "repaired");
@@ -226,20 +268,16 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
         ["buffered×20", "buffer_filed=20"],
         "{outage}"
     );
-    for layer in [
-        "drain",
-        "outbox",
-        "reconcile",
-        "backfill",
-        "checks",
-        "alarm",
-    ] {
+    for layer in ["drain", "outbox", "reconcile", "backfill", "checks"] {
         assert_eq!(
             evidence(outage, layer),
             Vec::<String>::new(),
             "{layer}: {outage}"
         );
     }
+    // Issue 23: the second layer, the spill's alarm (the sender saw only 200s).
+    assert_eq!(evidence(outage, "alarm"), ["buffer-spillover"], "{outage}");
+    assert_eq!(outage["layers"], 2, "{outage}");
     assert_eq!(
         outage["repair"],
         serde_json::json!({"result": "repaired", "cycles": 1}),
@@ -252,9 +290,10 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
     // (never stored as an event, never kept); a human must act, and status says so.
     let poison = buffer_row(&matrix, "poison_buffer_message");
     assert_eq!(poison["problems"], serde_json::json!([]), "{poison}");
+    // (The shop delivery spilled during the cut: the spill's alarm, issue 23, fires too.)
     assert_eq!(
         evidence(poison, "alarm"),
-        ["buffer-dead-letters"],
+        ["buffer-spillover", "buffer-dead-letters"],
         "{poison}"
     );
     let ingest = evidence(poison, "ingest");
