@@ -46,7 +46,8 @@ pub const OLDEST_PENDING_AGE: &str = "OldestPendingAgeSeconds";
 /// Secrets Manager could not answer (stale-if-error), by `What` (source, secret).
 pub const STALE_SERVED: &str = "StaleServed";
 
-/// Anomaly checks that breached in the last run.
+/// Anomaly checks that breached in the last run, but for those that page on-call only
+/// (`anomaly::ON_CALL_ONLY`): the alarm on this count also invokes reconcile.
 pub const ANOMALY_BREACHES: &str = "AnomalyBreaches";
 /// Each global anomaly check's measurement, by `Check`.
 pub const ANOMALY_VALUE: &str = "AnomalyValue";
