@@ -251,6 +251,16 @@ mod tests {
     }
 
     #[test]
+    fn the_on_call_only_checks_are_checks() {
+        for name in ON_CALL_ONLY {
+            assert!(
+                anomaly::GLOBAL_CHECKS.iter().any(|c| c.name == *name),
+                "{name}"
+            );
+        }
+    }
+
+    #[test]
     fn flow_is_judged_against_the_source_own_history() {
         let s = AnomalySettings::default();
         let [silence, spike] = judge_flow(&flow(0.0, 20.0, 2.0, 4), &s);
