@@ -450,3 +450,151 @@ async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
             .contains("could not be counted")
     );
 }
+
+/// Issue 23: a repair is a signal too. Reconcile re-queues the events of a lost projection row
+/// and records them by kind; the repairs check breaches for a day, then is quiet.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_repair_breaches_the_repairs_check_for_a_day(pool: PgPool) {
+    healthy(&pool).await;
+    let quiet = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(quiet.breaches, Vec::<String>::new());
+
+    sqlx::query("DELETE FROM entities WHERE entity_id = 'thing-1'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let drainer = standard_drainer(&pool);
+    let outcome = shared::reconcile::run_once(&pool, &drainer, &Default::default(), "test")
+        .await
+        .unwrap();
+    let shared::reconcile::ReconcileOutcome::Completed { repaired, .. } = outcome else {
+        panic!("{outcome:?}")
+    };
+    assert_eq!(repaired.requeued, 1);
+    assert_eq!(
+        repaired.requeued_by_kind,
+        shared::reconcile::RepairsByKind {
+            missing_effects: 1,
+            ..Default::default()
+        }
+    );
+    let recorded: serde_json::Value = sqlx::query_scalar(
+        "SELECT repaired FROM maintenance_runs WHERE job = 'reconcile' ORDER BY run_id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded["requeued"], 1, "{recorded}");
+    assert_eq!(
+        recorded["requeued_by_kind"],
+        serde_json::json!({"orphaned_pending": 0, "missing_effects": 1, "missing_outbox": 0})
+    );
+
+    let report = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(report.breaches, vec!["reconcile_repairs_last_day"]);
+    let value: f64 = sqlx::query_scalar(
+        "SELECT value FROM anomaly_results WHERE run_id = $1 AND check_name = 'reconcile_repairs_last_day'",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(value, 1.0);
+
+    // A day later (and a quiet pass since), nothing breaches.
+    sqlx::query("UPDATE maintenance_runs SET started_at = started_at - interval '25 hours', finished_at = finished_at - interval '25 hours' WHERE job = 'reconcile'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    shared::reconcile::run_once(&pool, &drainer, &Default::default(), "test")
+        .await
+        .unwrap();
+    let later = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(later.breaches, Vec::<String>::new());
+}
+
+/// Issue 23: delivery trouble seen before it is final. One failed try is no breach; a second,
+/// and a message undelivered for over four outbox runs, are, long before the 10 tries run out.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_target_that_keeps_failing_breaches_the_outbox_checks_before_any_message_fails(
+    pool: PgPool,
+) {
+    healthy(&pool).await;
+    let pending = scalar(
+        &pool,
+        "SELECT count(*) FROM outbox WHERE status = 'pending'",
+    )
+    .await;
+    assert!(pending > 0, "the healthy pipeline announced its changes");
+    // Nothing listens there: every try fails at once.
+    let sender = shared::outbox::OutboxSender::new(
+        pool.clone(),
+        shared::outbox::OutboxSettings {
+            backoff_base: Duration::from_millis(1),
+            backoff_cap: Duration::from_millis(1),
+            ..shared::outbox::OutboxSettings::new("http://127.0.0.1:1/hook")
+        },
+    )
+    .unwrap();
+    let breaches = |report: anomaly::AnomalyReport| -> Vec<String> {
+        report
+            .breaches
+            .into_iter()
+            .filter(|b| b.starts_with("outbox_"))
+            .collect()
+    };
+    let age = |minutes: i32| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE outbox SET created_at = created_at - make_interval(mins => $1)")
+                .bind(minutes)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    let try_all = || async {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        let sent = sender
+            .send_until(std::time::Instant::now() + Duration::from_secs(5))
+            .await
+            .unwrap();
+        assert_eq!((sent.retried, sent.failed), (pending as u64, 0), "{sent:?}");
+    };
+
+    // The first run after the target went down: one failed try each.
+    try_all().await;
+    let first = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(breaches(first), Vec::<String>::new());
+
+    // Five minutes on, the second (and later) tries failed too.
+    age(5).await;
+    try_all().await;
+    let second = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(
+        breaches(second),
+        [
+            "outbox_retrying_messages",
+            "outbox_oldest_undelivered_seconds"
+        ]
+    );
+    // Nothing has failed for good: every message has tries left.
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox WHERE status = 'failed'").await,
+        0
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT max(attempts)::int8 FROM outbox").await,
+        2
+    );
+}

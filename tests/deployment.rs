@@ -256,6 +256,8 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     shared::metrics::queue(12, 4.5);
     shared::metrics::anomaly_value("backlog_events", 12.0);
     shared::metrics::anomaly_breaches(0);
+    shared::metrics::reconcile_repairs(&[("missing_effect", 2)]);
+    shared::metrics::outbox(3, 250.0);
     let documented: BTreeSet<String> = shared::metrics::EMITTED
         .iter()
         .map(|s| s.to_string())
@@ -1798,4 +1800,77 @@ fn the_sqs_endpoint_is_optional_private_and_admits_the_functions_only() {
         reference(&ingress[0]["SourceSecurityGroupId"]).as_deref(),
         Some("FunctionSecurityGroup")
     );
+}
+
+/// Issue 23: a repair, delayed outbox deliveries and a spill to the buffer each page on-call
+/// through the on-call-only topic (the alarm topic also invokes reconcile, which has nothing to
+/// do for any of them), and the outbox alarm's limit is the check's.
+#[test]
+fn repairs_delayed_deliveries_and_spills_page_on_call_without_invoking_reconcile() {
+    let t = template();
+    let alarm = |suffix: &str| -> Value {
+        of_type(&t, "AWS::CloudWatch::Alarm")
+            .into_iter()
+            .find(|(_, a)| {
+                tagged(&a["Properties"]["AlarmName"])
+                    .and_then(|(_, sub)| sub.as_str().map(str::to_owned))
+                    .is_some_and(|name| name == format!("${{AWS::StackName}}-{suffix}"))
+            })
+            .map(|(_, a)| a["Properties"].clone())
+            .unwrap_or_else(|| panic!("no alarm {suffix}"))
+    };
+    for (suffix, metric, threshold) in [
+        ("reconcile-repairs", shared::metrics::RECONCILE_REPAIRS, 0.0),
+        (
+            "outbox-delivery-delayed",
+            shared::metrics::OUTBOX_OLDEST_UNDELIVERED_AGE,
+            shared::store::anomaly::OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS,
+        ),
+        (
+            "buffer-spillover",
+            shared::metrics::DELIVERIES_BUFFERED,
+            0.0,
+        ),
+    ] {
+        let p = alarm(suffix);
+        assert_eq!(p["MetricName"].as_str(), Some(metric), "{suffix}");
+        assert_eq!(p["Threshold"].as_f64(), Some(threshold), "{suffix}");
+        assert_eq!(
+            p["ComparisonOperator"].as_str(),
+            Some("GreaterThanThreshold"),
+            "{suffix}"
+        );
+        for actions in ["AlarmActions", "OKActions"] {
+            let topics: Vec<Option<String>> = p[actions]
+                .as_sequence()
+                .unwrap_or_else(|| panic!("{suffix}: no {actions}"))
+                .iter()
+                .map(reference)
+                .collect();
+            assert_eq!(
+                topics,
+                vec![Some("OnCallOnlyTopic".to_owned())],
+                "{suffix}: {actions}"
+            );
+        }
+    }
+    // The repairs alarm reads the total, not one kind; the spill alarm spillover only.
+    assert!(alarm("reconcile-repairs")["Dimensions"].is_null());
+    let spill = alarm("buffer-spillover");
+    let dimensions = spill["Dimensions"].as_sequence().unwrap();
+    assert_eq!(dimensions.len(), 1);
+    assert_eq!(dimensions[0]["Name"].as_str(), Some("Mode"));
+    assert_eq!(dimensions[0]["Value"].as_str(), Some("spillover"));
+    // The on-call-only topic reaches no function.
+    for (name, function) in functions_with_events(&t) {
+        for (_, e) in function["Properties"]["Events"].as_mapping().unwrap() {
+            assert_ne!(
+                reference(&e["Properties"]["Topic"]).as_deref(),
+                Some("OnCallOnlyTopic"),
+                "{name}"
+            );
+        }
+    }
+    // The repairs check breaches without invoking reconcile through anomaly-breaches.
+    assert!(shared::anomaly::ON_CALL_ONLY.contains(&"reconcile_repairs_last_day"));
 }

@@ -521,8 +521,13 @@ async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
         // the day's events came from the API.
         (6, vec!["backfill_rate_last_day"]),
         (28, vec!["backfill_rate_last_day"]),
-        // The day's reconcile pass panicked: the last completed one is a day old.
-        (35, vec!["last_reconcile_age_seconds"]),
+        // The day's reconcile pass panicked: the last completed one is a day old. It had
+        // re-queued the lost projection's events first, and its run row says so (issue 23: a
+        // repair is a signal, even from a pass that died).
+        (
+            35,
+            vec!["last_reconcile_age_seconds", "reconcile_repairs_last_day"],
+        ),
         (36, vec!["digest_conflicts_last_hour"]),
         (
             45,
@@ -790,6 +795,16 @@ async fn sixty_days_of_production_keep_every_event_exactly_once(pool: PgPool) {
                 panicked.as_ref().is_err_and(|e| e.is_panic()),
                 "day {day}: {panicked:?}"
             );
+            // The failed run kept what it repaired before it panicked.
+            let (status, requeued): (String, Option<i64>) = sqlx::query_as(
+                "SELECT status, (repaired->>'requeued')::int8 FROM maintenance_runs \
+                 WHERE job = 'reconcile' ORDER BY run_id DESC LIMIT 1",
+            )
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            assert_eq!(status, "failed", "day {day}");
+            assert!(requeued.is_some_and(|n| n > 0), "day {day}: {requeued:?}");
         } else {
             let (found, repaired) = p.reconcile(day).await;
             if !quiet(&found, &repaired) {

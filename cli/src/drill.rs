@@ -12,9 +12,9 @@
 //! thresholds of the stack's alarms.
 //!
 //! A control run with no fault comes first: whatever it notices would be noise in every row.
-//! Exit 0 when every fault was noticed by some layer (or is harmless by design, said so in the
-//! matrix) and every fault the design repairs was repaired; 1 otherwise; 2 when the drill could
-//! not run.
+//! Exit 0 when every fault was noticed by as many layers as the drill asks of it (at least two,
+//! or none when it is harmless by design, said so in the matrix) and every fault the design
+//! repairs was repaired; 1 otherwise; 2 when the drill could not run.
 
 use std::collections::BTreeMap;
 use std::io::IsTerminal as _;
@@ -222,6 +222,46 @@ impl Fault {
         }
     }
 
+    /// Issue 23: how many layers must notice the fault. Two for every fault that is not harmless
+    /// by design (the design's redundancy: one layer's bug must not hide a fault), pinned at the
+    /// count each reaches today, so that the short form in CI fails when a layer goes deaf. A
+    /// fault held to one says why ([`Fault::one_layer_why`]), in the matrix too.
+    fn layers_required(self) -> usize {
+        match self {
+            Fault::Control | Fault::Reordering | Fault::DrainerKilled => 0,
+            Fault::LostDelivery => 1,
+            // Ingest's 401s, and the alarm on them; nothing is stored, so no check can count.
+            Fault::SignatureStorm => 2,
+            // Ingest answers `buffered`, and the spill's alarm; the consumer files them.
+            Fault::DatabaseDownNoRetry => 2,
+            // The consumer keeps the poison message, and the buffer's dead-letter alarm.
+            Fault::PoisonBufferMessage => 2,
+            // The per-source check, and the alarm on the checks.
+            Fault::SilentSource | Fault::VacuumStarvation => 2,
+            Fault::DuplicateStorm
+            | Fault::LostQueueRow
+            | Fault::DeletedEffect
+            | Fault::DeletedOutboxRow
+            | Fault::OutboxTargetDown
+            | Fault::PoisonEvent
+            | Fault::DigestConflict => 3,
+        }
+    }
+
+    /// Why one layer is the most the fault can have on a healthy stack, for a fault held to one.
+    fn one_layer_why(self) -> Option<&'static str> {
+        match self {
+            Fault::LostDelivery => Some(
+                "one dropped delivery among many is a provider's ordinary behaviour: gap detection \
+                 notices it and backfill repairs it; a second layer would page for every drop. The \
+                 check backfill_rate_last_day speaks when drops pass 2% of a day's events (the short \
+                 form: 1 of 40), last_backfill_age_seconds when backfill stops, stale_gap_candidates \
+                 when a gap stays unfetched for a day",
+            ),
+            _ => None,
+        }
+    }
+
     /// Whether the fault needs the buffer's SQS queues (and so an SQS endpoint).
     fn needs_buffer(self) -> bool {
         matches!(
@@ -261,6 +301,13 @@ pub struct Row {
     pub what: String,
     /// Per layer, the evidence it gave (empty: did not notice).
     pub noticed: BTreeMap<String, Vec<String>>,
+    /// Per layer that noticed, the cycle in which it first did (0: as the fault was injected).
+    pub first_noticed: BTreeMap<String, u32>,
+    /// How many layers noticed, and how many the drill asks for (issue 23).
+    pub layers: usize,
+    pub layers_required: usize,
+    /// Why the fault is held to one layer, when it is.
+    pub one_layer_why: Option<String>,
     /// Why no layer is expected to notice, when none is.
     pub harmless_by_design: Option<String>,
     pub repair: Repair,
@@ -440,6 +487,23 @@ fn alarms(samples: &[Sample]) -> Vec<String> {
     );
     check("backlog", max(shared::metrics::BACKLOG) > 50_000.0);
     check("ingest-5xx", sum(shared::metrics::INGEST_5XX, None) > 5.0);
+    // Issue 23's alarms, each notifying on-call only.
+    check(
+        "reconcile-repairs",
+        sum(shared::metrics::RECONCILE_REPAIRS, None) > 0.0,
+    );
+    check(
+        "outbox-delivery-delayed",
+        max(shared::metrics::OUTBOX_OLDEST_UNDELIVERED_AGE)
+            > shared::store::anomaly::OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS,
+    );
+    check(
+        "buffer-spillover",
+        sum(
+            shared::metrics::DELIVERIES_BUFFERED,
+            Some(("Mode", "spillover")),
+        ) > 0.0,
+    );
     fired
 }
 
@@ -1043,6 +1107,15 @@ impl Signals {
         }
     }
 
+    /// Records `cycle` as the first of every layer that has noticed and had no first yet.
+    fn mark_first(&self, cycle: u32, first: &mut BTreeMap<String, u32>) {
+        for (layer, evidence) in &self.0 {
+            if !evidence.is_empty() {
+                first.entry(layer.clone()).or_insert(cycle);
+            }
+        }
+    }
+
     /// Sums a count per layer and name across cycles.
     fn count(&mut self, layer: &str, name: &str, n: u64) {
         if n == 0 {
@@ -1311,6 +1384,8 @@ async fn run_fault(
     setup(fault, &mut lab, scale).await?;
     let mut signals = Signals::default();
     let mut injected = inject(fault, &mut lab, scale, &mut signals).await?;
+    let mut first_noticed = BTreeMap::new();
+    signals.mark_first(0, &mut first_noticed);
 
     let (limit, promise) = match fault.promise() {
         Promise::Human(_) => (scale.watch_cycles, fault.promise()),
@@ -1329,6 +1404,7 @@ async fn run_fault(
     while cycles == 0 || (repair_cycle.is_none() && cycles < limit) {
         cycles += 1;
         lab.cycle(&mut signals).await?;
+        signals.mark_first(cycles, &mut first_noticed);
         if fault == Fault::OutboxTargetDown && cycles == 4 {
             lab.target.down.store(false, Ordering::SeqCst);
         }
@@ -1366,7 +1442,25 @@ async fn run_fault(
 
     let noticed: BTreeMap<String, Vec<String>> = signals.0;
     let anyone = noticed.values().any(|v| !v.is_empty());
+    let layers = noticed.values().filter(|v| !v.is_empty()).count();
+    let layers_required = fault.layers_required();
     let mut problems = Vec::new();
+    if layers < layers_required {
+        problems.push(format!(
+            "noticed by {layers} layer(s); the drill asks for {layers_required}"
+        ));
+    }
+    if fault == Fault::OutboxTargetDown {
+        // Seen before it is final: the checks and an alarm within two cycles of the target
+        // going down, while its messages have most of their tries left.
+        for layer in ["checks", "alarm"] {
+            match first_noticed.get(layer) {
+                Some(&cycle) if cycle <= 2 => {}
+                Some(cycle) => problems.push(format!("{layer} noticed only in cycle {cycle}")),
+                None => problems.push(format!("{layer} never noticed")),
+            }
+        }
+    }
     let (repair, harmless) = match promise {
         Promise::Repaired => match repair_cycle {
             Some(0) => (Repair::NothingToRepair, None),
@@ -1413,6 +1507,10 @@ async fn run_fault(
         fault: fault.name().into(),
         what: fault.what().into(),
         noticed,
+        first_noticed,
+        layers,
+        layers_required,
+        one_layer_why: fault.one_layer_why().map(str::to_owned),
         harmless_by_design: harmless,
         repair,
         status,
@@ -1537,6 +1635,10 @@ fn skipped(fault: Fault, why: &str) -> Row {
         fault: fault.name().into(),
         what: fault.what().into(),
         noticed: BTreeMap::new(),
+        first_noticed: BTreeMap::new(),
+        layers: 0,
+        layers_required: fault.layers_required(),
+        one_layer_why: fault.one_layer_why().map(str::to_owned),
         harmless_by_design: None,
         repair: Repair::Skipped { why: why.into() },
         status: Vec::new(),
@@ -1555,6 +1657,17 @@ fn repair_cell(r: &Repair) -> String {
     }
 }
 
+/// How many layers noticed, of how many the drill asks for.
+fn layers_cell(r: &Row) -> String {
+    if matches!(r.repair, Repair::Skipped { .. }) {
+        "-".into()
+    } else if r.layers_required == 0 {
+        format!("{} of 0", r.layers)
+    } else {
+        format!("{} of ≥{}", r.layers, r.layers_required)
+    }
+}
+
 /// The first piece of evidence of a layer, and how many more.
 fn cell(evidence: Option<&Vec<String>>) -> String {
     match evidence.map(Vec::as_slice) {
@@ -1570,13 +1683,18 @@ pub fn render(m: &Matrix) -> String {
     t.load_style(presets::ASCII_MARKDOWN);
     let mut header = vec!["fault".to_owned()];
     header.extend(LAYERS.iter().map(|l| (*l).to_owned()));
-    header.extend(["repaired, no human".into(), "status after".into()]);
+    header.extend([
+        "layers".into(),
+        "repaired, no human".into(),
+        "status after".into(),
+    ]);
     t.set_header(header);
     for r in &m.rows {
         let mut row = vec![r.fault.clone()];
         for layer in LAYERS {
             row.push(cell(r.noticed.get(layer)));
         }
+        row.push(layers_cell(r));
         row.push(repair_cell(&r.repair));
         row.push(if matches!(r.repair, Repair::Skipped { .. }) {
             "-".into()
@@ -1600,6 +1718,9 @@ pub fn render(m: &Matrix) -> String {
         }
         if let Some(why) = &r.harmless_by_design {
             let _ = writeln!(out, "    by design  {why}");
+        }
+        if let Some(why) = &r.one_layer_why {
+            let _ = writeln!(out, "    one layer  {why}");
         }
         if let Repair::NeedsHuman { why } = &r.repair {
             let _ = writeln!(out, "    human      {why}");
@@ -1638,7 +1759,7 @@ pub fn render(m: &Matrix) -> String {
     if m.ok {
         let _ = writeln!(
             out,
-            "\nVERDICT: every fault noticed by at least one layer ({harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so{skipped}"
+            "\nVERDICT: every fault noticed by as many layers as the drill asks for (two or more, or one where the row says why; {harmless} harmless by design, noticed by none), every repairable fault repaired with no human step; {human} need a human, and `hookctl status` says so{skipped}"
         );
     } else {
         let failed: Vec<&str> = m
@@ -1650,4 +1771,28 @@ pub fn render(m: &Matrix) -> String {
         let _ = writeln!(out, "\nVERDICT: FAILED: {}", failed.join(", "));
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Issue 23: two layers for every fault that is not harmless by design, unless it says why
+    /// one is the most it can have.
+    #[test]
+    fn every_fault_not_harmless_by_design_asks_for_two_layers() {
+        for fault in FAULTS {
+            match fault.promise() {
+                Promise::Harmless(_) => assert_eq!(fault.layers_required(), 0, "{fault:?}"),
+                _ if fault.layers_required() == 1 => {
+                    assert!(fault.one_layer_why().is_some(), "{fault:?}: say why")
+                }
+                _ => assert!(fault.layers_required() >= 2, "{fault:?}"),
+            }
+            if fault.one_layer_why().is_some() {
+                assert_eq!(fault.layers_required(), 1, "{fault:?}");
+            }
+            assert!(fault.layers_required() <= LAYERS.len(), "{fault:?}");
+        }
+    }
 }

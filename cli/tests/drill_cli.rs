@@ -76,9 +76,59 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
             anyone || r["harmless_by_design"].is_string(),
             "unnoticed and not harmless by design: {r}"
         );
+        // Issue 23: two layers for every fault that is not harmless by design, and each at
+        // least its own count (the drill's exit code says the same; this reads the matrix).
+        let (layers, required) = (
+            r["layers"].as_u64().unwrap(),
+            r["layers_required"].as_u64().unwrap(),
+        );
+        assert!(layers >= required, "{r}");
+        if r["harmless_by_design"].is_null() {
+            assert!(required >= 2 || r["one_layer_why"].is_string(), "{r}");
+        }
     }
+    // Reconcile's repairs are heard: the repairs check and its alarm, which pages on-call only
+    // (anomaly-breaches, whose alarm invokes reconcile, does not count them).
+    for fault in ["lost_queue_row", "deleted_effect", "deleted_outbox_row"] {
+        assert_eq!(
+            noticed(fault, "checks"),
+            ["reconcile_repairs_last_day"],
+            "{fault}"
+        );
+        assert_eq!(noticed(fault, "alarm"), ["reconcile-repairs"], "{fault}");
+        assert_eq!(row(fault)["layers"], 3, "{fault}");
+    }
+    // A target down is seen by the checks and an alarm within two cycles, before it is final.
+    assert_eq!(
+        noticed("outbox_target_down", "checks"),
+        [
+            "outbox_retrying_messages",
+            "outbox_oldest_undelivered_seconds"
+        ]
+    );
+    assert!(noticed("outbox_target_down", "alarm").contains(&"outbox-delivery-delayed".to_owned()));
+    for layer in ["checks", "alarm"] {
+        let first = row("outbox_target_down")["first_noticed"][layer]
+            .as_u64()
+            .unwrap();
+        assert!(first <= 2, "{layer} first noticed in cycle {first}");
+    }
+    assert!(
+        noticed("outbox_target_down", "outbox")
+            .iter()
+            .all(|e| !e.starts_with("failed=")),
+        "no message failed for good"
+    );
     // Each layer does the noticing the design gives it.
     assert!(noticed("lost_delivery", "backfill").contains(&"backfilled=1".to_owned()));
+    // One drop in the short form's 40 events passes the 2% the rate check allows: its second
+    // and third layers (the full form's 1 in 200 is backfill's alone, and the row says why).
+    assert_eq!(
+        noticed("lost_delivery", "checks"),
+        ["backfill_rate_last_day"]
+    );
+    assert_eq!(noticed("lost_delivery", "alarm"), ["anomaly-breaches"]);
+    assert!(row("lost_delivery")["one_layer_why"].is_string());
     assert_eq!(repaired("lost_delivery"), "repaired");
     assert_eq!(noticed("duplicate_storm", "ingest"), ["duplicate×80"]);
     assert!(noticed("lost_queue_row", "reconcile").contains(&"orphaned_pending=3".to_owned()));
@@ -226,20 +276,16 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
         ["buffered×20", "buffer_filed=20"],
         "{outage}"
     );
-    for layer in [
-        "drain",
-        "outbox",
-        "reconcile",
-        "backfill",
-        "checks",
-        "alarm",
-    ] {
+    for layer in ["drain", "outbox", "reconcile", "backfill", "checks"] {
         assert_eq!(
             evidence(outage, layer),
             Vec::<String>::new(),
             "{layer}: {outage}"
         );
     }
+    // Issue 23: the second layer, the spill's alarm (the sender saw only 200s).
+    assert_eq!(evidence(outage, "alarm"), ["buffer-spillover"], "{outage}");
+    assert_eq!(outage["layers"], 2, "{outage}");
     assert_eq!(
         outage["repair"],
         serde_json::json!({"result": "repaired", "cycles": 1}),
@@ -253,9 +299,14 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
     // a human must act, and status says so.
     let poison = buffer_row(&matrix, "poison_buffer_message");
     assert_eq!(poison["problems"], serde_json::json!([]), "{poison}");
+    // (The shop delivery spilled during the cut: the spill's alarm, issue 23, fires too.)
     assert_eq!(
         evidence(poison, "alarm"),
-        ["anomaly-breaches", "buffer-dead-letters"],
+        [
+            "anomaly-breaches",
+            "buffer-spillover",
+            "buffer-dead-letters"
+        ],
         "{poison}"
     );
     assert_eq!(

@@ -46,7 +46,8 @@ pub const OLDEST_PENDING_AGE: &str = "OldestPendingAgeSeconds";
 /// Secrets Manager could not answer (stale-if-error), by `What` (source, secret).
 pub const STALE_SERVED: &str = "StaleServed";
 
-/// Anomaly checks that breached in the last run.
+/// Anomaly checks that breached in the last run, but for those that page on-call only
+/// (`anomaly::ON_CALL_ONLY`): the alarm on this count also invokes reconcile.
 pub const ANOMALY_BREACHES: &str = "AnomalyBreaches";
 /// Each global anomaly check's measurement, by `Check`.
 pub const ANOMALY_VALUE: &str = "AnomalyValue";
@@ -57,6 +58,19 @@ pub const ANOMALY_VALUE: &str = "AnomalyValue";
 /// anomaly and deleted from the queue), `retry` (left on the queue: it reaches the buffer's
 /// dead-letter queue if it keeps failing).
 pub const BUFFERED_DELIVERIES_FILED: &str = "BufferedDeliveriesFiled";
+
+// Issue 23 (a repair is a signal too; delivery trouble seen before it is final).
+/// Events reconcile re-queued because something they needed was lost, once without a dimension
+/// (the `reconcile-repairs` alarm reads it) and once by `Kind` (`orphaned_pending`,
+/// `missing_effect`, `missing_outbox`). Zero on a healthy stack: each one is the symptom of a
+/// bug elsewhere.
+pub const RECONCILE_REPAIRS: &str = "ReconcileRepairs";
+/// Outbox messages whose try failed and that were scheduled again (a target answering 5xx,
+/// 408, 429, or unreachable).
+pub const OUTBOX_RETRIED: &str = "OutboxRetried";
+/// Age of the oldest undelivered (pending) outbox message after an outbox pass, in seconds;
+/// 0 when every message is delivered.
+pub const OUTBOX_OLDEST_UNDELIVERED_AGE: &str = "OutboxOldestUndeliveredSeconds";
 
 /// Every metric name the code emits.
 pub const EMITTED: &[&str] = &[
@@ -74,6 +88,10 @@ pub const EMITTED: &[&str] = &[
     OLDEST_PENDING_AGE,
     STALE_SERVED,
     BUFFERED_DELIVERIES_FILED,
+    // Issue 23.
+    RECONCILE_REPAIRS,
+    OUTBOX_RETRIED,
+    OUTBOX_OLDEST_UNDELIVERED_AGE,
 ];
 
 pub type Collector = metrics_cloudwatch_embedded::Collector;
@@ -149,4 +167,25 @@ pub fn anomaly_value(check: &str, value: f64) {
 
 pub fn anomaly_breaches(breaches: usize) {
     metrics::histogram!(ANOMALY_BREACHES).record(breaches as f64);
+}
+
+// Issue 23.
+/// What a reconcile pass re-queued, by kind (nothing is sent for a pass that repaired nothing).
+pub fn reconcile_repairs(by_kind: &[(&'static str, u64)]) {
+    let total: u64 = by_kind.iter().map(|(_, n)| n).sum();
+    if total == 0 {
+        return;
+    }
+    metrics::counter!(RECONCILE_REPAIRS).increment(total);
+    for &(kind, n) in by_kind {
+        if n > 0 {
+            metrics::counter!(RECONCILE_REPAIRS, "Kind" => kind).increment(n);
+        }
+    }
+}
+
+/// An outbox pass: the messages it scheduled again, and the oldest undelivered one it left.
+pub fn outbox(retried: u64, oldest_undelivered_seconds: f64) {
+    metrics::counter!(OUTBOX_RETRIED).increment(retried);
+    metrics::histogram!(OUTBOX_OLDEST_UNDELIVERED_AGE).record(oldest_undelivered_seconds);
 }

@@ -121,6 +121,10 @@ impl OutboxSender {
                 break;
             }
         }
+        // Measured after sending, so a healthy pass reports what it could not deliver (issue 23:
+        // a target going down shows here within minutes, long before the retry budget ends).
+        let oldest = outbox::oldest_undelivered_age(&self.pool).await?;
+        crate::metrics::outbox(total.retried, oldest);
         if total.leased > 0 {
             tracing::info!(
                 leased = total.leased,

@@ -18,7 +18,9 @@ use sqlx::PgPool;
 
 use crate::drain::{DrainOutcome, Drainer};
 use crate::maintenance::{self, Run, RunCounts};
-use crate::store::{StoreError, reconcile as checks, unrepaired_losses as losses};
+use crate::store::{
+    StoreError, maintenance_runs as runs, reconcile as checks, unrepaired_losses as losses,
+};
 
 /// Advisory lock key of the reconcile pass ("reconcil" in ASCII).
 pub const RECONCILE_LOCK: i64 = 0x7265_636f_6e63_696c;
@@ -70,8 +72,48 @@ pub struct Found {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Repaired {
     pub requeued: u64,
+    /// What the re-queued events had lost (they add up to `requeued` unless an event changed
+    /// while the pass ran). Every one is the symptom
+    /// of a bug elsewhere: published as the `ReconcileRepairs` metric by `Kind`, and counted by
+    /// the `reconcile_repairs_last_day` check, whose expected range is zero.
+    pub requeued_by_kind: RepairsByKind,
     pub outbox_made_due: u64,
     pub drained: DrainOutcome,
+}
+
+/// The events a pass re-queued, by what they had lost.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct RepairsByKind {
+    /// Pending events that had lost their queue row: nothing would ever have processed them.
+    pub orphaned_pending: u64,
+    /// Processed events whose projection was missing or older than the event.
+    pub missing_effects: u64,
+    /// Processed events whose announcement (an outbox row) was missing.
+    pub missing_outbox: u64,
+}
+
+impl RepairsByKind {
+    pub fn total(&self) -> u64 {
+        self.orphaned_pending + self.missing_effects + self.missing_outbox
+    }
+
+    /// Each kind with its metric dimension value.
+    pub fn kinds(&self) -> [(&'static str, u64); 3] {
+        [
+            ("orphaned_pending", self.orphaned_pending),
+            ("missing_effect", self.missing_effects),
+            ("missing_outbox", self.missing_outbox),
+        ]
+    }
+
+    fn count(&mut self, problem: &str) {
+        match problem {
+            "orphaned_pending" => self.orphaned_pending += 1,
+            "missing_effect" => self.missing_effects += 1,
+            "missing_outbox" => self.missing_outbox += 1,
+            _ => {}
+        }
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
@@ -95,11 +137,17 @@ pub async fn run_once(
     settings: &ReconcileSettings,
     trigger: &str,
 ) -> Result<ReconcileOutcome, StoreError> {
-    let run = maintenance::locked(pool, "reconcile", trigger, RECONCILE_LOCK, |_| async move {
-        let mut counts = Counts::default();
-        let result = checks_and_repairs(pool, drainer, settings, &mut counts).await;
-        (counts, result)
-    })
+    let run = maintenance::locked(
+        pool,
+        "reconcile",
+        trigger,
+        RECONCILE_LOCK,
+        |run_id| async move {
+            let mut counts = Counts::default();
+            let result = checks_and_repairs(pool, drainer, settings, run_id, &mut counts).await;
+            (counts, result)
+        },
+    )
     .await?;
     Ok(match run {
         Run::Skipped { run_id } => ReconcileOutcome::Skipped { run_id },
@@ -172,6 +220,7 @@ async fn checks_and_repairs(
     pool: &PgPool,
     drainer: &Drainer,
     settings: &ReconcileSettings,
+    run_id: i64,
     Counts { found, repaired }: &mut Counts,
 ) -> Result<(), StoreError> {
     found.pending_past_sla =
@@ -180,6 +229,7 @@ async fn checks_and_repairs(
     // The chunked scan: orphaned queue entries, missing or stale effects, missing outbox rows.
     let (mut tenant, mut id) = checks::cursor(pool).await?;
     let mut to_requeue: (Vec<String>, Vec<String>) = Default::default();
+    let mut by_kind = RepairsByKind::default();
     for _ in 0..settings.max_chunks {
         let chunk = checks::scan_chunk(pool, &tenant, &id, settings.chunk_size).await?;
         found.events_scanned += chunk.len() as u64;
@@ -211,6 +261,7 @@ async fn checks_and_repairs(
                 continue;
             }
             tracing::warn!(tenant_id = %event.tenant_id, external_id = %event.external_id, problem = event.problem.as_deref().unwrap_or(""), "reconcile found");
+            by_kind.count(event.problem.as_deref().unwrap_or_default());
             to_requeue.0.push(event.tenant_id);
             to_requeue.1.push(event.external_id);
         }
@@ -226,6 +277,13 @@ async fn checks_and_repairs(
     }
     checks::save_cursor(pool, &tenant, &id).await?;
     repaired.requeued = checks::requeue(pool, &to_requeue.0, &to_requeue.1).await?;
+    repaired.requeued_by_kind = by_kind;
+    // Published and recorded as soon as the repair is made, whatever happens to the rest of the
+    // pass (its drain of what it re-queued may fail, or panic).
+    crate::metrics::reconcile_repairs(&by_kind.kinds());
+    if repaired.requeued > 0 {
+        runs::record_repaired(pool, run_id, &maintenance::json(&*repaired)).await?;
+    }
 
     let window = settings.outbox_window.as_secs_f64();
     (found.outbox_undelivered_past_window, found.outbox_failed) =

@@ -10,12 +10,14 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let margin = vars.deadline_margin()?;
     let database = shared::database::Database::from_vars(&vars).await?;
     let sender = OutboxSender::new(database.pool().clone(), settings)?;
+    let metrics = shared::metrics::install_emf()?;
     let (database, sender) = (&database, &sender);
     run(service_fn(move |event| async move {
         let result = outbox::handler(event, sender, margin).await;
         database
             .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
             .await;
+        let _ = metrics.flush(std::io::stdout());
         result
     }))
     .await

@@ -391,7 +391,46 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // Issue 23: every fault seen by two layers.
+    // What reconcile re-queued in the last day because something was lost (a queue row, an
+    // effect, an outbox row): reconcile repairs it, and without this check nobody would hear
+    // of the bug that keeps losing it. Counted from the runs' own records, failed runs too (a
+    // pass records its repairs before it drains them). Reading it pages on-call only (see
+    // `anomaly::ON_CALL_ONLY`): reconcile just made the repair.
+    check(
+        "reconcile_repairs_last_day",
+        "referential",
+        "SELECT COALESCE(sum(CASE WHEN jsonb_typeof(repaired->'requeued') = 'number' \
+            THEN (repaired->>'requeued')::float8 END), 0)::float8 \
+         FROM maintenance_runs WHERE job = 'reconcile' AND started_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
+    // Delivery trouble before it is final: messages whose last two tries or more failed (a
+    // target down fails every message at its first two tries within two minutes), and the age of
+    // the oldest undelivered message (the outbox runs every minute, so a healthy one is under a
+    // minute or two old). A message tried 10 times fails for good, at the earliest about 9
+    // minutes after its first try (one try per 1-minute run), typically 15 to 25.
+    check(
+        "outbox_retrying_messages",
+        "latency",
+        "SELECT count(*)::float8 FROM outbox WHERE status = 'pending' AND attempts >= 2",
+        ZERO.0,
+        ZERO.1,
+    ),
+    check(
+        "outbox_oldest_undelivered_seconds",
+        "latency",
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox WHERE status = 'pending'",
+        Some(0.0),
+        Some(OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS),
+    ),
 ];
+
+// Issue 23.
+/// The oldest undelivered outbox message's expected age at most: four missed 1-minute outbox
+/// runs. The `outbox-delivery-delayed` alarm in template.yaml has the same threshold.
+pub const OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS: f64 = 240.0;
 
 pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, StoreError> {
     Ok(sqlx::query_scalar::<_, Option<f64>>(check.sql)

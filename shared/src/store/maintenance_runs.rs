@@ -32,6 +32,8 @@ pub async fn skipped(
         .await?)
 }
 
+/// Ends a run with its counts. A count recorded while the run went on ([`record_repaired`]) and
+/// absent from these stays: a pass that panicked (finished with `{}`) keeps what it had repaired.
 pub async fn finish(
     executor: impl PgExecutor<'_>,
     run_id: i64,
@@ -40,12 +42,28 @@ pub async fn finish(
     error: Option<&str>,
 ) -> Result<(), StoreError> {
     const SQL: &str = "UPDATE maintenance_runs SET status = CASE WHEN $4::text IS NULL THEN 'completed' ELSE 'failed' END, \
-             finished_at = now(), found = $2, repaired = $3, error = $4 WHERE run_id = $1";
+             finished_at = now(), found = found || $2, repaired = repaired || $3, error = $4 WHERE run_id = $1";
     sqlx::query(SQL)
         .bind(run_id)
         .bind(found)
         .bind(repaired)
         .bind(error)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Records what a running pass has repaired so far, before anything else it does can fail or
+/// panic: a repair is a signal (the `reconcile_repairs_last_day` check reads it).
+pub async fn record_repaired(
+    executor: impl PgExecutor<'_>,
+    run_id: i64,
+    repaired: &serde_json::Value,
+) -> Result<(), StoreError> {
+    const SQL: &str = "UPDATE maintenance_runs SET repaired = repaired || $2 WHERE run_id = $1";
+    sqlx::query(SQL)
+        .bind(run_id)
+        .bind(repaired)
         .execute(executor)
         .await?;
     Ok(())

@@ -123,6 +123,14 @@ pub async fn counts(
         .await?)
 }
 
+/// Seconds since the oldest undelivered (pending) message was written; 0 when none waits. Reads
+/// the pending rows only (the `outbox_undelivered` partial index).
+pub async fn oldest_undelivered_age(executor: impl PgExecutor<'_>) -> Result<f64, StoreError> {
+    const SQL: &str = "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 \
+         FROM outbox WHERE status = 'pending'";
+    Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
+}
+
 /// Which failed messages: every field narrows; none matches every failed message (`limit` alone
 /// is no filter).
 #[derive(Debug, Clone, Default, serde::Deserialize, serde::Serialize)]
