@@ -234,8 +234,10 @@ impl Fault {
             Fault::SignatureStorm => 2,
             // Ingest answers `buffered`, and the spill's alarm; the consumer files them.
             Fault::DatabaseDownNoRetry => 2,
-            // The consumer keeps the poison message, and the buffer's dead-letter alarm.
-            Fault::PoisonBufferMessage => 2,
+            // The consumer keeps the poison message and records the unfilable one; the checks
+            // count both (unfilable_buffered_deliveries_last_day, buffer_dead_letters); the
+            // buffer's dead-letter alarm and the checks' own.
+            Fault::PoisonBufferMessage => 3,
             // The per-source check, and the alarm on the checks.
             Fault::SilentSource | Fault::VacuumStarvation => 2,
             Fault::DuplicateStorm

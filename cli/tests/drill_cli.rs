@@ -317,6 +317,7 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
         ],
         "{poison}"
     );
+    assert_eq!(poison["layers"], 3, "{poison}");
     let ingest = evidence(poison, "ingest");
     assert!(
         ingest.iter().any(|e| e.starts_with("buffer_kept=")),
