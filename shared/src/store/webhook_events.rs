@@ -769,11 +769,22 @@ pub struct SourceActivity {
 }
 
 /// Every source's recent traffic, each read off its `(source_id, first_received_at)` index.
+/// Both reads are written as row comparisons on that index's key (issue 26): with a plain
+/// `source_id = ...` the planner took the `first_received_at` index and filtered by source,
+/// which for `max()` of a quiet source walks the whole table's index backwards and for the
+/// last day reads every source's day once per source. A row comparison bounds only the
+/// `(source_id, first_received_at)` index, so the newest event is the greatest key at or below
+/// `(source, infinity)` (one index entry; `NULL` when it is another source's) and the day is
+/// that source's range of it.
 pub async fn activity_by_source(
     executor: impl PgExecutor<'_>,
 ) -> Result<Vec<SourceActivity>, StoreError> {
     const SQL: &str = "SELECT s.source_id, s.tenant_id, s.scheme, s.enabled, \
-             (SELECT max(e.first_received_at) FROM webhook_events AS e WHERE e.source_id = s.source_id) AS last_received_at, \
+             (SELECT n.first_received_at FROM ( \
+                 SELECT e.source_id, e.first_received_at FROM webhook_events AS e \
+                 WHERE (e.source_id, e.first_received_at) <= (s.source_id, 'infinity'::timestamptz) \
+                 ORDER BY e.source_id DESC, e.first_received_at DESC LIMIT 1) AS n \
+              WHERE n.source_id = s.source_id) AS last_received_at, \
              d.events_last_hour, d.events_last_day, d.duplicates_last_day, d.conflicts_last_day, \
              d.held_last_day \
          FROM sources AS s CROSS JOIN LATERAL ( \
@@ -788,7 +799,8 @@ pub async fn activity_by_source(
                               AND a.kind = 'replayed_body' AND a.payload_sha256 = e.payload_sha256)) \
                         AS held_last_day \
              FROM webhook_events AS e \
-             WHERE e.source_id = s.source_id AND e.first_received_at > now() - interval '1 day') AS d \
+             WHERE e.source_id = s.source_id \
+               AND (e.source_id, e.first_received_at) > (s.source_id, now() - interval '1 day')) AS d \
          ORDER BY s.source_id";
     Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }
