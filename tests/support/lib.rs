@@ -337,6 +337,7 @@ pub fn sha256(bytes: &[u8]) -> Vec<u8> {
 // ---- The drain ----------------------------------------------------------------------------
 
 pub mod buffer;
+pub mod scale;
 
 pub mod drain {
     use std::sync::Arc;

@@ -768,16 +768,31 @@ pub struct SourceActivity {
     pub held_last_day: i64,
 }
 
-/// Every source's recent traffic, each read off its `(source_id, first_received_at)` index.
+/// Every source's recent traffic. The newest event is read off the `(source_id,
+/// first_received_at)` index as a row comparison (issue 26): with a plain `source_id = ...`
+/// the planner took the `first_received_at` index and filtered by source, which for `max()` of
+/// a quiet source walks the whole table's index backwards. The row comparison bounds only the
+/// composite index, so the newest event is the greatest key at or below `(source, infinity)`:
+/// one index entry, `NULL` when it is another source's. The last day is read once for every
+/// source, a range of the `first_received_at` index (per source, each busy source read every
+/// page of the day: the sources' events share the pages).
 pub async fn activity_by_source(
     executor: impl PgExecutor<'_>,
 ) -> Result<Vec<SourceActivity>, StoreError> {
     const SQL: &str = "SELECT s.source_id, s.tenant_id, s.scheme, s.enabled, \
-             (SELECT max(e.first_received_at) FROM webhook_events AS e WHERE e.source_id = s.source_id) AS last_received_at, \
-             d.events_last_hour, d.events_last_day, d.duplicates_last_day, d.conflicts_last_day, \
-             d.held_last_day \
-         FROM sources AS s CROSS JOIN LATERAL ( \
-             SELECT count(*) FILTER (WHERE e.first_received_at > now() - interval '1 hour') AS events_last_hour, \
+             (SELECT n.first_received_at FROM ( \
+                 SELECT e.source_id, e.first_received_at FROM webhook_events AS e \
+                 WHERE (e.source_id, e.first_received_at) <= (s.source_id, 'infinity'::timestamptz) \
+                 ORDER BY e.source_id DESC, e.first_received_at DESC LIMIT 1) AS n \
+              WHERE n.source_id = s.source_id) AS last_received_at, \
+             COALESCE(d.events_last_hour, 0) AS events_last_hour, \
+             COALESCE(d.events_last_day, 0) AS events_last_day, \
+             COALESCE(d.duplicates_last_day, 0) AS duplicates_last_day, \
+             COALESCE(d.conflicts_last_day, 0) AS conflicts_last_day, \
+             COALESCE(d.held_last_day, 0) AS held_last_day \
+         FROM sources AS s LEFT JOIN ( \
+             SELECT e.source_id, \
+                    count(*) FILTER (WHERE e.first_received_at > now() - interval '1 hour') AS events_last_hour, \
                     count(*) AS events_last_day, \
                     COALESCE(sum(e.delivery_count - 1), 0)::bigint AS duplicates_last_day, \
                     COALESCE(sum(e.conflict_count), 0)::bigint AS conflicts_last_day, \
@@ -788,7 +803,8 @@ pub async fn activity_by_source(
                               AND a.kind = 'replayed_body' AND a.payload_sha256 = e.payload_sha256)) \
                         AS held_last_day \
              FROM webhook_events AS e \
-             WHERE e.source_id = s.source_id AND e.first_received_at > now() - interval '1 day') AS d \
+             WHERE e.first_received_at > now() - interval '1 day' \
+             GROUP BY e.source_id) AS d ON d.source_id = s.source_id \
          ORDER BY s.source_id";
     Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }

@@ -1,0 +1,142 @@
+//! Every pass and `hookctl status` at 1M and 5M events (20M with `BENCH_SCALE_20M=1`), each
+//! table filled in production's shape (`pipeline_tests::scale`: 29 days of processed events in
+//! time order, 1 KiB payloads for the last 7, three busy sources and four quiet ones, entities,
+//! outbox, dead letters, tombstones, gap watermarks, a fixed backlog of 10k pending events).
+//! Prints each pass's time at each size and the ratio of the largest size's time to the
+//! smallest's (issue 26's goal: within 1.5x). The drain is of the fixed backlog, so it is the
+//! same work at every size (before reconcile, which would otherwise drain it). Backfill is not timed: the filled sources have no gap detection
+//! (it would need a provider API).
+//!
+//! Run: `./scripts/bench scale` (needs DATABASE_URL with the right to create a database; a
+//! fresh database per size, dropped after; 5M is ~6 GB on disk and a few minutes to fill).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use shared::anomaly::AnomalySettings;
+use shared::drain::{DrainSettings, Drainer};
+use shared::effects::EffectRegistry;
+use shared::outbox::{OutboxSender, OutboxSettings};
+use shared::status::StatusSettings;
+use sqlx::PgPool;
+
+const PASSES: [&str; 7] = [
+    "status",
+    "status (again)",
+    "anomaly",
+    "drain 10k backlog",
+    "reconcile",
+    "outbox",
+    "retention",
+];
+
+async fn timed<T, F: std::future::Future<Output = T>>(f: F) -> Duration {
+    let start = Instant::now();
+    f.await;
+    start.elapsed()
+}
+
+async fn passes(pool: &PgPool) -> Vec<Duration> {
+    let drainer = Drainer::new(
+        pool.clone(),
+        Arc::new(EffectRegistry::standard()),
+        DrainSettings::default(),
+    );
+    let settings = StatusSettings::default();
+    let mut out = Vec::new();
+    for _ in 0..2 {
+        out.push(timed(async { shared::status::report(pool, &settings).await.unwrap() }).await);
+    }
+    out.push(
+        timed(async {
+            shared::anomaly::run_once(pool, &AnomalySettings::default(), "bench")
+                .await
+                .unwrap()
+        })
+        .await,
+    );
+    out.push(
+        timed(async {
+            let give_up = Instant::now() + Duration::from_secs(600);
+            let mut claimed = 0;
+            loop {
+                let o = drainer.run_once().await.unwrap();
+                claimed += o.claimed;
+                if o.claimed == 0 || Instant::now() > give_up {
+                    break;
+                }
+            }
+            println!("  drain claimed {claimed} events of the backlog");
+        })
+        .await,
+    );
+    out.push(
+        timed(async {
+            shared::reconcile::run_once(pool, &drainer, &Default::default(), "bench")
+                .await
+                .unwrap()
+        })
+        .await,
+    );
+    let sender =
+        OutboxSender::new(pool.clone(), OutboxSettings::new("http://127.0.0.1:9/")).unwrap();
+    out.push(
+        timed(async {
+            sender
+                .run_once(Instant::now() + Duration::from_secs(60))
+                .await
+                .unwrap()
+        })
+        .await,
+    );
+    out.push(
+        timed(async {
+            shared::retention::run_once(pool, &Default::default(), "bench")
+                .await
+                .unwrap()
+        })
+        .await,
+    );
+    out
+}
+
+#[tokio::main]
+async fn main() {
+    let mut sizes = vec![1_000_000i64, 5_000_000];
+    if std::env::var("BENCH_SCALE_20M").is_ok_and(|v| v == "1") {
+        sizes.push(20_000_000);
+    }
+    let mut results: Vec<(i64, Vec<Duration>, i64)> = Vec::new();
+    for &rows in &sizes {
+        let db =
+            benchmarks::BenchDatabase::create(&format!("bench_scale_{}m", rows / 1_000_000)).await;
+        let start = Instant::now();
+        pipeline_tests::scale::fill(&db.pool, rows).await;
+        let bytes: i64 = sqlx::query_scalar("SELECT pg_total_relation_size('webhook_events')")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        println!(
+            "{rows} events filled in {:.0} s (webhook_events {} MB with indexes)",
+            start.elapsed().as_secs_f64(),
+            bytes / 1_000_000
+        );
+        results.push((rows, passes(&db.pool).await, bytes));
+        db.drop().await;
+    }
+
+    print!("{:<20}", "pass (ms)");
+    for (rows, _, _) in &results {
+        print!(" {:>12}", format!("{}M", rows / 1_000_000));
+    }
+    println!(" {:>14}", "largest/1M");
+    for (i, pass) in PASSES.iter().enumerate() {
+        print!("{pass:<20}");
+        for (_, times, _) in &results {
+            print!(" {:>12.1}", times[i].as_secs_f64() * 1e3);
+        }
+        let first = results.first().unwrap().1[i].as_secs_f64();
+        let last = results.last().unwrap().1[i].as_secs_f64();
+        println!(" {:>13.2}x", last / first.max(1e-9));
+    }
+}

@@ -1,0 +1,206 @@
+//! The verdict in bounded time (issue 26): every statement `hookctl status` and the operator
+//! actions run is planned against a table of realistic size (production's shape, see
+//! `pipeline_tests::scale`), and no plan reads `webhook_events` by a scan: each read of it is
+//! bounded by an index condition, and no index is walked filtering on the source (the quiet
+//! sources' `max(first_received_at)` walked the whole time index backwards).
+//!
+//! The plans are the ones the server really chose for the statements as executed, with their
+//! bound parameters: `auto_explain` on the test's own connection sends each as a notice.
+
+use std::sync::{Arc, Mutex};
+
+use shared::operator::{self, OperatorRequest};
+use sqlx::PgPool;
+use sqlx::postgres::PgPoolOptions;
+use tracing_subscriber::layer::SubscriberExt;
+
+/// Enough events that the planner prefers an index wherever one bounds the read.
+const ROWS: i64 = 200_000;
+
+/// Collects the `message` of every notice sqlx receives.
+#[derive(Clone, Default)]
+struct Notices(Arc<Mutex<Vec<String>>>);
+
+struct Message<'a>(&'a mut Option<String>);
+
+impl tracing::field::Visit for Message<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        if field.name() == "message" {
+            *self.0 = Some(value.to_owned());
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" && self.0.is_none() {
+            *self.0 = Some(format!("{value:?}"));
+        }
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Notices {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        if event.metadata().target() == "sqlx::postgres::notice" {
+            let mut message = None;
+            event.record(&mut Message(&mut message));
+            if let Some(m) = message {
+                self.0.lock().unwrap().push(m);
+            }
+        }
+    }
+}
+
+/// A plan auto_explain sent: the statement and its plan tree.
+struct Explained {
+    query: String,
+    plan: serde_json::Value,
+}
+
+fn explained(notices: &Notices) -> Vec<Explained> {
+    notices
+        .0
+        .lock()
+        .unwrap()
+        .iter()
+        .filter_map(|m| {
+            let json: serde_json::Value = serde_json::from_str(&m[m.find('{')?..]).ok()?;
+            Some(Explained {
+                query: json["Query Text"].as_str().unwrap_or_default().to_owned(),
+                plan: json["Plan"].clone(),
+            })
+        })
+        .collect()
+}
+
+/// What is wrong with each node of `plan` that reads `webhook_events` (or one of its indexes);
+/// counts those nodes in `reads`.
+fn unbounded_reads(plan: &serde_json::Value, reads: &mut usize, out: &mut Vec<String>) {
+    let text = |k: &str| plan[k].as_str().unwrap_or_default();
+    let on_events = text("Relation Name") == "webhook_events"
+        || text("Index Name").starts_with("webhook_events_");
+    if on_events {
+        *reads += 1;
+        let node = text("Node Type");
+        let cond = text("Index Cond");
+        match node {
+            "Seq Scan" => out.push("a sequential scan of webhook_events".into()),
+            "Index Scan" | "Index Only Scan" | "Bitmap Index Scan" => {
+                let bounded = cond
+                    .split(" AND ")
+                    .any(|c| !c.trim_matches(['(', ')', ' ']).ends_with("IS NOT NULL"));
+                if cond.is_empty() || !bounded {
+                    out.push(format!(
+                        "{node} of {} bounded by nothing (Index Cond: {cond:?})",
+                        text("Index Name")
+                    ));
+                }
+            }
+            _ => {}
+        }
+        if text("Filter").contains("source_id") {
+            out.push(format!(
+                "{node} of {} filters on the source instead of bounding by it (Filter: {})",
+                text("Index Name"),
+                text("Filter")
+            ));
+        }
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        unbounded_reads(child, reads, out);
+    }
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn status_and_the_operator_actions_read_webhook_events_only_through_bounding_indexes(
+    pool: PgPool,
+) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    let (dead_letter_id, outbox_id): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT min(dead_letter_id) FROM dead_letters), (SELECT min(outbox_id) FROM outbox)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let second_letter: i64 = sqlx::query_scalar("SELECT max(dead_letter_id) FROM dead_letters")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+
+    // One connection, every statement on it explained.
+    let explaining = PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Executor;
+                conn.execute(
+                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
+                     SET auto_explain.log_format = json; SET auto_explain.log_level = notice; \
+                     SET client_min_messages = notice",
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let notices = Notices::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+
+    let registry = shared::effects::EffectRegistry::standard();
+    let requests = serde_json::json!([
+        {"action": "status"},
+        {"action": "list_dead_letters"},
+        {"action": "show_dead_letter", "dead_letter_id": dead_letter_id},
+        {"action": "list_runs"},
+        {"action": "list_checks"},
+        {"action": "list_gaps"},
+        {"action": "list_tombstones", "source_id": "busy-1"},
+        {"action": "list_failed_outbox", "filter": {"ids": [outbox_id]}},
+        {"action": "list_actions"},
+        {"action": "tombstone", "tenant_id": "scale", "source_id": "busy-2",
+         "external_id": "never_sent_1", "reason": "the provider says so", "actor": "test"},
+        {"action": "set_dead_letter_status", "dead_letter_id": second_letter,
+         "status": "investigating", "reason": "looking", "actor": "test"},
+        {"action": "replay", "filter": {"ids": [dead_letter_id]}, "reason": "fixed", "actor": "test"},
+        {"action": "resend_outbox", "filter": {"ids": [outbox_id]}, "reason": "again", "actor": "test"},
+    ]);
+    let mut answered = Vec::new();
+    for json in requests.as_array().unwrap() {
+        let request: OperatorRequest = operator::parse(json.clone()).unwrap();
+        let response = operator::handle(&explaining, &registry, request).await;
+        answered.push((
+            json["action"].clone(),
+            response.map(|_| ()).map_err(|e| e.to_string()),
+        ));
+    }
+    drop(_guard);
+    // The reads answer; the actions may refuse (the replayed event's effect, the outbox row
+    // that did not fail), but each ran its statements.
+    for (action, result) in &answered[..9] {
+        assert!(result.is_ok(), "{action}: {result:?}");
+    }
+
+    let plans = explained(&notices);
+    let mut reads = 0;
+    let mut wrong = Vec::new();
+    for p in &plans {
+        let mut found = Vec::new();
+        unbounded_reads(&p.plan, &mut reads, &mut found);
+        wrong.extend(
+            found
+                .into_iter()
+                .map(|f| format!("{f}\n    in: {}", p.query)),
+        );
+    }
+    assert!(
+        plans.iter().any(|p| p.query.contains("last_received_at")),
+        "status's per-source activity was explained ({} plans)",
+        plans.len()
+    );
+    assert!(
+        reads >= 4,
+        "the statements read webhook_events ({reads} reads in {} plans)",
+        plans.len()
+    );
+    assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
+}
