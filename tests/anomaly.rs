@@ -139,6 +139,23 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
     assert!(value > 7000.0 && high == 900.0, "{value} {high}");
 }
 
+/// 20 processed events for each of `sources` in the last complete hour's hour of the week, in
+/// each of the three weeks before.
+async fn steady_history(pool: &PgPool, sources: &[&str]) {
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, src || '-w' || w || '-' || n, src, 'ping', sha256(convert_to(src || w || n, 'UTF8')), 'current', t, t, t, 'processed', t \
+         FROM unnest($2::text[]) AS src, generate_series(1, 3) AS w, generate_series(1, 20) AS n, \
+              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
+    )
+    .bind(TENANT)
+    .bind(sources)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// Silence and spikes per source, each against the same hour of the week in its own history.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgPool) {
@@ -150,17 +167,7 @@ async fn silence_and_spikes_are_judged_against_each_source_own_history(pool: PgP
     // Created 22 days ago: three weeks of history count. At this hour of the week: 20 events
     // for github and for shopify each week.
     // Last hour: github silent, shopify 200 events.
-    sqlx::query(
-        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
-             received_at, first_received_at, last_seen_at, status, processed_at) \
-         SELECT $1, src || '-w' || w || '-' || n, src, 'ping', sha256(convert_to(src || w || n, 'UTF8')), 'current', t, t, t, 'processed', t \
-         FROM unnest(ARRAY['github', 'shopify']) AS src, generate_series(1, 3) AS w, generate_series(1, 20) AS n, \
-              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
-    )
-    .bind(TENANT)
-    .execute(&pool)
-    .await
-    .unwrap();
+    steady_history(&pool, &["github", "shopify"]).await;
     sqlx::query(
         "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
              received_at, first_received_at, last_seen_at, status, processed_at) \
@@ -323,17 +330,7 @@ async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
         .await
         .unwrap();
     // Three weeks of 20 github events at this hour of the week; none in the last hour.
-    sqlx::query(
-        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
-             received_at, first_received_at, last_seen_at, status, processed_at) \
-         SELECT $1, 'github-w' || w || '-' || n, 'github', 'ping', sha256(convert_to('gh' || w || n, 'UTF8')), 'current', t, t, t, 'processed', t \
-         FROM generate_series(1, 3) AS w, generate_series(1, 20) AS n, \
-              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
-    )
-    .bind(TENANT)
-    .execute(&pool)
-    .await
-    .unwrap();
+    steady_history(&pool, &["github"]).await;
     let queue = pipeline_tests::buffer::new_buffer_queue(5, 30).await;
     let settings = AnomalySettings::default();
     let run = |queue| {

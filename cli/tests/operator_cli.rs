@@ -1219,6 +1219,22 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     );
 }
 
+/// A delivery to the source `pay`, buffered now, as ingest would have sent it.
+fn pay_delivery(delivery_id: &str, body: &[u8]) -> shared::buffer::BufferedDelivery {
+    shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: delivery_id.into(),
+            source_id: "pay".into(),
+            received_at_micros: unix_now() * 1_000_000,
+            verified_with: "current".into(),
+            headers: Default::default(),
+            signed_headers: vec![],
+        },
+        body: body.to_vec(),
+    }
+}
+
 /// The buffer's queues on moto (`MOTO_ENDPOINT`, which the test command starts), named uniquely.
 async fn buffer_queues() -> (shared::buffer::BufferQueue, String, String) {
     let endpoint = std::env::var("MOTO_ENDPOINT").expect("MOTO_ENDPOINT: run scripts/test");
@@ -1252,18 +1268,7 @@ async fn the_buffers_dead_letters_are_not_accounted_for_until_redriven(
     let db = db(pool_options, connect).await;
     let (buffer, queue, dead_letters) = buffer_queues().await;
     // A delivery the consumer failed on five times: SQS moved it to the dead-letter queue.
-    let delivery = shared::buffer::BufferedDelivery {
-        envelope: shared::buffer::Envelope {
-            v: shared::buffer::ENVELOPE_VERSION,
-            delivery_id: "d-failed-five-times".into(),
-            source_id: "pay".into(),
-            received_at_micros: unix_now() * 1_000_000,
-            verified_with: "current".into(),
-            headers: Default::default(),
-            signed_headers: vec![],
-        },
-        body: br#"{"secret-looking":"body"}"#.to_vec(),
-    };
+    let delivery = pay_delivery("d-failed-five-times", br#"{"secret-looking":"body"}"#);
     buffer.send_to(&dead_letters, delivery).await.unwrap();
     let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
     let env = [
@@ -1368,18 +1373,7 @@ async fn status_shows_how_long_the_oldest_buffered_delivery_has_waited(
 ) {
     let db = db(pool_options, connect).await;
     let (buffer, queue, dead_letters) = buffer_queues().await;
-    let delivery = shared::buffer::BufferedDelivery {
-        envelope: shared::buffer::Envelope {
-            v: shared::buffer::ENVELOPE_VERSION,
-            delivery_id: "d-waiting".into(),
-            source_id: "pay".into(),
-            received_at_micros: unix_now() * 1_000_000,
-            verified_with: "current".into(),
-            headers: Default::default(),
-            signed_headers: vec![],
-        },
-        body: br#"{"id":"evt_1"}"#.to_vec(),
-    };
+    let delivery = pay_delivery("d-waiting", br#"{"id":"evt_1"}"#);
     buffer.send(delivery).await.unwrap();
     let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
     let env = |cloudwatch: &str| {
@@ -1514,18 +1508,7 @@ async fn status_counts_young_gaps_in_grace_while_the_buffer_holds_deliveries(
     assert_eq!(status.code, Some(1));
 
     // A delivery waits in the buffer: the young gap may be it.
-    let waiting = shared::buffer::BufferedDelivery {
-        envelope: shared::buffer::Envelope {
-            v: shared::buffer::ENVELOPE_VERSION,
-            delivery_id: "d-gap".into(),
-            source_id: "pay".into(),
-            received_at_micros: unix_now() * 1_000_000,
-            verified_with: "current".into(),
-            headers: Default::default(),
-            signed_headers: vec![],
-        },
-        body: br#"{"id":"evt_gap_young"}"#.to_vec(),
-    };
+    let waiting = pay_delivery("d-gap", br#"{"id":"evt_gap_young"}"#);
     buffer.send(waiting).await.unwrap();
     let status = run(&["status", "--json"], &env).await;
     assert_eq!(gaps(&status.json()), (1, 1, Some(1)), "{}", status.stdout);
