@@ -1508,8 +1508,9 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
             );
         }
     }
-    // The oldest buffered message's age is CloudWatch's; only the operator reads it, and only
-    // that (GetMetricData has no resource-level permission: "*" is all AWS accepts).
+    // The oldest buffered message's age is CloudWatch's; only the operator (status) and the
+    // anomaly pass (silence) read it, and only that (GetMetricData has no resource-level
+    // permission: "*" is all AWS accepts).
     let metric_readers: BTreeSet<String> = of_type(&t, "AWS::Serverless::Function")
         .into_iter()
         .filter(|(_, f)| {
@@ -1525,9 +1526,13 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
         })
         .map(|(name, _)| name.clone())
         .collect();
-    assert_eq!(metric_readers, operator, "who reads CloudWatch");
-    let operator_cloudwatch: Vec<String> =
-        t["Resources"]["OperatorFunction"]["Properties"]["Policies"]
+    assert_eq!(
+        metric_readers,
+        set(&["AnomalyFunction", "OperatorFunction"]),
+        "who reads CloudWatch"
+    );
+    for reader in &metric_readers {
+        let cloudwatch: Vec<String> = t["Resources"][reader]["Properties"]["Policies"]
             .as_sequence()
             .unwrap()
             .iter()
@@ -1535,7 +1540,8 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
             .flat_map(actions)
             .filter(|a| a.starts_with("cloudwatch:"))
             .collect();
-    assert_eq!(operator_cloudwatch, ["cloudwatch:GetMetricData"]);
+        assert_eq!(cloudwatch, ["cloudwatch:GetMetricData"], "{reader}");
+    }
 
     // The queue policies.
     let data_plane = [

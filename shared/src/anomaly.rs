@@ -9,16 +9,20 @@
 //! (up to four weeks): silence is far fewer events than usual, a spike far more.
 //!
 //! Beside the SQS buffer ([`run_once_with_buffer`]), a buffered event is not missing: while the
-//! buffer holds deliveries (or cannot be counted) no source is judged silent, because its events
-//! may be waiting there with their received times, and `buffer_dead_letters` counts what the
-//! buffer's consumer gave up on.
+//! buffer may hold deliveries of the judged hour (it holds any, and CloudWatch's age of its oldest
+//! does not show them all sent after that hour ended; or it cannot be counted) no source is
+//! judged silent, because its events may be waiting there with their received times. In `queue`
+//! mode the buffer is never empty, but a consumer that keeps up leaves nothing older than
+//! seconds. `buffer_dead_letters` counts what the buffer's consumer gave up on.
 
 use std::collections::HashMap;
+
+use chrono::DurationRound;
 
 use serde::Serialize;
 use sqlx::PgPool;
 
-use crate::buffer::{BufferDepth, BufferQueue, QueueError};
+use crate::buffer::{BufferQueue, BufferReading};
 use crate::maintenance::{self, RunCounts};
 use crate::store::StoreError;
 use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
@@ -82,8 +86,8 @@ pub async fn run_once(
     run_once_with_buffer(pool, settings, trigger, None).await
 }
 
-/// One anomaly run, beside the SQS buffer when there is one (`BUFFER_QUEUE_URL`): its depth is
-/// read once, before the checks.
+/// One anomaly run, beside the SQS buffer when there is one (`BUFFER_QUEUE_URL`): its depth and
+/// its oldest delivery's age are read once, before the checks.
 #[tracing::instrument(skip(pool, settings, buffer), err)]
 pub async fn run_once_with_buffer(
     pool: &PgPool,
@@ -92,7 +96,7 @@ pub async fn run_once_with_buffer(
     buffer: Option<&BufferQueue>,
 ) -> Result<AnomalyReport, StoreError> {
     let buffer = match buffer {
-        Some(queue) => Some(queue.depth().await),
+        Some(queue) => Some(queue.read().await),
         None => None,
     };
     let buffer = &buffer;
@@ -161,7 +165,7 @@ impl RunCounts for Results {
 async fn measure_all(
     pool: &PgPool,
     settings: &AnomalySettings,
-    buffer: Option<&Result<BufferDepth, QueueError>>,
+    buffer: Option<&BufferReading>,
 ) -> Result<Vec<CheckResult>, StoreError> {
     let mut results = vec![judge(
         &anomaly::VIEW_REFRESH_AGE,
@@ -172,7 +176,11 @@ async fn measure_all(
     for check in anomaly::GLOBAL_CHECKS {
         results.push(judge(check, anomaly::measure(pool, check).await?, settings));
     }
-    let holding = buffer.and_then(buffer_holds);
+    // The judged hour is the last complete one: it ended at the top of this hour.
+    let judged_hour_end = chrono::Utc::now()
+        .duration_trunc(chrono::TimeDelta::hours(1))
+        .unwrap_or_else(|_| chrono::Utc::now());
+    let holding = buffer.and_then(|b| buffer_holds(b, judged_hour_end));
     for flow in anomaly::source_flow(pool).await? {
         let [silence, spike] = judge_flow(&flow, settings);
         results.push(match &holding {
@@ -181,8 +189,8 @@ async fn measure_all(
         });
         results.push(spike);
     }
-    if let Some(depth) = buffer {
-        results.push(match depth {
+    if let Some(reading) = buffer {
+        results.push(match &reading.depth {
             Ok(d) => judge(&BUFFER_DEAD_LETTERS, Some(d.dead_letters as f64), settings),
             Err(error) => CheckResult {
                 detail: format!("the buffer could not be counted: {error}"),
@@ -193,19 +201,43 @@ async fn measure_all(
     Ok(results)
 }
 
-/// Why silence is not judged now: the buffer holds deliveries, which may be any source's events
-/// (SQS cannot say whose), or it cannot be counted. `None` when it is empty.
-fn buffer_holds(depth: &Result<BufferDepth, QueueError>) -> Option<String> {
-    match depth {
-        Ok(d) if d.buffered() == 0 => None,
-        Ok(d) => Some(format!(
-            "the SQS buffer holds {} deliveries not filed yet: silence is judged once it is empty",
-            d.buffered()
-        )),
-        Err(error) => Some(format!(
-            "the SQS buffer could not be counted ({error}): silence is judged once it can be"
-        )),
+/// Why silence is not judged now: the buffer may hold deliveries of the judged hour (any
+/// source's: SQS cannot say whose), or it cannot be counted. `None` when it is empty, or when
+/// CloudWatch's newest age of its oldest delivery shows every one sent after the hour ended.
+fn buffer_holds(
+    reading: &BufferReading,
+    judged_hour_end: chrono::DateTime<chrono::Utc>,
+) -> Option<String> {
+    let depth = match &reading.depth {
+        Ok(d) if d.buffered() == 0 => return None,
+        Ok(d) => d,
+        Err(error) => {
+            return Some(format!(
+                "the SQS buffer could not be counted ({error}): silence is judged once it can be"
+            ));
+        }
+    };
+    if let Ok(Some(oldest)) = &reading.oldest {
+        let sent =
+            oldest.measured_at - chrono::TimeDelta::milliseconds((oldest.seconds * 1000.0) as i64);
+        if sent >= judged_hour_end {
+            return None;
+        }
     }
+    let since = match &reading.oldest {
+        Ok(Some(oldest)) => format!(
+            ", the oldest waiting {:.0} s at {}",
+            oldest.seconds,
+            oldest.measured_at.format("%H:%M:%S")
+        ),
+        Ok(None) => ", its oldest's age not in CloudWatch yet".to_owned(),
+        Err(_) => ", its oldest's age unreadable".to_owned(),
+    };
+    Some(format!(
+        "the SQS buffer holds {} deliveries not filed yet{since}: silence is judged once none \
+         can be of the judged hour",
+        depth.buffered()
+    ))
 }
 
 fn not_judged(result: CheckResult, why: &str) -> CheckResult {
@@ -323,6 +355,57 @@ mod tests {
             names.len(),
             anomaly::GLOBAL_CHECKS.len(),
             "check names are unique"
+        );
+    }
+
+    #[test]
+    fn silence_waits_only_while_the_buffer_may_hold_the_judged_hour() {
+        use crate::buffer::{BufferDepth, OldestAge, QueueError};
+        let hour_end = chrono::DateTime::parse_from_rfc3339("2026-12-02T05:00:00Z")
+            .unwrap()
+            .to_utc();
+        let at = |minutes: i64| hour_end + chrono::TimeDelta::minutes(minutes);
+        let reading = |waiting: u64, oldest: Result<Option<OldestAge>, QueueError>| BufferReading {
+            depth: Ok(BufferDepth {
+                waiting,
+                in_flight: 0,
+                delayed: 0,
+                dead_letters: 0,
+            }),
+            oldest,
+        };
+        let age = |seconds: f64, measured: i64| {
+            Ok(Some(OldestAge {
+                seconds,
+                measured_at: at(measured),
+            }))
+        };
+        // Empty: nothing held, whatever the metric says.
+        assert!(buffer_holds(&reading(0, age(7200.0, 5)), hour_end).is_none());
+        // Queue mode keeping up: deliveries wait, the oldest sent after the hour ended.
+        assert!(buffer_holds(&reading(40, age(2.0, 5)), hour_end).is_none());
+        // The oldest sent before the hour ended (03:55 + 2 min), or a datapoint from before
+        // it ended: it may be the judged hour's.
+        let held = buffer_holds(&reading(40, age(7200.0, 5)), hour_end).unwrap();
+        assert!(held.contains("holds 40 deliveries"), "{held}");
+        assert!(held.contains("oldest waiting 7200 s at 05:05:00"), "{held}");
+        assert!(buffer_holds(&reading(40, age(2.0, -3)), hour_end).is_some());
+        // No datapoint, or CloudWatch unreadable: held while anything waits.
+        assert!(buffer_holds(&reading(1, Ok(None)), hour_end).is_some());
+        let unreadable = Err(QueueError::CloudWatch {
+            operation: "GetMetricData",
+            reason: "timeout".into(),
+        });
+        assert!(buffer_holds(&reading(1, unreadable), hour_end).is_some());
+        // Not countable: held.
+        let blind = BufferReading {
+            depth: Err(QueueError::NoDeadLetterQueue),
+            oldest: Ok(None),
+        };
+        assert!(
+            buffer_holds(&blind, hour_end)
+                .unwrap()
+                .contains("could not be counted")
         );
     }
 

@@ -416,7 +416,9 @@ pub fn buffer_findings(buffer: &BufferStatus, oldest_limit: Duration) -> Vec<Fin
             detail: format!(
                 "the oldest buffered delivery has waited {age:.0} s (more than {} s): the buffer \
                  function is not filing them (database down or refusing, errors in its log) or \
-                 cannot keep up; they are accounted for while they wait, for at most 14 days",
+                 cannot keep up; each is accounted for while it waits, until the consumer has \
+                 failed on it maxReceiveCount times (the stack: 5) and SQS moves it to the \
+                 dead-letter queue",
                 oldest_limit.as_secs()
             ),
             next: "aws logs tail /aws/lambda/<stack>-buffer --since 1h".into(),
