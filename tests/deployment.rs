@@ -1508,8 +1508,8 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
             );
         }
     }
-    // The oldest buffered message's age is CloudWatch's; only the operator (status) and the
-    // anomaly pass (silence) read it, and only that (GetMetricData has no resource-level
+    // The oldest buffered message's age is CloudWatch's; only the operator (status), the
+    // anomaly pass (silence) and backfill (gaps) read it, and only that (GetMetricData has no resource-level
     // permission: "*" is all AWS accepts).
     let metric_readers: BTreeSet<String> = of_type(&t, "AWS::Serverless::Function")
         .into_iter()
@@ -1528,7 +1528,7 @@ fn only_ingest_sends_to_the_buffer_and_only_the_buffer_function_receives() {
         .collect();
     assert_eq!(
         metric_readers,
-        set(&["AnomalyFunction", "OperatorFunction"]),
+        set(&["AnomalyFunction", "BackfillFunction", "OperatorFunction"]),
         "who reads CloudWatch"
     );
     for reader in &metric_readers {

@@ -130,21 +130,21 @@ impl Backfiller {
         self
     }
 
-    /// How long gaps wait at least in this pass: `buffer_hold` while the buffer holds
-    /// deliveries, or while it cannot be counted (they may be there).
+    /// How long gaps wait at least in this pass: `buffer_hold` while the buffer may hold late
+    /// deliveries (see [`crate::buffer::BufferReading::holds_late_deliveries`]: in `queue` mode behind a
+    /// consumer that keeps up, gaps keep their own grace), or while it cannot be counted.
     async fn buffer_hold(&self, outcome: &mut BackfillOutcome) -> Option<Duration> {
         let buffer = self.buffer.as_ref()?;
-        match buffer.depth().await {
-            Ok(depth) if depth.buffered() > 0 => {
-                outcome.buffered_deliveries = depth.buffered();
-                Some(self.settings.buffer_hold)
-            }
-            Ok(_) => None,
+        let reading = buffer.read().await;
+        match &reading.depth {
+            Ok(depth) => outcome.buffered_deliveries = depth.buffered(),
             Err(error) => {
                 tracing::warn!(%error, "the buffer cannot be counted: gaps wait as if it held deliveries");
-                Some(self.settings.buffer_hold)
             }
         }
+        reading
+            .holds_late_deliveries(chrono::Utc::now())
+            .then_some(self.settings.buffer_hold)
     }
 
     /// One pass over every enabled source with gap settings; `skipped` if a pass is running.

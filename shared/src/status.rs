@@ -192,6 +192,9 @@ impl StatusReport {
         reading: crate::buffer::BufferReading,
         settings: &StatusSettings,
     ) -> Self {
+        // A buffered event is not missing: while the buffer may hold late deliveries (or cannot
+        // be counted), gaps within the hold are in grace, as backfill treats them.
+        let holding = reading.holds_late_deliveries(chrono::Utc::now());
         let mut buffer = match reading.depth {
             Ok(d) => BufferStatus {
                 waiting: d.waiting,
@@ -214,10 +217,6 @@ impl StatusReport {
                 oldest_age_unknown: None,
             },
         };
-        // A buffered event is not missing: while the buffer holds deliveries (or cannot be
-        // counted), gaps within the hold are in grace, as backfill treats them.
-        let holding =
-            buffer.unknown.is_some() || buffer.waiting + buffer.in_flight + buffer.delayed > 0;
         if holding && self.gaps_within_buffer_hold > 0 {
             let held = self.gaps_within_buffer_hold.min(self.open_gaps);
             self.open_gaps -= held;

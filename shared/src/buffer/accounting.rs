@@ -61,6 +61,30 @@ pub struct BufferReading {
     pub oldest: Result<Option<super::OldestAge>, QueueError>,
 }
 
+/// The longest a delivery waits in the buffer behind a consumer that keeps up: SQS's polling and
+/// the batching window are seconds.
+pub const KEEPING_UP_SECONDS: f64 = 60.0;
+
+/// How recent CloudWatch's datapoint must be to say the consumer keeps up now.
+const RECENT_SECONDS: i64 = 15 * 60;
+
+impl BufferReading {
+    /// Whether the buffer may hold deliveries older than a consumer that keeps up leaves them
+    /// (so an event missing from PostgreSQL may be waiting there): it holds some and CloudWatch
+    /// does not show its oldest younger than [`KEEPING_UP_SECONDS`] in a recent datapoint, or it
+    /// cannot be counted. In `queue` mode the buffer is never empty; this is what tells a
+    /// consumer that keeps up from one that does not.
+    pub fn holds_late_deliveries(&self, now: chrono::DateTime<chrono::Utc>) -> bool {
+        match &self.depth {
+            Err(_) => true,
+            Ok(d) if d.buffered() == 0 => false,
+            Ok(_) => !matches!(&self.oldest, Ok(Some(age))
+                if age.seconds <= KEEPING_UP_SECONDS
+                    && (now - age.measured_at).num_seconds() <= RECENT_SECONDS),
+        }
+    }
+}
+
 /// One message of the dead-letter queue, described without its body or headers' values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeadLetter {
@@ -328,6 +352,7 @@ impl BufferQueue {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::buffer::OldestAge;
 
     #[test]
     fn an_unreadable_reason_quotes_nothing_of_the_message() {
@@ -350,5 +375,58 @@ mod tests {
             dead_letters: 7,
         };
         assert_eq!(depth.buffered(), 6);
+    }
+
+    fn reading(waiting: u64, oldest: Result<Option<OldestAge>, QueueError>) -> BufferReading {
+        BufferReading {
+            depth: Ok(BufferDepth {
+                waiting,
+                in_flight: 0,
+                delayed: 0,
+                dead_letters: 0,
+            }),
+            oldest,
+        }
+    }
+
+    #[test]
+    fn late_deliveries_are_held_for_unless_a_recent_datapoint_shows_the_consumer_keeping_up() {
+        let now = chrono::Utc::now();
+        let age = |seconds: f64, minutes_ago: i64| {
+            Ok(Some(OldestAge {
+                seconds,
+                measured_at: now - chrono::TimeDelta::minutes(minutes_ago),
+            }))
+        };
+        assert!(
+            !reading(0, age(900.0, 1)).holds_late_deliveries(now),
+            "empty"
+        );
+        assert!(
+            !reading(50, age(3.0, 2)).holds_late_deliveries(now),
+            "queue mode keeping up"
+        );
+        assert!(
+            reading(50, age(600.0, 2)).holds_late_deliveries(now),
+            "lagging"
+        );
+        assert!(
+            reading(50, age(3.0, 40)).holds_late_deliveries(now),
+            "a datapoint too old to say"
+        );
+        assert!(
+            reading(1, Ok(None)).holds_late_deliveries(now),
+            "no datapoint"
+        );
+        let unreadable = Err(QueueError::CloudWatch {
+            operation: "GetMetricData",
+            reason: "timeout".into(),
+        });
+        assert!(reading(1, unreadable).holds_late_deliveries(now));
+        let blind = BufferReading {
+            depth: Err(QueueError::NoDeadLetterQueue),
+            oldest: Ok(None),
+        };
+        assert!(blind.holds_late_deliveries(now), "not countable");
     }
 }
