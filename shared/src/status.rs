@@ -30,7 +30,7 @@ pub struct StatusSettings {
     /// schedule periods, the ranges of the `last_*_age_seconds` checks.
     pub pass_max_age: Vec<(&'static str, Duration)>,
     /// The oldest buffered delivery waiting longer than this needs a human: the default of the
-    /// stack's `BufferOldestAgeAlarmSeconds`.
+    /// stack's `BufferOldestAgeThresholdSeconds`.
     pub buffer_oldest_age: Duration,
     /// While the SQS buffer holds deliveries, a gap younger than this (plus the allowance) is
     /// not missing yet: backfill's `BUFFER_GAP_HOLD_SECONDS`.
