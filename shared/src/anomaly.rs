@@ -360,20 +360,12 @@ mod tests {
 
     #[test]
     fn silence_waits_only_while_the_buffer_may_hold_the_judged_hour() {
-        use crate::buffer::{BufferDepth, OldestAge, QueueError};
+        use crate::buffer::{OldestAge, QueueError};
         let hour_end = chrono::DateTime::parse_from_rfc3339("2026-12-02T05:00:00Z")
             .unwrap()
             .to_utc();
         let at = |minutes: i64| hour_end + chrono::TimeDelta::minutes(minutes);
-        let reading = |waiting: u64, oldest: Result<Option<OldestAge>, QueueError>| BufferReading {
-            depth: Ok(BufferDepth {
-                waiting,
-                in_flight: 0,
-                delayed: 0,
-                dead_letters: 0,
-            }),
-            oldest,
-        };
+        let reading = BufferReading::waiting;
         let age = |seconds: f64, measured: i64| {
             Ok(Some(OldestAge {
                 seconds,
@@ -384,8 +376,8 @@ mod tests {
         assert!(buffer_holds(&reading(0, age(7200.0, 5)), hour_end).is_none());
         // Queue mode keeping up: deliveries wait, the oldest sent after the hour ended.
         assert!(buffer_holds(&reading(40, age(2.0, 5)), hour_end).is_none());
-        // The oldest sent before the hour ended (03:55 + 2 min), or a datapoint from before
-        // it ended: it may be the judged hour's.
+        // The oldest sent before the hour ended (measured 05:05 after 2 h: sent 03:05), or a
+        // datapoint from before it ended: it may be the judged hour's.
         let held = buffer_holds(&reading(40, age(7200.0, 5)), hour_end).unwrap();
         assert!(held.contains("holds 40 deliveries"), "{held}");
         assert!(held.contains("oldest waiting 7200 s at 05:05:00"), "{held}");

@@ -85,6 +85,25 @@ impl BufferReading {
     }
 }
 
+#[cfg(test)]
+impl BufferReading {
+    /// A countable buffer with `waiting` deliveries waiting, for the rules' unit tests.
+    pub(crate) fn waiting(
+        waiting: u64,
+        oldest: Result<Option<super::OldestAge>, QueueError>,
+    ) -> Self {
+        Self {
+            depth: Ok(BufferDepth {
+                waiting,
+                in_flight: 0,
+                delayed: 0,
+                dead_letters: 0,
+            }),
+            oldest,
+        }
+    }
+}
+
 /// One message of the dead-letter queue, described without its body or headers' values.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct DeadLetter {
@@ -377,20 +396,9 @@ mod tests {
         assert_eq!(depth.buffered(), 6);
     }
 
-    fn reading(waiting: u64, oldest: Result<Option<OldestAge>, QueueError>) -> BufferReading {
-        BufferReading {
-            depth: Ok(BufferDepth {
-                waiting,
-                in_flight: 0,
-                delayed: 0,
-                dead_letters: 0,
-            }),
-            oldest,
-        }
-    }
-
     #[test]
     fn late_deliveries_are_held_for_unless_a_recent_datapoint_shows_the_consumer_keeping_up() {
+        let reading = BufferReading::waiting;
         let now = chrono::Utc::now();
         let age = |seconds: f64, minutes_ago: i64| {
             Ok(Some(OldestAge {
