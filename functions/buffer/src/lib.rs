@@ -15,7 +15,9 @@ pub async fn handler(
     pool: &PgPool,
 ) -> Result<SqsBatchResponse, Diagnostic> {
     let messages: Vec<Message> = event.payload.records.into_iter().map(message).collect();
-    let consumed = shared::buffer::consumer::consume(pool, &messages)
+    // Boxed: inline, the filing's future overflows the compiler's layout query depth in
+    // `main` in the release build (`sam build` failed on it; the debug build does not).
+    let consumed = Box::pin(shared::buffer::consumer::consume(pool, &messages))
         .await
         .map_err(|e| Diagnostic {
             error_type: e.diagnostic_type().into(),
