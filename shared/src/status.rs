@@ -169,9 +169,10 @@ pub struct StatusReport {
     pub open_gaps: i64,
     pub gaps_in_grace: i64,
     /// Of `open_gaps`, those young enough that an SQS buffer holding deliveries explains them
-    /// (backfill holds them too): [`StatusReport::with_buffer`] counts them in grace then.
-    #[serde(default)]
-    pub gaps_within_buffer_hold: i64,
+    /// (backfill holds them too): [`StatusReport::with_buffer`] counts them in grace then. Read
+    /// for that alone, never shown.
+    #[serde(skip)]
+    gaps_within_buffer_hold: i64,
     pub passes: Vec<PassStatus>,
     /// The checks that breached in the latest anomaly run.
     pub breaching_checks: Vec<StoredResult>,
@@ -217,28 +218,12 @@ impl StatusReport {
                 oldest_age_unknown: None,
             },
         };
-        if holding && self.gaps_within_buffer_hold > 0 {
+        if holding {
             let held = self.gaps_within_buffer_hold.min(self.open_gaps);
             self.open_gaps -= held;
             self.gaps_in_grace += held;
-            let open_gaps = self.open_gaps;
-            if let Some(at) = self
-                .findings
-                .iter()
-                .position(|f| f.kind == FindingKind::OpenGaps)
-            {
-                if open_gaps == 0 {
-                    self.findings.remove(at);
-                } else {
-                    self.findings[at] = Finding {
-                        kind: FindingKind::OpenGaps,
-                        count: open_gaps,
-                        detail: open_gaps_detail(open_gaps),
-                        next: OPEN_GAPS_NEXT.into(),
-                    };
-                }
-            }
         }
+        self.gaps_within_buffer_hold = 0;
         match reading.oldest {
             Ok(age) => {
                 buffer.oldest_age_seconds = age.map(|a| a.seconds);
@@ -246,6 +231,16 @@ impl StatusReport {
             }
             Err(error) => buffer.oldest_age_unknown = Some(error.to_string()),
         }
+        // The findings again, from the counts as the buffer leaves them.
+        self.findings = findings(
+            &self.queue,
+            &self.outbox,
+            &self.unrepaired_losses,
+            self.open_dead_letters,
+            self.open_gaps,
+            &self.passes,
+            &self.breaching_checks,
+        );
         self.findings
             .extend(buffer_findings(&buffer, settings.buffer_oldest_age));
         self.verdict = if self.findings.is_empty() {
@@ -368,12 +363,6 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
     })
 }
 
-const OPEN_GAPS_NEXT: &str = "hookctl gaps list";
-
-fn open_gaps_detail(open_gaps: i64) -> String {
-    format!("{open_gaps} event(s) the provider sent that backfill has not recovered")
-}
-
 /// What in the SQS buffer needs a human. Pure.
 pub fn buffer_findings(buffer: &BufferStatus, oldest_limit: Duration) -> Vec<Finding> {
     let mut out = Vec::new();
@@ -465,8 +454,8 @@ pub fn findings(
     add(
         FindingKind::OpenGaps,
         open_gaps,
-        open_gaps_detail(open_gaps),
-        OPEN_GAPS_NEXT,
+        format!("{open_gaps} event(s) the provider sent that backfill has not recovered"),
+        "hookctl gaps list",
     );
     let names: Vec<String> = breaching
         .iter()
