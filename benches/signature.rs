@@ -33,7 +33,14 @@ fn main() {
         "{:<18} {:>7} {:>12} {:>12} {:>9} {:>10}",
         "scheme", "body", "verify ns", "raw ns", "ratio", "verify ns/KiB"
     );
-    for scheme in Scheme::ALL {
+    // The five schemes written before the catalogue, as this benchmark has always measured.
+    for scheme in [
+        Scheme::Stripe,
+        Scheme::StandardWebhooks,
+        Scheme::Github,
+        Scheme::Shopify,
+        Scheme::Slack,
+    ] {
         let secret = match scheme {
             Scheme::StandardWebhooks => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw".to_owned(),
             _ => format!("{scheme}-bench-secret"),

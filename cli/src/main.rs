@@ -19,7 +19,7 @@ use shared::effects::EffectRegistry;
 use shared::ingest::{Ingestor, unix_now};
 use shared::outbox::{OutboxSender, OutboxSettings};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
-use shared::sources::{self, DEFAULT_TOLERANCE};
+use shared::sources;
 use shared::store::{self, MIGRATOR};
 
 /// Webhook receiver: local runner and operator commands.
@@ -63,6 +63,11 @@ enum Command {
     Verify(VerifyArgs),
     /// Print the headers a provider would sign a body with (for curl and tests).
     Sign(SignArgs),
+    /// The provider catalogue: list, show NAME, markdown (docs/providers.md).
+    Providers {
+        #[command(subcommand)]
+        action: ProvidersAction,
+    },
     /// Did we lose anything? The verdict, then per source, the queue, the maintenance passes.
     /// Exit 0 every event accounted for, 1 something needs a human, 2 could not tell.
     Status,
@@ -162,6 +167,16 @@ enum SourcesAction {
     List,
 }
 
+#[derive(Subcommand)]
+enum ProvidersAction {
+    /// One line per provider: scheme name, title, signature.
+    List,
+    /// Everything the catalogue says about one provider.
+    Show { name: Scheme },
+    /// The catalogue as docs/providers.md shows it.
+    Markdown,
+}
+
 #[derive(Args)]
 struct VerifyArgs {
     /// A configured source: its scheme, secrets, tolerance and field map are used.
@@ -191,6 +206,12 @@ struct VerifyArgs {
     /// Check the timestamp as of this Unix time instead of now (for old captures).
     #[arg(long)]
     at: Option<i64>,
+    /// The URL the provider called, for the schemes that sign it (Twilio, Square, HubSpot).
+    #[arg(long)]
+    url: Option<String>,
+    /// The HTTP method the provider used.
+    #[arg(long, default_value = "POST")]
+    method: String,
     #[arg(long)]
     secrets_file: Option<PathBuf>,
 }
@@ -209,6 +230,12 @@ struct SignArgs {
     /// Unix time to sign at (default: now).
     #[arg(long)]
     at: Option<i64>,
+    /// The URL the delivery goes to, for the schemes that sign it.
+    #[arg(long)]
+    url: Option<String>,
+    /// The HTTP method, for the schemes that sign it.
+    #[arg(long, default_value = "POST")]
+    method: String,
 }
 
 #[tokio::main]
@@ -263,6 +290,10 @@ async fn main() -> ExitCode {
         Command::Sources { action } => run_sources(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
+        Command::Providers { action } => {
+            print!("{}", providers_text(action));
+            Ok(())
+        }
         Command::Operator { request } => match operator_backend().await {
             Ok(b) => run_operator(&b, &request).await,
             Err(e) => Err(e),
@@ -582,7 +613,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         (
             scheme,
             Arc::new(SecretSet::new(secret, args.previous_secret)),
-            DEFAULT_TOLERANCE,
+            sources::default_tolerance(scheme),
             None,
             None,
         )
@@ -595,6 +626,8 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         tolerance: args.tolerance.map(Duration::from_secs).unwrap_or(tolerance),
         now: args.at.unwrap_or_else(unix_now),
         fields: fields.as_ref(),
+        url: args.url.as_deref(),
+        method: &args.method,
     });
     if let Some(line) = source_line {
         report.lines.insert(0, line);
@@ -715,16 +748,34 @@ async fn pass<F: Fn(&str) -> Option<String>>(
     };
     Ok(report.unwrap_or_default())
 }
+fn providers_text(action: ProvidersAction) -> String {
+    use shared::catalogue;
+    match action {
+        ProvidersAction::List => catalogue::providers()
+            .map(|(scheme, p)| {
+                let signature: Vec<String> = p.signatures.iter().map(catalogue::describe).collect();
+                format!("{scheme:<22} {:<36} {}\n", p.title, signature.join("; or "))
+            })
+            .collect(),
+        ProvidersAction::Show { name } => catalogue::show(name),
+        ProvidersAction::Markdown => catalogue::markdown(),
+    }
+}
+
 fn run_sign(args: SignArgs) -> CmdResult {
     let body = read_body(&args.body)?;
     let at = args.at.unwrap_or_else(unix_now);
     let id = args.id.unwrap_or_else(|| format!("msg_{at}"));
-    let headers = shared::signature::sign(
+    let headers = shared::signature::sign_request(
         args.scheme,
         &SigningSecret::new(args.secret),
-        &id,
-        at,
-        &body,
+        &shared::signature::Signing {
+            message_id: &id,
+            timestamp: at,
+            body: &body,
+            method: &args.method,
+            url: args.url.as_deref(),
+        },
     )
     .map_err(|e| e.to_string())?;
     for (name, value) in headers {

@@ -20,6 +20,9 @@ pub struct Check<'a> {
     pub now: i64,
     /// When checking against a configured source, also read the event's fields as ingest would.
     pub fields: Option<&'a FieldMap>,
+    /// The URL the provider called, for the schemes that sign it.
+    pub url: Option<&'a str>,
+    pub method: &'a str,
 }
 
 /// The verdict and the lines that explain it.
@@ -37,7 +40,7 @@ pub fn check(c: &Check<'_>) -> Report {
         hex::encode(Sha256::digest(c.body))
     )];
     for name in signature::signature_headers(c.scheme) {
-        if let Some(value) = c.headers.get(*name) {
+        if let Some(value) = c.headers.get(name) {
             lines.push(format!("header {name}: present ({} bytes)", value.len()));
         }
     }
@@ -46,7 +49,13 @@ pub fn check(c: &Check<'_>) -> Report {
     } else {
         "current secret (no previous)"
     };
-    let result = signature::verify(c.scheme, c.headers, c.body, c.secrets, c.tolerance, c.now);
+    let request = signature::Request {
+        headers: c.headers,
+        body: c.body,
+        method: c.method,
+        url: c.url,
+    };
+    let result = signature::verify_request(c.scheme, &request, c.secrets, c.tolerance, c.now);
     let mut valid = result.is_ok();
     match result {
         Ok(verified) => {
@@ -98,6 +107,8 @@ fn hint(error: &VerifyError, secrets_shown: &str) -> String {
             "the request was not signed with this scheme, or something between the provider and here dropped the header".into()
         }
         VerifyError::MalformedHeader { .. } => "compare the header with the provider's documented format; it may have been truncated or re-encoded".into(),
+        VerifyError::UnreadableBody { .. } => "this scheme reads its signature or a signed part from the body: the body file must be the exact JSON the provider sent".into(),
+        VerifyError::UnknownUrl => "this scheme signs the URL the provider called: pass it with --url (or set the source's url)".into(),
         VerifyError::UnusableSecret { .. } => "fix the secret's value in Secrets Manager (or the local secrets file)".into(),
         VerifyError::NoMatch { .. } => format!(
             "checked against the {secrets_shown}. The body file must hold the exact raw bytes as sent: \
@@ -136,6 +147,8 @@ mod tests {
             tolerance: Duration::from_secs(300),
             now,
             fields: Some(&FieldMap::defaults_for(Scheme::Stripe)),
+            url: None,
+            method: "POST",
         })
     }
 

@@ -122,40 +122,29 @@ macro_rules! string_conversions {
 }
 string_conversions!(SourceId, TenantId, ExternalId);
 
-/// How a provider signs its deliveries.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Scheme {
-    /// `Stripe-Signature: t=<unix>,v1=<hex>`, HMAC-SHA256 over `"{t}.{body}"`.
-    Stripe,
-    /// Standard Webhooks / Svix: `webhook-id`, `webhook-timestamp`,
-    /// `webhook-signature: v1,<base64> ...`, HMAC-SHA256 over `"{id}.{ts}.{body}"`.
-    StandardWebhooks,
-    /// GitHub: `X-Hub-Signature-256: sha256=<hex>`, HMAC-SHA256 over the body.
-    Github,
-    /// Shopify: `X-Shopify-Hmac-Sha256: <base64>`, HMAC-SHA256 over the body.
-    Shopify,
-    /// Slack: `X-Slack-Signature: v0=<hex>` over `"v0:{ts}:{body}"`.
-    Slack,
-}
+/// A provider of the catalogue (`shared/providers/*.toml`): how it signs its deliveries, where
+/// its events keep their fields, how it checks an endpoint. Written as the entry's name
+/// (`stripe`, `standard_webhooks`, ...) in configuration and in the `sources` table. Each entry
+/// has a constant named after it (`Scheme::Stripe`, `Scheme::StandardWebhooks`), generated from
+/// the catalogue's file names, and [`Scheme::ALL`] lists them.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Scheme(pub(crate) u16);
 
 impl Scheme {
-    pub const ALL: [Scheme; 5] = [
-        Scheme::Stripe,
-        Scheme::StandardWebhooks,
-        Scheme::Github,
-        Scheme::Shopify,
-        Scheme::Slack,
-    ];
-
+    /// The entry's name, as configured.
     pub fn as_str(self) -> &'static str {
-        match self {
-            Scheme::Stripe => "stripe",
-            Scheme::StandardWebhooks => "standard_webhooks",
-            Scheme::Github => "github",
-            Scheme::Shopify => "shopify",
-            Scheme::Slack => "slack",
-        }
+        crate::catalogue::FILES[usize::from(self.0)].0
+    }
+
+    /// The catalogue entry itself.
+    pub fn provider(self) -> &'static crate::catalogue::Provider {
+        crate::catalogue::provider(self)
+    }
+}
+
+impl fmt::Debug for Scheme {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Scheme({})", self.as_str())
     }
 }
 
@@ -169,7 +158,7 @@ impl FromStr for Scheme {
                 ParseError::new(
                     "scheme",
                     format!(
-                        "{raw:?} is not one of stripe, standard_webhooks, github, shopify, slack"
+                        "{raw:?} is not a provider of the catalogue (`hookctl providers list` names them)"
                     ),
                 )
             })
@@ -178,17 +167,36 @@ impl FromStr for Scheme {
 
 impl fmt::Display for Scheme {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
-/// Where a field of an event is read: a request header or a JSON pointer into the body.
-/// Written `header:<name>` or `json:<pointer>` in configuration and in the `sources` table.
+impl Serialize for Scheme {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> Deserialize<'de> for Scheme {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = String::deserialize(deserializer)?;
+        raw.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Where a field of an event is read: a request header, a JSON pointer into the body, or (for
+/// providers that send no event id: Zoom, Calendly, Xero, Adyen) the SHA-256 of the raw body.
+/// Written `header:<name>`, `json:<pointer>` or `digest:sha256` in configuration and in the
+/// `sources` table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum FieldLocator {
     Header(http::HeaderName),
     Json(String),
+    /// A parameter of a form-encoded body (Twilio's `MessageSid`).
+    Form(String),
+    /// The body's SHA-256, hex: a redelivery of the same bytes is the same event.
+    BodyDigest,
 }
 
 impl FieldLocator {
@@ -206,10 +214,22 @@ impl FieldLocator {
                 ));
             }
             Ok(Self::Json(pointer.to_owned()))
+        } else if let Some(name) = raw.strip_prefix("form:") {
+            if name.is_empty() {
+                return Err(ParseError::new(
+                    "field locator",
+                    "form: needs a parameter name",
+                ));
+            }
+            Ok(Self::Form(name.to_owned()))
+        } else if raw == "digest:sha256" {
+            Ok(Self::BodyDigest)
         } else {
             Err(ParseError::new(
                 "field locator",
-                format!("{raw:?} is neither 'header:<name>' nor 'json:<pointer>'"),
+                format!(
+                    "{raw:?} is none of 'header:<name>', 'json:<pointer>', 'form:<name>', 'digest:sha256'"
+                ),
             ))
         }
     }
@@ -222,6 +242,7 @@ impl FieldLocator {
         Self::Header(http::HeaderName::from_static(name))
     }
 
+    /// Whether the body is parsed as JSON to read it.
     pub fn reads_body(&self) -> bool {
         matches!(self, Self::Json(_))
     }
@@ -245,6 +266,8 @@ impl fmt::Display for FieldLocator {
         match self {
             Self::Header(name) => write!(f, "header:{name}"),
             Self::Json(pointer) => write!(f, "json:{pointer}"),
+            Self::Form(name) => write!(f, "form:{name}"),
+            Self::BodyDigest => f.write_str("digest:sha256"),
         }
     }
 }
@@ -289,7 +312,13 @@ mod tests {
 
     #[test]
     fn locators_round_trip() {
-        for raw in ["header:x-github-delivery", "json:/data/object/id", "json:"] {
+        for raw in [
+            "header:x-github-delivery",
+            "json:/data/object/id",
+            "json:",
+            "form:MessageSid",
+            "digest:sha256",
+        ] {
             assert_eq!(FieldLocator::parse(raw).unwrap().to_string(), raw);
         }
         assert!(FieldLocator::parse("json:id").is_err());

@@ -30,58 +30,9 @@ pub struct FieldMap {
 }
 
 impl FieldMap {
-    /// Where each provider puts its event id and type.
+    /// Where each provider puts its event id and type: the catalogue's `[fields]`.
     pub fn defaults_for(scheme: Scheme) -> Self {
-        use FieldLocator as L;
-        match scheme {
-            Scheme::Stripe => Self {
-                external_id: L::json("/id"),
-                event_type: L::json("/type"),
-                entity_id: Some(L::json("/data/object/id")),
-                entity_version: None,
-                entity_version_fallback: None,
-                version_tiebreak: None,
-                sequence: None,
-            },
-            Scheme::StandardWebhooks => Self {
-                external_id: L::header("webhook-id"),
-                event_type: L::json("/type"),
-                entity_id: None,
-                entity_version: None,
-                entity_version_fallback: None,
-                version_tiebreak: None,
-                sequence: None,
-            },
-            Scheme::Github => Self {
-                external_id: L::header("x-github-delivery"),
-                event_type: L::header("x-github-event"),
-                entity_id: None,
-                entity_version: None,
-                entity_version_fallback: None,
-                version_tiebreak: None,
-                sequence: None,
-            },
-            // The numeric `id` is in every resource body, deletes included (`{"id": N}`): the
-            // topic's resource and this id name one entity across its create, update and delete.
-            Scheme::Shopify => Self {
-                external_id: L::header("x-shopify-webhook-id"),
-                event_type: L::header("x-shopify-topic"),
-                entity_id: Some(L::json("/id")),
-                entity_version: Some(L::json("/updated_at")),
-                entity_version_fallback: Some(L::header("x-shopify-triggered-at")),
-                version_tiebreak: Some(L::header("x-shopify-triggered-at")),
-                sequence: None,
-            },
-            Scheme::Slack => Self {
-                external_id: L::json("/event_id"),
-                event_type: L::json("/event/type"),
-                entity_id: None,
-                entity_version: None,
-                entity_version_fallback: None,
-                version_tiebreak: None,
-                sequence: None,
-            },
-        }
+        scheme.provider().fields.field_map()
     }
 
     fn locators(&self) -> impl Iterator<Item = &FieldLocator> {
@@ -105,7 +56,7 @@ impl FieldMap {
     pub fn header_names(&self) -> impl Iterator<Item = &http::HeaderName> {
         self.locators().filter_map(|l| match l {
             FieldLocator::Header(name) => Some(name),
-            FieldLocator::Json(_) => None,
+            FieldLocator::Json(_) | FieldLocator::Form(_) | FieldLocator::BodyDigest => None,
         })
     }
 }
@@ -192,6 +143,7 @@ pub fn extract_delivery(
     };
     let reader = Reader {
         headers,
+        body,
         json: json.as_ref(),
         unsigned,
     };
@@ -231,6 +183,7 @@ pub fn extract_delivery(
 
 struct Reader<'a> {
     headers: &'a HeaderMap,
+    body: &'a [u8],
     json: Option<&'a Value>,
     unsigned: Option<&'a UnsignedHeaders<'a>>,
 }
@@ -311,6 +264,13 @@ impl Reader<'_> {
                 Some(Value::Number(n)) => Some(n.to_string()),
                 Some(_) => return Err(invalid(field, locator, "not a string or a number")),
             },
+            FieldLocator::Form(name) => url::form_urlencoded::parse(self.body)
+                .find(|(k, _)| k == name.as_str())
+                .map(|(_, v)| v.trim().to_owned()),
+            FieldLocator::BodyDigest => {
+                use sha2::Digest as _;
+                Some(hex::encode(sha2::Sha256::digest(self.body)))
+            }
         };
         match text {
             Some(t) if t.is_empty() => Ok(None),

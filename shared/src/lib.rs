@@ -6,6 +6,7 @@ pub mod anomaly;
 pub mod aws;
 pub mod backfill;
 pub mod buffer;
+pub mod catalogue;
 pub mod config;
 pub mod database;
 pub mod domain;

@@ -47,7 +47,7 @@ pub fn prepare(
         provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
         id_outside_signature: match &source.fields.external_id {
             FieldLocator::Header(name) => !signed(name.as_str()),
-            FieldLocator::Json(_) => false,
+            FieldLocator::Json(_) | FieldLocator::Form(_) | FieldLocator::BodyDigest => false,
         },
     })
 }
@@ -72,11 +72,10 @@ impl Prepared {
 /// Nothing else (no cookies, no authorization).
 pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let names = signature::signature_headers(source.scheme)
-        .iter()
+        .into_iter()
         .chain(protocol::kept_headers(source.scheme))
-        .copied()
         .chain(["content-type", "user-agent"])
-        .map(http::HeaderName::from_static)
+        .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())
         .chain(source.fields.header_names().cloned());
     let mut kept = serde_json::Map::new();
     for name in names {

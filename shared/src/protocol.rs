@@ -6,6 +6,7 @@
 use http::HeaderMap;
 use serde::Deserialize;
 
+use crate::catalogue::HandshakeKind;
 use crate::domain::Scheme;
 
 /// The longest challenge answered. Slack's are short tokens; anything longer is not one.
@@ -28,7 +29,7 @@ pub fn handshake_challenge(scheme: Scheme, body: &[u8]) -> Option<String> {
         kind: Option<String>,
         challenge: Option<String>,
     }
-    if scheme != Scheme::Slack {
+    if scheme.provider().handshake.kind != HandshakeKind::SlackUrlVerification {
         return None;
     }
     let handshake: Handshake = serde_json::from_slice(body).ok()?;
@@ -42,41 +43,25 @@ pub fn handshake_challenge(scheme: Scheme, body: &[u8]) -> Option<String> {
     }
 }
 
-/// Whether the provider marks this delivery as its own retry of an earlier attempt (Slack's
-/// `X-Slack-Retry-Num`). Providers that retry without saying so (Stripe, Shopify, Standard
-/// Webhooks senders) and GitHub (which never retries) answer false.
+/// Whether the provider marks this delivery as its own retry of an earlier attempt (the
+/// catalogue's `retries.marks_retries`: Slack's `X-Slack-Retry-Num`, at least 1 on a
+/// redelivery). Providers that retry without saying so (Stripe, Shopify, Standard Webhooks
+/// senders) and GitHub (which never retries) answer false.
 pub fn is_provider_retry(scheme: Scheme, headers: &HeaderMap) -> bool {
-    match scheme {
-        Scheme::Slack => headers
-            .get(SLACK_RETRY_NUM)
+    let mark = &scheme.provider().retries.marks_retries;
+    !mark.is_empty()
+        && headers
+            .get(mark.as_str())
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.trim().parse::<u32>().ok())
-            .is_some_and(|n| n > 0),
-        _ => false,
-    }
+            .is_some_and(|n| n > 0)
 }
 
 /// Delivery headers kept beside the payload, besides the signature headers and those the
-/// source's fields are read from: what an operator asks of a delivery afterwards.
-pub fn kept_headers(scheme: Scheme) -> &'static [&'static str] {
-    match scheme {
-        Scheme::Slack => &[SLACK_RETRY_NUM, SLACK_RETRY_REASON],
-        // The shop event every subscription's webhook of it shares, when it was triggered, and
-        // for which shop and API version it was rendered.
-        Scheme::Shopify => &[
-            "x-shopify-event-id",
-            "x-shopify-triggered-at",
-            "x-shopify-shop-domain",
-            "x-shopify-api-version",
-        ],
-        // Which hook delivered it (a repository's, an organisation's, an App's).
-        Scheme::Github => &[
-            "x-github-hook-id",
-            "x-github-hook-installation-target-type",
-            "x-github-hook-installation-target-id",
-        ],
-        Scheme::Stripe | Scheme::StandardWebhooks => &[],
-    }
+/// source's fields are read from: what an operator asks of a delivery afterwards (the
+/// catalogue's `kept_headers`).
+pub fn kept_headers(scheme: Scheme) -> impl Iterator<Item = &'static str> {
+    scheme.provider().kept_headers.iter().map(String::as_str)
 }
 
 #[cfg(test)]

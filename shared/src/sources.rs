@@ -23,8 +23,22 @@ use crate::store::sources::SourceRow;
 use crate::store::webhook_events::NewEvent;
 use crate::store::{self, StoreError};
 
-/// The default timestamp tolerance, both directions.
+/// The default timestamp tolerance, both directions, for a provider whose catalogue entry
+/// names none.
 pub const DEFAULT_TOLERANCE: Duration = Duration::from_secs(300);
+
+/// The tolerance a source of `scheme` gets when it sets none: the provider's documented one
+/// (Paddle's 5 s, Linear's 60 s), else [`DEFAULT_TOLERANCE`].
+pub fn default_tolerance(scheme: Scheme) -> Duration {
+    scheme
+        .provider()
+        .signatures
+        .iter()
+        .find_map(|s| s.timestamp.as_ref())
+        .map_or(DEFAULT_TOLERANCE, |t| {
+            Duration::from_secs(t.tolerance_seconds.into())
+        })
+}
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Source {
@@ -495,7 +509,7 @@ impl SourceSpec {
         }
         let tolerance_seconds = self
             .tolerance_seconds
-            .unwrap_or(DEFAULT_TOLERANCE.as_secs() as u32);
+            .unwrap_or(default_tolerance(self.scheme).as_secs() as u32);
         if !(1..=86_400).contains(&tolerance_seconds) {
             return Err(format!(
                 "tolerance_seconds {tolerance_seconds} is outside 1..=86400"

@@ -36,10 +36,20 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
     }
 }
 
+/// The schemes this suite builds deliveries for ([`delivery`]): the five written before the
+/// provider catalogue. The catalogue's other entries are tested by their known-answer vectors.
+pub const SCHEMES: [Scheme; 5] = [
+    Scheme::Stripe,
+    Scheme::StandardWebhooks,
+    Scheme::Github,
+    Scheme::Shopify,
+    Scheme::Slack,
+];
+
 /// One source per scheme, ids `stripe`, `standard_webhooks`, `github`, `shopify`, `slack`,
 /// each with a secret `secret/<id>` whose current value is [`secret_of`].
 pub fn sources_for_every_scheme() -> Vec<Source> {
-    Scheme::ALL
+    SCHEMES
         .iter()
         .map(|s| source(s.as_str(), TENANT, *s, &format!("secret/{s}")))
         .collect()
@@ -55,7 +65,7 @@ pub fn secret_of(scheme: Scheme) -> String {
 
 pub fn secrets_for_every_scheme() -> SecretStore {
     SecretStore::memory(
-        Scheme::ALL
+        SCHEMES
             .iter()
             .map(|s| (format!("secret/{s}"), SecretSet::new(secret_of(*s), None))),
     )
@@ -190,6 +200,8 @@ pub fn delivery(
         Scheme::Slack => {
             serde_json::json!({"type": "event_callback", "event_id": id, "event": {"type": "message"}})
         }
+        // The catalogue's other providers are tested by their known-answer vectors.
+        other => panic!("no test delivery shape for {other}: the suite builds the first five"),
     };
     if let (Some(target), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
         target.extend(extra.clone());
@@ -375,7 +387,7 @@ pub mod drain {
     pub async fn app(pool: PgPool) -> TestApp {
         let mut sources = sources_for_every_scheme();
         sources.push(entity_source());
-        let mut secrets: Vec<(String, SecretSet)> = Scheme::ALL
+        let mut secrets: Vec<(String, SecretSet)> = SCHEMES
             .iter()
             .map(|s| (format!("secret/{s}"), SecretSet::new(secret_of(*s), None)))
             .collect();

@@ -5,33 +5,10 @@
 //! type). What catches those is the store: a body whose id came from outside the signature is
 //! stored once per source, and the same bytes under another id are answered `duplicate` and
 //! recorded as `replayed_body` (see `store::webhook_events`).
-
-use http::{HeaderMap, HeaderName, HeaderValue};
-
-use super::{SignedMessage, VerifyError, header, header_value, hex_mac, mac, malformed};
+//!
+//! The layout itself is data: `shared/providers/github.toml`.
 
 pub const SIGNATURE: &str = "x-hub-signature-256";
-
-pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
-    let value = header(headers, SIGNATURE)?;
-    let hex = value
-        .strip_prefix("sha256=")
-        .ok_or_else(|| malformed(SIGNATURE, "does not start with sha256="))?;
-    Ok(SignedMessage {
-        timestamp: None,
-        prefix: Vec::new(),
-        candidates: vec![hex_mac(SIGNATURE, hex)?],
-        signed_headers: &[],
-    })
-}
-
-pub(super) fn sign(key: &[u8], body: &[u8]) -> Vec<(HeaderName, HeaderValue)> {
-    let tag = mac(key, b"", body);
-    vec![(
-        HeaderName::from_static(SIGNATURE),
-        header_value(format!("sha256={}", hex::encode(tag))),
-    )]
-}
 
 #[cfg(test)]
 mod tests {
@@ -41,6 +18,20 @@ mod tests {
     use crate::domain::Scheme;
     use crate::secrets::SecretSet;
     use crate::signature::verify;
+
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    use crate::secrets::SigningSecret;
+    use crate::signature::{SignedMessage, VerifyError};
+
+    fn parse(h: &HeaderMap) -> Result<SignedMessage, VerifyError> {
+        crate::signature::parse(Scheme::Github, h)
+    }
+
+    fn sign(key: &[u8], body: &[u8]) -> Vec<(HeaderName, HeaderValue)> {
+        let secret = SigningSecret::new(String::from_utf8(key.to_vec()).unwrap());
+        crate::signature::sign(Scheme::Github, &secret, "", 0, body).unwrap()
+    }
 
     /// Known answer from GitHub's documentation, "Validating webhook deliveries" → "Testing the
     /// webhook payload validation": secret `It's a Secret to Everybody`, payload

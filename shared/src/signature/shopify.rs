@@ -2,29 +2,10 @@
 //! client secret. Only the body is signed: no timestamp, and none of the `X-Shopify-*` headers
 //! (webhook id, event id, topic, triggered-at), so a signed body can be replayed under fresh ids
 //! (see the GitHub module and `store::webhook_events`).
-
-use http::{HeaderMap, HeaderName, HeaderValue};
-
-use super::{SignedMessage, VerifyError, base64_encode, base64_mac, header, header_value, mac};
+//!
+//! The layout itself is data: `shared/providers/shopify.toml`.
 
 pub const SIGNATURE: &str = "x-shopify-hmac-sha256";
-
-pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
-    let value = header(headers, SIGNATURE)?;
-    Ok(SignedMessage {
-        timestamp: None,
-        prefix: Vec::new(),
-        candidates: vec![base64_mac(SIGNATURE, value)?],
-        signed_headers: &[],
-    })
-}
-
-pub(super) fn sign(key: &[u8], body: &[u8]) -> Vec<(HeaderName, HeaderValue)> {
-    vec![(
-        HeaderName::from_static(SIGNATURE),
-        header_value(base64_encode(&mac(key, b"", body))),
-    )]
-}
 
 #[cfg(test)]
 mod tests {
@@ -34,6 +15,10 @@ mod tests {
     use crate::domain::Scheme;
     use crate::secrets::SecretSet;
     use crate::signature::verify;
+
+    use http::{HeaderMap, HeaderValue};
+
+    use crate::signature::VerifyError;
 
     /// From Shopify's official Ruby library tests: shopify-api-ruby
     /// `test/webhooks/registry_test.rb` signs the body `{}` with the test context's

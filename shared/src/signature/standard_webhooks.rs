@@ -1,13 +1,8 @@
 //! Standard Webhooks (and Svix, which uses the same scheme under `svix-` header names):
 //! `webhook-id`, `webhook-timestamp`, `webhook-signature: v1,<base64> [v1,<base64> ...]`,
 //! HMAC-SHA256 over `"{id}.{timestamp}.{body}"`, keyed with the base64 part of a `whsec_` secret.
-
-use http::{HeaderMap, HeaderName, HeaderValue};
-
-use super::{
-    SignedMessage, VerifyError, base64_encode, base64_mac, check_candidate_count, header,
-    header_value, mac, malformed, unix_seconds,
-};
+//!
+//! The layout itself is data: `shared/providers/standard_webhooks.toml`.
 
 pub const ID: &str = "webhook-id";
 pub const TIMESTAMP: &str = "webhook-timestamp";
@@ -15,78 +10,6 @@ pub const SIGNATURE: &str = "webhook-signature";
 pub const SVIX_ID: &str = "svix-id";
 pub const SVIX_TIMESTAMP: &str = "svix-timestamp";
 pub const SVIX_SIGNATURE: &str = "svix-signature";
-
-pub(super) fn parse(headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
-    let (id_name, ts_name, sig_name, signed_headers): (_, _, _, &'static [&'static str]) =
-        if !headers.contains_key(ID) && headers.contains_key(SVIX_ID) {
-            (
-                SVIX_ID,
-                SVIX_TIMESTAMP,
-                SVIX_SIGNATURE,
-                &[SVIX_ID, SVIX_TIMESTAMP],
-            )
-        } else {
-            (ID, TIMESTAMP, SIGNATURE, &[ID, TIMESTAMP])
-        };
-    let id = header(headers, id_name)?;
-    let raw_ts = header(headers, ts_name)?;
-    let timestamp = unix_seconds(ts_name, raw_ts)?;
-    let value = header(headers, sig_name)?;
-    let mut candidates = Vec::new();
-    for entry in value.split(' ').filter(|e| !e.is_empty()) {
-        let (version, signature) = entry
-            .split_once(',')
-            .ok_or_else(|| malformed(sig_name, "entry is not <version>,<signature>"))?;
-        // Other versions (v1a: asymmetric) are not HMAC signatures; skip them.
-        if version == "v1" {
-            candidates.push(base64_mac(sig_name, signature)?);
-            check_candidate_count(sig_name, candidates.len())?;
-        }
-    }
-    if candidates.is_empty() {
-        return Err(malformed(sig_name, "no v1 signature"));
-    }
-    Ok(SignedMessage {
-        timestamp: Some(timestamp),
-        prefix: format!("{id}.{raw_ts}.").into_bytes(),
-        candidates,
-        signed_headers,
-    })
-}
-
-/// The key is the base64 text after `whsec_` (the prefix is optional).
-pub(super) fn key(secret: &str) -> Result<Vec<u8>, VerifyError> {
-    use base64::Engine as _;
-    let encoded = secret.strip_prefix("whsec_").unwrap_or(secret);
-    base64::engine::general_purpose::STANDARD
-        .decode(encoded)
-        .map_err(|_| VerifyError::UnusableSecret {
-            reason: "a Standard Webhooks secret is whsec_ followed by base64".into(),
-        })
-}
-
-pub(super) fn sign(
-    key: &[u8],
-    message_id: &str,
-    timestamp: i64,
-    body: &[u8],
-) -> Vec<(HeaderName, HeaderValue)> {
-    let tag = mac(key, format!("{message_id}.{timestamp}.").as_bytes(), body);
-    vec![
-        (
-            HeaderName::from_static(ID),
-            header_value(message_id.to_owned()),
-        ),
-        (
-            HeaderName::from_static(TIMESTAMP),
-            header_value(timestamp.to_string()),
-        ),
-        (
-            HeaderName::from_static(SIGNATURE),
-            header_value(format!("v1,{}", base64_encode(&tag))),
-        ),
-    ]
-}
 
 #[cfg(test)]
 mod tests {
@@ -96,6 +19,19 @@ mod tests {
     use crate::domain::Scheme;
     use crate::secrets::{SecretSet, SigningSecret};
     use crate::signature::verify;
+
+    use http::{HeaderMap, HeaderName, HeaderValue};
+
+    use crate::signature::{SignedMessage, VerifyError};
+
+    fn parse(h: &HeaderMap) -> Result<SignedMessage, VerifyError> {
+        crate::signature::parse(Scheme::StandardWebhooks, h)
+    }
+
+    fn base64_encode(bytes: &[u8]) -> String {
+        use base64::Engine as _;
+        base64::engine::general_purpose::STANDARD.encode(bytes)
+    }
 
     /// The test vector published with the Standard Webhooks specification and used by its
     /// reference libraries' tests (standard-webhooks/standard-webhooks, `libraries/*` tests;

@@ -1,0 +1,395 @@
+//! One catalogue entry, as its TOML file says it: the signature built from a small set of
+//! primitives, where the event's fields are read, the endpoint handshake, the documented retry
+//! policy and the backfill API. `docs/catalogue.md` describes the format for a reviewer.
+
+use serde::{Deserialize, Serialize};
+
+use crate::domain::FieldLocator;
+use crate::extract::FieldMap;
+
+/// A provider: everything the receiver needs to know about it, as data.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Provider {
+    /// The scheme name sources configure (the file's name).
+    pub name: String,
+    /// As the provider calls itself.
+    pub title: String,
+    /// The page the signature algorithm is taken from.
+    pub docs: String,
+    /// Delivery headers worth keeping beside the payload for an operator.
+    #[serde(default)]
+    pub kept_headers: Vec<String>,
+    /// One layout, or several (Standard Webhooks' `webhook-*` and `svix-*` headers): the first
+    /// that applies to a delivery is used.
+    #[serde(rename = "signature")]
+    pub signatures: Vec<SignatureSpec>,
+    pub fields: ProviderFields,
+    #[serde(default)]
+    pub handshake: HandshakeSpec,
+    pub retries: Retries,
+    #[serde(default)]
+    pub backfill: Backfill,
+    /// Known-answer vectors: the provider's own, or built from its documented algorithm.
+    #[serde(default)]
+    pub vectors: Vec<Vector>,
+}
+
+/// How a signature is made and where a delivery carries it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignatureSpec {
+    pub kind: Kind,
+    /// `hmac` and `digest`: the hash function.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hash: Option<Hash>,
+    /// How the configured secret text becomes key bytes (a public key, for the asymmetric kinds).
+    #[serde(default)]
+    pub secret: SecretEncoding,
+    /// When this layout applies; without it, when its signature header (or field) is present.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub when: Option<When>,
+    /// The header carrying the signature ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    /// ... or a JSON pointer into the body.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    /// How the signature is written: hex by default, text for tokens.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<Encoding>,
+    /// A literal before the encoded signature (`sha256=`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub prefix: String,
+    /// `key=value` items (Stripe's `t=..,v1=..`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub items: Option<Items>,
+    /// `<version>,<signature>` entries (Standard Webhooks' `v1,<b64> v1,<b64>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub versions: Option<Versions>,
+    /// The signed bytes, concatenated in order.
+    #[serde(default)]
+    pub signed: Vec<Part>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<TimestampSpec>,
+    /// The headers whose values the signature covers besides the body.
+    #[serde(default)]
+    pub signed_headers: Vec<String>,
+    /// A query parameter of the signed URL that carries the hex SHA-256 of the body (Twilio's
+    /// `bodySHA256` on JSON posts): the body is covered through it, and must match it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub body_sha256_query: Option<String>,
+}
+
+impl SignatureSpec {
+    pub fn encoding(&self) -> Encoding {
+        self.encoding.unwrap_or(if self.kind == Kind::Token {
+            Encoding::Text
+        } else {
+            Encoding::Hex
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Kind {
+    /// A keyed MAC over the signed parts.
+    Hmac,
+    /// A plain hash over signed parts that include the secret (HubSpot v1 and v2).
+    Digest,
+    /// An Ed25519 signature, verified with the provider's public key.
+    Ed25519,
+    /// An ECDSA P-256 / SHA-256 signature (DER), verified with the provider's public key.
+    EcdsaP256,
+    /// A shared token the provider sends as is, compared in constant time.
+    Token,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Hash {
+    Sha1,
+    Sha256,
+    Sha512,
+}
+
+impl Hash {
+    pub fn output_len(self) -> usize {
+        match self {
+            Hash::Sha1 => 20,
+            Hash::Sha256 => 32,
+            Hash::Sha512 => 64,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SecretEncoding {
+    /// The text as typed.
+    #[default]
+    Utf8,
+    Base64,
+    /// Base64 after an optional `whsec_` prefix (Standard Webhooks).
+    Whsec,
+    Hex,
+    /// A PEM public key (`-----BEGIN PUBLIC KEY-----`).
+    Pem,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Encoding {
+    Hex,
+    Base64,
+    Base64url,
+    /// The raw header text (tokens).
+    Text,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct When {
+    /// A header that is present (or, with `equals`, has that value) ...
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub equals: Option<String>,
+    /// ... or a query parameter the URL the provider called carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub query: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Items {
+    pub separator: String,
+    pub pair: String,
+    /// The key of a signature item; every item with it is a candidate.
+    pub signature: String,
+    /// The key of the timestamp item.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timestamp: Option<String>,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Versions {
+    pub separator: String,
+    pub pair: String,
+    /// Entries of this version are candidates; others are skipped.
+    pub version: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TimestampSpec {
+    /// Read from the signature header's timestamp item.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub item: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub json: Option<String>,
+    #[serde(default)]
+    pub format: TimestampFormat,
+    /// The provider's documented tolerance: a source's default.
+    pub tolerance_seconds: u32,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TimestampFormat {
+    #[default]
+    Unix,
+    UnixMs,
+    Rfc3339,
+}
+
+/// One part of the signed bytes. Written in the file as a literal string or `{body}`,
+/// `{timestamp}`, `{header:NAME}`, `{json:/pointer}`, `{url}`, `{method}`, `{form_sorted}`,
+/// `{secret}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub enum Part {
+    Literal(String),
+    Body,
+    Timestamp,
+    Header(String),
+    Json(String),
+    Url,
+    Method,
+    FormSorted,
+    Secret,
+}
+
+impl TryFrom<String> for Part {
+    type Error = String;
+    fn try_from(raw: String) -> Result<Self, String> {
+        let Some(inner) = raw.strip_prefix('{').and_then(|r| r.strip_suffix('}')) else {
+            if raw.is_empty() {
+                return Err("an empty literal part".into());
+            }
+            return Ok(Part::Literal(raw));
+        };
+        Ok(match inner {
+            "body" => Part::Body,
+            "timestamp" => Part::Timestamp,
+            "url" => Part::Url,
+            "method" => Part::Method,
+            "form_sorted" => Part::FormSorted,
+            "secret" => Part::Secret,
+            _ => {
+                if let Some(name) = inner.strip_prefix("header:") {
+                    Part::Header(name.to_owned())
+                } else if let Some(pointer) = inner.strip_prefix("json:") {
+                    Part::Json(pointer.to_owned())
+                } else {
+                    return Err(format!(
+                        "{raw:?} is none of {{body}}, {{timestamp}}, {{header:NAME}}, {{json:/pointer}}, {{url}}, {{method}}, {{form_sorted}}, {{secret}}"
+                    ));
+                }
+            }
+        })
+    }
+}
+
+impl From<Part> for String {
+    fn from(part: Part) -> String {
+        match part {
+            Part::Literal(text) => text,
+            Part::Body => "{body}".into(),
+            Part::Timestamp => "{timestamp}".into(),
+            Part::Header(name) => format!("{{header:{name}}}"),
+            Part::Json(pointer) => format!("{{json:{pointer}}}"),
+            Part::Url => "{url}".into(),
+            Part::Method => "{method}".into(),
+            Part::FormSorted => "{form_sorted}".into(),
+            Part::Secret => "{secret}".into(),
+        }
+    }
+}
+
+/// Where a provider's events keep their identity.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ProviderFields {
+    pub external_id: FieldLocator,
+    pub event_type: FieldLocator,
+    #[serde(default)]
+    pub entity_id: Option<FieldLocator>,
+    #[serde(default)]
+    pub entity_version: Option<FieldLocator>,
+    #[serde(default)]
+    pub entity_version_fallback: Option<FieldLocator>,
+    #[serde(default)]
+    pub version_tiebreak: Option<FieldLocator>,
+    #[serde(default)]
+    pub sequence: Option<FieldLocator>,
+    /// Whether the signature covers the event id (in the body or a signed header).
+    pub id_signed: bool,
+}
+
+impl ProviderFields {
+    pub fn field_map(&self) -> FieldMap {
+        FieldMap {
+            external_id: self.external_id.clone(),
+            event_type: self.event_type.clone(),
+            entity_id: self.entity_id.clone(),
+            entity_version: self.entity_version.clone(),
+            entity_version_fallback: self.entity_version_fallback.clone(),
+            version_tiebreak: self.version_tiebreak.clone(),
+            sequence: self.sequence.clone(),
+        }
+    }
+}
+
+/// A request the provider sends to check the endpoint, answered and never stored.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandshakeSpec {
+    #[serde(default)]
+    pub kind: HandshakeKind,
+    #[serde(default)]
+    pub docs: String,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HandshakeKind {
+    #[default]
+    None,
+    /// Slack's signed `{"type": "url_verification", "challenge": ...}`: answer the challenge.
+    SlackUrlVerification,
+    /// Zoom's `endpoint.url_validation`: answer the plain token and its HMAC.
+    ZoomUrlValidation,
+    /// Twitch EventSub's `webhook_callback_verification`: answer the challenge as text.
+    TwitchCallbackVerification,
+    /// Discord's PING (`{"type": 1}`): answer `{"type": 1}`.
+    DiscordPing,
+    /// Okta's one-time GET with `X-Okta-Verification-Challenge`.
+    OktaVerification,
+    /// Xero's intent to receive: a signed delivery with no events, answered 200.
+    XeroIntentToReceive,
+}
+
+impl HandshakeKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            HandshakeKind::None => "none",
+            HandshakeKind::SlackUrlVerification => "slack_url_verification",
+            HandshakeKind::ZoomUrlValidation => "zoom_url_validation",
+            HandshakeKind::TwitchCallbackVerification => "twitch_callback_verification",
+            HandshakeKind::DiscordPing => "discord_ping",
+            HandshakeKind::OktaVerification => "okta_verification",
+            HandshakeKind::XeroIntentToReceive => "xero_intent_to_receive",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Retries {
+    pub summary: String,
+    pub docs: String,
+    /// A header the provider sets on its retries (Slack's `x-slack-retry-num`).
+    #[serde(default)]
+    pub marks_retries: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Backfill {
+    /// The list or redelivery API, or empty when the provider has none.
+    #[serde(default)]
+    pub api: String,
+    #[serde(default)]
+    pub docs: String,
+}
+
+/// A known-answer vector: a delivery and whether it must verify.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Vector {
+    /// Where it comes from: the SDK test file or documentation page, or "constructed from the
+    /// documented algorithm (<url>)".
+    pub source: String,
+    pub secret: String,
+    /// The Unix time to verify at.
+    pub now: i64,
+    #[serde(default = "post")]
+    pub method: String,
+    #[serde(default)]
+    pub url: Option<String>,
+    pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: Option<String>,
+    #[serde(default)]
+    pub body_base64: Option<String>,
+    pub valid: bool,
+}
+
+fn post() -> String {
+    "POST".into()
+}

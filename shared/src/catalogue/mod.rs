@@ -1,0 +1,572 @@
+//! The provider catalogue: one reviewed TOML file per provider under `shared/providers/`,
+//! compiled in (`build.rs` lists the files) and validated here. An entry says how the provider
+//! signs (from the primitives `signature` implements), where its events keep their fields, how
+//! it checks an endpoint, how it retries and how a gap is backfilled, and carries its
+//! known-answer vectors. Adding a provider is adding a file; `docs/providers.md` is generated
+//! from the catalogue (`hookctl providers markdown`) and a test keeps it in sync.
+
+mod entry;
+
+use std::fmt::Write as _;
+use std::sync::LazyLock;
+
+pub use entry::*;
+
+use crate::domain::Scheme;
+
+include!(concat!(env!("OUT_DIR"), "/catalogue_files.rs"));
+
+/// Why a catalogue entry (or a scheme a source declares) is not usable, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {reason}")]
+pub struct SpecError {
+    pub field: String,
+    pub reason: String,
+}
+
+fn spec_error(field: impl Into<String>, reason: impl Into<String>) -> SpecError {
+    SpecError {
+        field: field.into(),
+        reason: reason.into(),
+    }
+}
+
+static CATALOGUE: LazyLock<Vec<Provider>> = LazyLock::new(|| {
+    FILES
+        .iter()
+        .map(|(name, text)| {
+            // The files are compiled in and every one is loaded by this module's tests, so a
+            // broken entry fails the build's tests, never a request.
+            load(name, text).unwrap_or_else(|e| panic!("shared/providers/{name}.toml: {e}"))
+        })
+        .collect()
+});
+
+/// The entry behind `scheme`.
+pub fn provider(scheme: Scheme) -> &'static Provider {
+    &CATALOGUE[usize::from(scheme.0)]
+}
+
+/// Every entry, in name order.
+pub fn providers() -> impl Iterator<Item = (Scheme, &'static Provider)> {
+    Scheme::ALL.into_iter().map(|s| (s, provider(s)))
+}
+
+/// Parses and validates one catalogue file.
+pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
+    let provider: Provider =
+        toml::from_str(text).map_err(|e| spec_error(name, e.message().to_owned()))?;
+    if provider.name != name {
+        return Err(spec_error(
+            "name",
+            format!("{:?} differs from the file name {name:?}", provider.name),
+        ));
+    }
+    if provider.signatures.is_empty() {
+        return Err(spec_error("signature", "at least one [[signature]] table"));
+    }
+    for (i, spec) in provider.signatures.iter().enumerate() {
+        validate(spec).map_err(|e| spec_error(format!("signature[{i}].{}", e.field), e.reason))?;
+    }
+    for name in &provider.kept_headers {
+        header_name("kept_headers", name)?;
+    }
+    if !provider.retries.marks_retries.is_empty() {
+        header_name("retries.marks_retries", &provider.retries.marks_retries)?;
+    }
+    for (i, vector) in provider.vectors.iter().enumerate() {
+        if vector.body.is_some() == vector.body_base64.is_some() {
+            return Err(spec_error(
+                format!("vectors[{i}]"),
+                "exactly one of body and body_base64",
+            ));
+        }
+    }
+    Ok(provider)
+}
+
+/// Checks a signature layout: a catalogue entry's, or one a source declares.
+pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
+    use Kind::*;
+    match (spec.kind, spec.hash) {
+        (Hmac | Digest, None) => return Err(spec_error("hash", "hmac and digest need a hash")),
+        (Ed25519 | EcdsaP256 | Token, Some(_)) => {
+            return Err(spec_error("hash", "only hmac and digest take a hash"));
+        }
+        _ => {}
+    }
+    match (&spec.header, &spec.json) {
+        (Some(name), None) => header_name("header", name)?,
+        (None, Some(pointer)) => json_pointer("json", pointer)?,
+        _ => return Err(spec_error("header", "exactly one of header and json")),
+    }
+    if spec.items.is_some() && spec.versions.is_some() {
+        return Err(spec_error("items", "items and versions exclude each other"));
+    }
+    if let Some(items) = &spec.items
+        && (items.separator.is_empty() || items.pair.is_empty() || items.signature.is_empty())
+    {
+        return Err(spec_error(
+            "items",
+            "separator, pair and signature are required",
+        ));
+    }
+    if let Some(versions) = &spec.versions
+        && (versions.separator.is_empty()
+            || versions.pair.is_empty()
+            || versions.version.is_empty())
+    {
+        return Err(spec_error(
+            "versions",
+            "separator, pair and version are required",
+        ));
+    }
+    match (spec.kind, spec.encoding()) {
+        (Token, Encoding::Text) => {}
+        (Token, _) => return Err(spec_error("encoding", "a token is compared as text")),
+        (_, Encoding::Text) => return Err(spec_error("encoding", "text is for tokens only")),
+        _ => {}
+    }
+    match (spec.kind, spec.secret) {
+        (Ed25519, SecretEncoding::Hex | SecretEncoding::Base64) => {}
+        (Ed25519, _) => {
+            return Err(spec_error(
+                "secret",
+                "an Ed25519 public key is hex or base64",
+            ));
+        }
+        (EcdsaP256, SecretEncoding::Base64 | SecretEncoding::Pem) => {}
+        (EcdsaP256, _) => {
+            return Err(spec_error(
+                "secret",
+                "a P-256 public key is base64 DER or PEM",
+            ));
+        }
+        (Token, SecretEncoding::Utf8) => {}
+        (Token, _) => return Err(spec_error("secret", "a token is compared as typed (utf8)")),
+        (_, SecretEncoding::Pem) => return Err(spec_error("secret", "pem is for public keys")),
+        _ => {}
+    }
+    if spec.kind == Token {
+        if !spec.signed.is_empty() {
+            return Err(spec_error("signed", "a token signs nothing"));
+        }
+    } else if spec.signed.is_empty() {
+        return Err(spec_error("signed", "name the signed parts"));
+    }
+    for part in &spec.signed {
+        match part {
+            Part::Header(name) => header_name("signed", name)?,
+            Part::Json(pointer) => json_pointer("signed", pointer)?,
+            Part::Timestamp if spec.timestamp.is_none() => {
+                return Err(spec_error("signed", "{timestamp} needs a timestamp table"));
+            }
+            Part::Secret if spec.kind != Digest => {
+                return Err(spec_error(
+                    "signed",
+                    "{secret} is signed only by the digest kind",
+                ));
+            }
+            _ => {}
+        }
+    }
+    if spec.kind == Digest && !spec.signed.contains(&Part::Secret) {
+        return Err(spec_error(
+            "signed",
+            "a digest without {secret} proves nothing",
+        ));
+    }
+    if let Some(ts) = &spec.timestamp {
+        let sources = usize::from(ts.item)
+            + usize::from(ts.header.is_some())
+            + usize::from(ts.json.is_some());
+        if sources != 1 {
+            return Err(spec_error(
+                "timestamp",
+                "exactly one of item, header and json",
+            ));
+        }
+        if ts.item && spec.items.as_ref().is_none_or(|i| i.timestamp.is_none()) {
+            return Err(spec_error("timestamp", "item = true needs items.timestamp"));
+        }
+        if let Some(name) = &ts.header {
+            header_name("timestamp.header", name)?;
+        }
+        if let Some(pointer) = &ts.json {
+            json_pointer("timestamp.json", pointer)?;
+        }
+        if !(1..=86_400).contains(&ts.tolerance_seconds) {
+            return Err(spec_error(
+                "timestamp.tolerance_seconds",
+                "outside 1..=86400",
+            ));
+        }
+    }
+    for name in &spec.signed_headers {
+        header_name("signed_headers", name)?;
+    }
+    if let Some(when) = &spec.when {
+        match (&when.header, &when.query) {
+            (Some(name), None) => header_name("when.header", name)?,
+            (None, Some(_)) if when.equals.is_none() => {}
+            _ => {
+                return Err(spec_error(
+                    "when",
+                    "a header (with or without equals), or a query",
+                ));
+            }
+        }
+    }
+    if spec.body_sha256_query.is_some() && !spec.signed.contains(&Part::Url) {
+        return Err(spec_error(
+            "body_sha256_query",
+            "only a layout that signs {url}",
+        ));
+    }
+    Ok(())
+}
+
+fn header_name(field: &str, name: &str) -> Result<(), SpecError> {
+    let valid = http::HeaderName::from_bytes(name.as_bytes()).is_ok()
+        && name.bytes().all(|b| !b.is_ascii_uppercase());
+    if valid {
+        Ok(())
+    } else {
+        Err(spec_error(
+            field,
+            format!("{name:?} is not a lower-case header name"),
+        ))
+    }
+}
+
+fn json_pointer(field: &str, pointer: &str) -> Result<(), SpecError> {
+    if pointer.starts_with('/') {
+        Ok(())
+    } else {
+        Err(spec_error(
+            field,
+            format!("JSON pointer {pointer:?} must start with '/'"),
+        ))
+    }
+}
+
+/// The catalogue as `docs/providers.md` shows it.
+pub fn markdown() -> String {
+    let mut out = String::new();
+    out.push_str(
+        "# Providers\n\n\
+         Generated from `shared/providers/*.toml` by `hookctl providers markdown`; a test keeps \
+         this file in sync. A source names its provider with `scheme = \"<name>\"`; the \
+         catalogue format is described in [catalogue.md](catalogue.md).\n\n\
+         | Provider | `scheme` | Signature | Event id | Id signed | Handshake | Backfill |\n\
+         |---|---|---|---|---|---|---|\n",
+    );
+    for (scheme, p) in providers() {
+        let signature = p
+            .signatures
+            .iter()
+            .map(describe)
+            .collect::<Vec<_>>()
+            .join("; or ");
+        let _ = writeln!(
+            out,
+            "| [{}]({}) | `{scheme}` | {signature} | `{}` | {} | {} | {} |",
+            p.title,
+            p.docs,
+            p.fields.external_id,
+            if p.fields.id_signed { "yes" } else { "no" },
+            match p.handshake.kind {
+                HandshakeKind::None => "none".to_owned(),
+                kind => format!("`{}`", kind.as_str()),
+            },
+            if p.backfill.api.is_empty() {
+                "none"
+            } else {
+                "yes"
+            },
+        );
+    }
+    out.push_str("\n## Retry policies and what an operator sets\n\n");
+    for (scheme, p) in providers() {
+        let _ = writeln!(out, "### {} (`{scheme}`)\n", p.title);
+        let _ = writeln!(
+            out,
+            "- Retries: {} ([docs]({}))",
+            p.retries.summary, p.retries.docs
+        );
+        if !p.backfill.api.is_empty() {
+            let _ = writeln!(
+                out,
+                "- Backfill API: {} ([docs]({}))",
+                p.backfill.api, p.backfill.docs
+            );
+        }
+        let _ = writeln!(out, "- Secret: {}", secret_help(&p.signatures[0]));
+        if let Some(ts) = p.signatures.iter().find_map(|s| s.timestamp.as_ref()) {
+            let _ = writeln!(
+                out,
+                "- Timestamp tolerance: {} s by default (`tolerance_seconds`)",
+                ts.tolerance_seconds
+            );
+        }
+        if p.signatures.iter().any(|s| s.signed.contains(&Part::Url)) {
+            out.push_str(
+                "- Signs the URL it called: behind a custom domain, set the source's `url`\n",
+            );
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// Everything the catalogue says about one provider, for `hookctl providers show`.
+pub fn show(scheme: Scheme) -> String {
+    let p = provider(scheme);
+    let mut out = String::new();
+    let _ = writeln!(out, "{} (scheme {scheme})\n  docs: {}", p.title, p.docs);
+    for (i, spec) in p.signatures.iter().enumerate() {
+        let _ = writeln!(out, "signature {}: {}", i + 1, describe(spec));
+        if let Some(when) = &spec.when {
+            let _ = match (&when.header, &when.equals, &when.query) {
+                (Some(h), Some(v), _) => writeln!(out, "  when header {h} is {v:?}"),
+                (Some(h), None, _) => writeln!(out, "  when header {h} is present"),
+                (None, _, Some(q)) => writeln!(out, "  when the URL has the query parameter {q}"),
+                _ => Ok(()),
+            };
+        }
+        if let Some(ts) = &spec.timestamp {
+            let _ = writeln!(
+                out,
+                "  timestamp: {:?}, tolerance {} s by default",
+                ts.format, ts.tolerance_seconds
+            );
+        }
+        if !spec.signed_headers.is_empty() {
+            let _ = writeln!(out, "  signed headers: {}", spec.signed_headers.join(", "));
+        }
+        let _ = writeln!(out, "  secret: {}", secret_help(spec));
+    }
+    let f = &p.fields;
+    let _ = writeln!(
+        out,
+        "fields: event id {} ({}), type {}",
+        f.external_id,
+        if f.id_signed {
+            "signed"
+        } else {
+            "NOT signed: a replayed body can carry a fresh id"
+        },
+        f.event_type
+    );
+    for (name, locator) in [
+        ("entity", &f.entity_id),
+        ("entity version", &f.entity_version),
+        ("sequence", &f.sequence),
+    ] {
+        if let Some(locator) = locator {
+            let _ = writeln!(out, "  {name}: {locator}");
+        }
+    }
+    let _ = writeln!(out, "handshake: {}", p.handshake.kind.as_str());
+    let _ = writeln!(out, "retries: {} ({})", p.retries.summary, p.retries.docs);
+    let _ = writeln!(
+        out,
+        "backfill: {}",
+        if p.backfill.api.is_empty() {
+            "none"
+        } else {
+            &p.backfill.api
+        }
+    );
+    let _ = writeln!(out, "vectors: {}", p.vectors.len());
+    for v in &p.vectors {
+        let _ = writeln!(
+            out,
+            "  {}: {}",
+            if v.valid { "valid  " } else { "refused" },
+            v.source
+        );
+    }
+    out
+}
+
+/// One line on a signature layout.
+pub fn describe(spec: &SignatureSpec) -> String {
+    let algorithm = match (spec.kind, spec.hash) {
+        (Kind::Hmac, Some(h)) => format!("HMAC-{}", hash_name(h)),
+        (Kind::Digest, Some(h)) => format!("{} digest", hash_name(h)),
+        (Kind::Ed25519, _) => "Ed25519".into(),
+        (Kind::EcdsaP256, _) => "ECDSA P-256".into(),
+        (Kind::Token, _) => "shared token".into(),
+        _ => "?".into(),
+    };
+    let place = match (&spec.header, &spec.json) {
+        (Some(h), _) => format!("`{h}`"),
+        (_, Some(p)) => format!("body `{p}`"),
+        _ => String::new(),
+    };
+    if spec.kind == Kind::Token {
+        return format!("{algorithm} in {place}");
+    }
+    let signed: String = spec
+        .signed
+        .iter()
+        .map(|p| match p {
+            Part::Literal(text) => text.clone(),
+            other => String::from(other.clone()),
+        })
+        .collect();
+    format!(
+        "{algorithm} ({}) in {place} over `{}`",
+        match spec.encoding() {
+            Encoding::Hex => "hex",
+            Encoding::Base64 => "base64",
+            Encoding::Base64url => "base64url",
+            Encoding::Text => "text",
+        },
+        signed.replace('|', "\\|")
+    )
+}
+
+fn hash_name(hash: Hash) -> &'static str {
+    match hash {
+        Hash::Sha1 => "SHA1",
+        Hash::Sha256 => "SHA256",
+        Hash::Sha512 => "SHA512",
+    }
+}
+
+fn secret_help(spec: &SignatureSpec) -> &'static str {
+    match (spec.kind, spec.secret) {
+        (Kind::Ed25519, _) => "the provider's Ed25519 public key (hex or base64, as shown)",
+        (Kind::EcdsaP256, _) => "the provider's P-256 public key (base64 DER or PEM, as shown)",
+        (Kind::Token, _) => "the token configured at the provider",
+        (_, SecretEncoding::Whsec) => "the `whsec_...` signing secret as shown",
+        (_, SecretEncoding::Hex) => "the hex key as shown",
+        (_, SecretEncoding::Base64) => "the base64 key as shown",
+        _ => "the signing secret as shown",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_entry_loads() {
+        let errors: Vec<String> = FILES
+            .iter()
+            .filter_map(|(name, text)| {
+                load(name, text)
+                    .err()
+                    .map(|e| format!("shared/providers/{name}.toml: {e}"))
+            })
+            .collect();
+        assert!(errors.is_empty(), "{}", errors.join("\n"));
+        assert_eq!(Scheme::Stripe.as_str(), "stripe");
+        assert_eq!(
+            Scheme::StandardWebhooks.provider().title,
+            "Standard Webhooks (and Svix)"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let base = FILES.iter().find(|(n, _)| *n == "github").unwrap().1;
+        let cases = [
+            (base.replace("hash = \"sha256\"\n", ""), "signature[0].hash"),
+            (
+                base.replace("encoding = \"hex\"", "encoding = \"hexa\""),
+                "github",
+            ),
+            (
+                base.replace("signed = [\"{body}\"]", "signed = [\"{bodyy}\"]"),
+                "github",
+            ),
+            (
+                base.replace("header = \"x-hub-signature-256\"", "header = \"X-Hub\""),
+                "signature[0].header",
+            ),
+            (
+                base.replace("name = \"github\"", "name = \"gitlab\""),
+                "name",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = load("github", &text).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
+    /// provider's SDK tests or documentation) with the secret they name, the tampered copies
+    /// refused. Each entry has at least one of each.
+    #[test]
+    fn every_vector_verifies_as_recorded() {
+        use crate::secrets::SecretSet;
+        use crate::signature::{Request, verify_request};
+        use base64::Engine as _;
+        for (scheme, p) in providers() {
+            assert!(
+                p.vectors.iter().any(|v| v.valid) && p.vectors.iter().any(|v| !v.valid),
+                "{scheme}: needs a valid vector and a tampered one"
+            );
+            for (i, v) in p.vectors.iter().enumerate() {
+                let headers: http::HeaderMap = v
+                    .headers
+                    .iter()
+                    .map(|(k, val)| {
+                        (
+                            http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                                .unwrap(),
+                            http::HeaderValue::from_str(val).unwrap(),
+                        )
+                    })
+                    .collect();
+                let body = match (&v.body, &v.body_base64) {
+                    (Some(text), _) => text.as_bytes().to_vec(),
+                    (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .unwrap(),
+                    (None, None) => Vec::new(),
+                };
+                let request = Request {
+                    headers: &headers,
+                    body: &body,
+                    method: &v.method,
+                    url: v.url.as_deref(),
+                };
+                let tolerance = p
+                    .signatures
+                    .iter()
+                    .find_map(|s| s.timestamp.as_ref())
+                    .map_or(300, |t| t.tolerance_seconds);
+                let result = verify_request(
+                    scheme,
+                    &request,
+                    &SecretSet::new(v.secret.clone(), None),
+                    std::time::Duration::from_secs(tolerance.into()),
+                    v.now,
+                );
+                assert_eq!(
+                    result.is_ok(),
+                    v.valid,
+                    "{scheme} vector {i} ({}): {result:?}",
+                    v.source
+                );
+            }
+        }
+    }
+
+    /// `docs/providers.md` is the catalogue as `markdown()` renders it: regenerate it with
+    /// `hookctl providers markdown > docs/providers.md` after changing an entry.
+    #[test]
+    fn docs_providers_md_is_generated_from_the_catalogue() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/providers.md");
+        let on_disk = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            on_disk == markdown(),
+            "docs/providers.md is stale: run `hookctl providers markdown > docs/providers.md`"
+        );
+    }
+}
