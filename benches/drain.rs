@@ -89,6 +89,8 @@ async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: St
                     source_id: "bench",
                     headers: &headers,
                     body: &body,
+                    method: "POST",
+                    url: None,
                 })
                 .await
                 .unwrap();

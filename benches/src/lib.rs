@@ -16,6 +16,7 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
         tolerance,
         fields: FieldMap::defaults_for(scheme),
         enabled: true,
+        signed_url: None,
         gaps: None,
     }
 }

@@ -704,6 +704,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             tolerance: sources::DEFAULT_TOLERANCE,
             fields: provider_fields,
             enabled: true,
+            signed_url: None,
             gaps: Some(GapConfig {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
@@ -723,6 +724,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             tolerance: sources::DEFAULT_TOLERANCE,
             fields: shop_fields,
             enabled: true,
+            signed_url: None,
             gaps: None,
         },
     ])

@@ -90,6 +90,8 @@ impl Db {
                 source_id: "pay",
                 headers: &headers,
                 body: &body,
+                method: "POST",
+                url: None,
             })
             .await
             .unwrap();

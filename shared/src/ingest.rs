@@ -39,6 +39,11 @@ pub struct Delivery<'a> {
     pub headers: &'a HeaderMap,
     /// The raw body bytes, exactly as signed.
     pub body: &'a [u8],
+    /// The HTTP method, upper case.
+    pub method: &'a str,
+    /// The URL the request arrived at (`https://host/path?query`), for the schemes that sign
+    /// it; a source's configured `url` takes its place.
+    pub url: Option<&'a str>,
 }
 
 /// What a verified delivery turned out to be.
@@ -413,10 +418,15 @@ impl Ingestor {
             .secrets(&source.secret_ref)
             .await
             .map_err(IngestError::Secret)?;
-        let verified = signature::verify(
+        let request = signature::Request {
+            headers: delivery.headers,
+            body: delivery.body,
+            method: delivery.method,
+            url: source.signed_url.as_deref().or(delivery.url),
+        };
+        let verified = signature::verify_request(
             source.scheme,
-            delivery.headers,
-            delivery.body,
+            &request,
             &secrets,
             source.tolerance,
             unix_now(),

@@ -53,6 +53,10 @@ pub struct Source {
     /// How to find and backfill events that never arrived; `None`: this source has no gap
     /// detection.
     pub gaps: Option<GapConfig>,
+    /// The URL the provider is configured to call, for the schemes that sign it (Twilio,
+    /// Square, HubSpot v2/v3), when it differs from the one the request arrived at (a proxy
+    /// in front, a rewritten path). `None`: the request's own URL.
+    pub signed_url: Option<String>,
 }
 
 /// How a source's expected event IDs are known, and where missing ones are fetched.
@@ -190,6 +194,7 @@ impl TryFrom<SourceRow> for Source {
                 sequence: optional(&row.sequence_from)?,
             },
             enabled: row.enabled,
+            signed_url: row.signed_url.clone(),
             gaps: match (
                 row.gap_strategy.as_deref(),
                 row.api_base_url,
@@ -270,6 +275,7 @@ impl From<&Source> for SourceRow {
                 GapStrategy::GithubDeliveries { app_id, .. } => app_id.clone(),
                 _ => None,
             }),
+            signed_url: source.signed_url.clone(),
         }
     }
 }
@@ -345,6 +351,10 @@ pub struct SourceSpec {
     pub fields: FieldOverrides,
     #[serde(default)]
     pub gaps: Option<GapSpec>,
+    /// The URL the provider calls, exactly as configured there, for the schemes that sign it
+    /// (Twilio, Square, HubSpot v2/v3) when it is not the one API Gateway sees.
+    #[serde(default)]
+    pub url: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -515,6 +525,14 @@ impl SourceSpec {
                 "tolerance_seconds {tolerance_seconds} is outside 1..=86400"
             ));
         }
+        if let Some(url) = &self.url {
+            let parsed = url::Url::parse(url).map_err(|e| format!("url {url:?}: {e}"))?;
+            if !matches!(parsed.scheme(), "https" | "http") {
+                return Err(format!(
+                    "url {url:?}: the URL the provider calls is http(s)"
+                ));
+            }
+        }
         let defaults = FieldMap::defaults_for(self.scheme);
         let o = self.fields;
         let fields = FieldMap {
@@ -538,6 +556,7 @@ impl SourceSpec {
             fields,
             enabled: self.enabled,
             gaps,
+            signed_url: self.url,
         })
     }
 }

@@ -32,6 +32,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         tolerance: sources::DEFAULT_TOLERANCE,
         fields: FieldMap::defaults_for(scheme),
         enabled: true,
+        signed_url: None,
         gaps: None,
     }
 }

@@ -14,11 +14,16 @@ pub async fn handler(
 ) -> Result<Response<Body>, lambda_http::Error> {
     let params = request.path_parameters();
     let source_id = params.first("source_id").unwrap_or_default();
+    // lambda_http builds the URI from the API Gateway event: the Host header (or the domain
+    // name), the raw path with its stage, and the raw query string.
+    let url = request.uri().to_string();
     let result = ingestor
         .receive(Delivery {
             source_id,
             headers: request.headers(),
             body: request.body().as_ref(),
+            method: request.method().as_str(),
+            url: Some(&url),
         })
         .await;
     let response = respond(result);
