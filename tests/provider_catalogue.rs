@@ -142,3 +142,146 @@ async fn a_source_url_stands_in_for_a_custom_domain(pool: PgPool) {
     assert_eq!(status(&with, request).await, StatusCode::OK);
     assert!(event(&with.pool, TENANT, "idem-1").await.is_some());
 }
+
+/// A request as API Gateway hands it over, through the ingest function: status, content type,
+/// body.
+async fn send(
+    app: &TestApp,
+    method: &str,
+    source_id: &str,
+    headers: http::HeaderMap,
+    body: &[u8],
+) -> (StatusCode, Option<String>, String) {
+    use lambda_http::RequestExt as _;
+    let mut request = http::Request::builder()
+        .method(method)
+        .uri(format!("https://{HOST}/webhooks/{source_id}"))
+        .body(lambda_http::Body::Binary(body.to_vec()))
+        .unwrap();
+    *request.headers_mut() = headers;
+    let request = request.with_path_parameters(std::collections::HashMap::from([(
+        "source_id".to_owned(),
+        source_id.to_owned(),
+    )]));
+    let response = ingest::handler(request, &app.ingestor).await.unwrap();
+    let (parts, body) = response.into_parts();
+    (
+        parts.status,
+        parts
+            .headers
+            .get(http::header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned()),
+        String::from_utf8(body.to_vec()).unwrap(),
+    )
+}
+
+fn signed(scheme: Scheme, secret: &str, id: &str, body: &[u8]) -> http::HeaderMap {
+    signature::sign(scheme, &SigningSecret::new(secret), id, now(), body)
+        .unwrap()
+        .into_iter()
+        .collect()
+}
+
+/// The endpoint checks of Zoom, Twitch and Okta (a GET) are answered as each provider requires
+/// and store nothing; the same sources' events are stored; a GET that is not a handshake is a
+/// 405, and one that is not signed a 401.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn handshakes_are_answered_and_never_stored(pool: PgPool) {
+    let sources = [
+        source("zoom", TENANT, Scheme::Zoom, "secret/zoom"),
+        source("twitch", TENANT, Scheme::Twitch, "secret/twitch"),
+        source("okta", TENANT, Scheme::Okta, "secret/okta"),
+    ];
+    let secrets = SecretStore::memory([
+        (
+            "secret/zoom".to_owned(),
+            SecretSet::new("zoom-catalogue-secret-token", None),
+        ),
+        (
+            "secret/twitch".to_owned(),
+            SecretSet::new("twitch-secret", None),
+        ),
+        ("secret/okta".to_owned(), SecretSet::new("okta-token", None)),
+    ]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+
+    let body = br#"{"event":"endpoint.url_validation","payload":{"plainToken":"qgg8vlvZRS6UYooatFL8Aw"},"event_ts":1654503849680}"#;
+    let headers = signed(Scheme::Zoom, "zoom-catalogue-secret-token", "", body);
+    let (status, content_type, reply) = send(&app, "POST", "zoom", headers, body).await;
+    assert_eq!(
+        (status, content_type.as_deref()),
+        (StatusCode::OK, Some("application/json"))
+    );
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&reply).unwrap(),
+        serde_json::json!({"plainToken": "qgg8vlvZRS6UYooatFL8Aw", "encryptedToken": "c37c6c4c0915b150208dea1135958fe6fe1b53e9231b3717c74d0fc5e17057d1"})
+    );
+
+    let body = br#"{"challenge":"pogchamp-kappa-360noscope-vohiyo","subscription":{"id":"f1c2a387","type":"channel.follow"}}"#;
+    let mut headers = signed(Scheme::Twitch, "twitch-secret", "msg-challenge", body);
+    set(
+        &mut headers,
+        "twitch-eventsub-message-type",
+        "webhook_callback_verification",
+    );
+    let (status, content_type, reply) = send(&app, "POST", "twitch", headers, body).await;
+    assert_eq!(
+        (status, content_type.as_deref(), reply.as_str()),
+        (
+            StatusCode::OK,
+            Some("text/plain"),
+            "pogchamp-kappa-360noscope-vohiyo"
+        )
+    );
+
+    let mut headers = http::HeaderMap::new();
+    set(&mut headers, "authorization", "okta-token");
+    set(
+        &mut headers,
+        "x-okta-verification-challenge",
+        "X1yhHw7OLDbz6Mu2ivr3FQ",
+    );
+    let (status, _, reply) = send(&app, "GET", "okta", headers.clone(), b"").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&reply).unwrap(),
+        serde_json::json!({"verification": "X1yhHw7OLDbz6Mu2ivr3FQ"})
+    );
+    set(&mut headers, "authorization", "not-the-token");
+    let (status, _, _) = send(&app, "GET", "okta", headers, b"").await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    assert!(
+        events(&app.pool).await.is_empty(),
+        "a handshake is never an event"
+    );
+
+    // The same sources' events are stored; a verified GET that is no handshake is refused.
+    let body = br#"{"eventType":"com.okta.event_hook","eventId":"okta-evt-1","data":{"events":[{"uuid":"u1","eventType":"user.session.start"}]}}"#;
+    let mut headers = http::HeaderMap::new();
+    set(&mut headers, "authorization", "okta-token");
+    let (status, _, reply) = send(&app, "POST", "okta", headers.clone(), body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let (status, _, _) = send(&app, "GET", "okta", headers, b"").await;
+    assert_eq!(status, StatusCode::METHOD_NOT_ALLOWED);
+    let body =
+        br#"{"subscription":{"id":"f1c2a387","type":"channel.follow"},"event":{"user_id":"1337"}}"#;
+    let mut headers = signed(Scheme::Twitch, "twitch-secret", "msg-1", body);
+    set(&mut headers, "twitch-eventsub-message-type", "notification");
+    set(
+        &mut headers,
+        "twitch-eventsub-subscription-type",
+        "channel.follow",
+    );
+    let (status, _, reply) = send(&app, "POST", "twitch", headers, body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let ids: Vec<String> = events(&app.pool)
+        .await
+        .into_iter()
+        .map(|e| e.external_id)
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    assert!(
+        ids.contains(&"okta-evt-1".to_owned()) && ids.contains(&"msg-1".to_owned()),
+        "{ids:?}"
+    );
+}

@@ -20,10 +20,10 @@ use crate::buffer::{
 };
 use crate::config::{ConfigError, IngestSettings, SecretsBackend};
 use crate::database::Database;
-use crate::domain::{ExternalId, SourceId};
+use crate::domain::{ExternalId, SecretVersion, SourceId};
 use crate::extract::ExtractError;
 pub use crate::prepare::{Prepared, kept_headers, prepare};
-use crate::protocol;
+use crate::protocol::{self, HandshakeReply};
 use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
@@ -55,8 +55,9 @@ pub enum Received {
     /// SQS acknowledged it, and the buffer's consumer files it.
     Buffered { delivery_id: String },
     /// A signed handshake the provider sends to check the endpoint (Slack's
-    /// `url_verification`): answered with its challenge, nothing stored.
-    Handshake { challenge: String },
+    /// `url_verification`, Zoom's URL validation, ...): answered as the provider requires,
+    /// nothing stored.
+    Handshake(HandshakeReply),
 }
 
 /// A stored delivery.
@@ -72,6 +73,10 @@ pub struct Receipt {
 pub enum IngestError {
     #[error("no enabled source with this id")]
     UnknownSource,
+    /// A verified request that is not a POST and not the provider's handshake (only Okta
+    /// verifies an endpoint with a GET).
+    #[error("only POST delivers an event")]
+    MethodNotAllowed,
     #[error("body of {actual} bytes exceeds the limit of {limit}")]
     PayloadTooLarge { actual: usize, limit: usize },
     #[error("signature rejected: {0}")]
@@ -92,6 +97,7 @@ impl IngestError {
     pub fn reason_code(&self) -> &'static str {
         match self {
             IngestError::UnknownSource => "unknown_source",
+            IngestError::MethodNotAllowed => "method_not_allowed",
             IngestError::PayloadTooLarge { .. } => "payload_too_large",
             IngestError::Signature(e) => e.reason_code(),
             IngestError::Unreadable(e) => e.anomaly_kind(),
@@ -106,6 +112,7 @@ impl IngestError {
     pub fn metric_reason(&self) -> &'static str {
         match self {
             IngestError::UnknownSource => "unknown_source",
+            IngestError::MethodNotAllowed => "method_not_allowed",
             IngestError::PayloadTooLarge { .. } => "too_large",
             IngestError::Signature(VerifyError::UnusableSecret { .. }) => "misconfigured",
             IngestError::Signature(_) => "signature",
@@ -191,7 +198,7 @@ struct Admitted<'d> {
 /// What a delivery turned out to be before storage.
 enum Admission<'d> {
     Event(Box<Admitted<'d>>),
-    Handshake { challenge: String },
+    Handshake(HandshakeReply),
 }
 
 impl Ingestor {
@@ -307,7 +314,7 @@ impl Ingestor {
             result => result?,
         };
         let admitted = match admission {
-            Admission::Handshake { challenge } => return Ok(Received::Handshake { challenge }),
+            Admission::Handshake(reply) => return Ok(Received::Handshake(reply)),
             Admission::Event(admitted) => admitted,
         };
         let Some(buffer) = &self.buffer else {
@@ -434,8 +441,21 @@ impl Ingestor {
         .map_err(IngestError::Signature)?;
         span.record("verified_with", verified.secret.as_str());
 
-        if let Some(challenge) = protocol::handshake_challenge(source.scheme, delivery.body) {
-            return Ok(Admission::Handshake { challenge });
+        let secret = match verified.secret {
+            SecretVersion::Previous => secrets.previous.as_ref().unwrap_or(&secrets.current),
+            SecretVersion::Current => &secrets.current,
+        };
+        if let Some(reply) = protocol::handshake(
+            source.scheme,
+            delivery.method,
+            delivery.headers,
+            delivery.body,
+            secret,
+        ) {
+            return Ok(Admission::Handshake(reply));
+        }
+        if delivery.method != "POST" {
+            return Err(IngestError::MethodNotAllowed);
         }
 
         let received_at_micros = unix_now_micros();

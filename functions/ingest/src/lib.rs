@@ -7,7 +7,8 @@ use lambda_http::{Body, Request, RequestExt, Response};
 use shared::ingest::{Delivery, IngestError, Ingestor, Received};
 use shared::signature::VerifyError;
 
-/// Handles `POST /webhooks/{source_id}`. Never fails: every outcome is an HTTP response.
+/// Handles `POST /webhooks/{source_id}` (and the `GET` a provider that verifies its endpoint
+/// that way sends). Never fails: every outcome is an HTTP response.
 pub async fn handler(
     request: Request,
     ingestor: &Ingestor,
@@ -45,12 +46,12 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
         Ok(Received::Buffered { .. }) => {
             (StatusCode::OK, serde_json::json!({ "status": "buffered" }))
         }
-        // Slack accepts the challenge as JSON (as well as plain text).
-        Ok(Received::Handshake { challenge }) => (
-            StatusCode::OK,
-            serde_json::json!({ "challenge": challenge }),
-        ),
+        Ok(Received::Handshake(reply)) => return handshake(reply),
         Err(IngestError::UnknownSource) => (StatusCode::NOT_FOUND, error("unknown source")),
+        Err(IngestError::MethodNotAllowed) => (
+            StatusCode::METHOD_NOT_ALLOWED,
+            error("only POST delivers an event"),
+        ),
         Err(IngestError::PayloadTooLarge { limit, .. }) => (
             StatusCode::PAYLOAD_TOO_LARGE,
             error(&format!("body exceeds {limit} bytes")),
@@ -84,6 +85,19 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
     response
         .body(Body::Text(body.to_string()))
         .expect("static response parts are valid")
+}
+
+/// A provider's endpoint check, answered exactly as that provider requires: its status, its
+/// content type, its body (Slack accepts the challenge as JSON as well as plain text).
+fn handshake(reply: &shared::protocol::HandshakeReply) -> Response<Body> {
+    let mut response =
+        Response::builder().status(StatusCode::from_u16(reply.status).unwrap_or(StatusCode::OK));
+    if let Some(content_type) = reply.content_type {
+        response = response.header(header::CONTENT_TYPE, content_type);
+    }
+    response
+        .body(Body::Text(reply.body.clone()))
+        .expect("a status, a static content type and a text body make a valid response")
 }
 
 fn error(message: &str) -> serde_json::Value {
