@@ -67,6 +67,12 @@ fn main() {
     }
     writeln!(
         out,
+        "    /// A provider not in the catalogue: the source declares its signature."
+    )
+    .unwrap();
+    writeln!(out, "    pub const Declared: Self = Self({});", names.len()).unwrap();
+    writeln!(
+        out,
         "    /// Every provider in the catalogue, in name order."
     )
     .unwrap();

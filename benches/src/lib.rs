@@ -17,6 +17,7 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
         fields: FieldMap::defaults_for(scheme),
         enabled: true,
         signed_url: None,
+        signature: None,
         gaps: None,
     }
 }

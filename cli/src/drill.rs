@@ -705,6 +705,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             fields: provider_fields,
             enabled: true,
             signed_url: None,
+            signature: None,
             gaps: Some(GapConfig {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
@@ -725,6 +726,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             fields: shop_fields,
             enabled: true,
             signed_url: None,
+            signature: None,
             gaps: None,
         },
     ])

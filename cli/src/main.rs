@@ -567,7 +567,8 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
     for line in &args.header {
         captured::append(&mut headers, line).map_err(|e| e.to_string())?;
     }
-    let (scheme, secrets, tolerance, fields, source_line) = if let Some(id) = &args.source {
+    let (scheme, secrets, tolerance, fields, source_line, declared) = if let Some(id) = &args.source
+    {
         let id = SourceId::parse(id).map_err(|e| e.to_string())?;
         let pool = pool().await?;
         let source = sources::find(&pool, &id)
@@ -602,6 +603,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
             source.tolerance,
             Some(source.fields.clone()),
             Some(line),
+            source.signature,
         )
     } else {
         let scheme = args
@@ -616,6 +618,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
             sources::default_tolerance(scheme),
             None,
             None,
+            None,
         )
     };
     let mut report = verify::check(&verify::Check {
@@ -628,6 +631,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         fields: fields.as_ref(),
         url: args.url.as_deref(),
         method: &args.method,
+        declared,
     });
     if let Some(line) = source_line {
         report.lines.insert(0, line);

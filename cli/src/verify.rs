@@ -23,6 +23,8 @@ pub struct Check<'a> {
     /// The URL the provider called, for the schemes that sign it.
     pub url: Option<&'a str>,
     pub method: &'a str,
+    /// The signature a source declares (`scheme = "declared"`), used instead of the scheme's.
+    pub declared: Option<&'static shared::catalogue::SignatureSpec>,
 }
 
 /// The verdict and the lines that explain it.
@@ -55,7 +57,10 @@ pub fn check(c: &Check<'_>) -> Report {
         method: c.method,
         url: c.url,
     };
-    let result = signature::verify_request(c.scheme, &request, c.secrets, c.tolerance, c.now);
+    let result = match c.declared {
+        Some(spec) => signature::verify_with(spec, &request, c.secrets, c.tolerance, c.now),
+        None => signature::verify_request(c.scheme, &request, c.secrets, c.tolerance, c.now),
+    };
     let mut valid = result.is_ok();
     match result {
         Ok(verified) => {
@@ -149,6 +154,7 @@ mod tests {
             fields: Some(&FieldMap::defaults_for(Scheme::Stripe)),
             url: None,
             method: "POST",
+            declared: None,
         })
     }
 

@@ -131,9 +131,11 @@ string_conversions!(SourceId, TenantId, ExternalId);
 pub struct Scheme(pub(crate) u16);
 
 impl Scheme {
-    /// The entry's name, as configured.
+    /// The entry's name, as configured (`declared` for [`Scheme::Declared`]).
     pub fn as_str(self) -> &'static str {
-        crate::catalogue::FILES[usize::from(self.0)].0
+        crate::catalogue::FILES
+            .get(usize::from(self.0))
+            .map_or(crate::catalogue::DECLARED_NAME, |(name, _)| name)
     }
 
     /// The catalogue entry itself.
@@ -153,12 +155,13 @@ impl FromStr for Scheme {
     fn from_str(raw: &str) -> Result<Self, Self::Err> {
         Scheme::ALL
             .into_iter()
+            .chain([Scheme::Declared])
             .find(|s| s.as_str() == raw)
             .ok_or_else(|| {
                 ParseError::new(
                     "scheme",
                     format!(
-                        "{raw:?} is not a provider of the catalogue (`hookctl providers list` names them)"
+                        "{raw:?} is not a provider of the catalogue (`hookctl providers list` names them), nor `declared`"
                     ),
                 )
             })

@@ -431,13 +431,18 @@ impl Ingestor {
             method: delivery.method,
             url: source.signed_url.as_deref().or(delivery.url),
         };
-        let verified = signature::verify_request(
-            source.scheme,
-            &request,
-            &secrets,
-            source.tolerance,
-            unix_now(),
-        )
+        let verified = match source.signature {
+            Some(declared) => {
+                signature::verify_with(declared, &request, &secrets, source.tolerance, unix_now())
+            }
+            None => signature::verify_request(
+                source.scheme,
+                &request,
+                &secrets,
+                source.tolerance,
+                unix_now(),
+            ),
+        }
         .map_err(IngestError::Signature)?;
         span.record("verified_with", verified.secret.as_str());
 

@@ -73,6 +73,12 @@ impl Prepared {
 pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let names = signature::signature_headers(source.scheme)
         .into_iter()
+        .chain(
+            source
+                .signature
+                .map(|declared| signature::layout_headers(std::slice::from_ref(declared)))
+                .unwrap_or_default(),
+        )
         .chain(protocol::kept_headers(source.scheme))
         .chain(["content-type", "user-agent"])
         .filter_map(|name| http::HeaderName::from_bytes(name.as_bytes()).ok())

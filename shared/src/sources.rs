@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use sqlx::{PgExecutor, PgPool};
 
+use crate::catalogue::{self, SignatureSpec};
 use crate::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use crate::extract::{EventFields, FieldMap};
 use crate::github_api::HookPath;
@@ -57,6 +58,9 @@ pub struct Source {
     /// Square, HubSpot v2/v3), when it differs from the one the request arrived at (a proxy
     /// in front, a rewritten path). `None`: the request's own URL.
     pub signed_url: Option<String>,
+    /// The signature a source of a provider not in the catalogue declares (`scheme =
+    /// "declared"`), validated; `None`: the scheme's own layouts.
+    pub signature: Option<&'static SignatureSpec>,
 }
 
 /// How a source's expected event IDs are known, and where missing ones are fetched.
@@ -195,6 +199,21 @@ impl TryFrom<SourceRow> for Source {
             },
             enabled: row.enabled,
             signed_url: row.signed_url.clone(),
+            signature: row
+                .declared_signature
+                .clone()
+                .map(|value| {
+                    let spec: SignatureSpec =
+                        serde_json::from_value(value).map_err(|e| StoreError::Corrupt {
+                            what: "source",
+                            reason: format!("{}: declared signature: {e}", row.source_id),
+                        })?;
+                    catalogue::declare(spec).map_err(|e| StoreError::Corrupt {
+                        what: "source",
+                        reason: format!("{}: declared signature: {e}", row.source_id),
+                    })
+                })
+                .transpose()?,
             gaps: match (
                 row.gap_strategy.as_deref(),
                 row.api_base_url,
@@ -276,6 +295,9 @@ impl From<&Source> for SourceRow {
                 _ => None,
             }),
             signed_url: source.signed_url.clone(),
+            declared_signature: source
+                .signature
+                .and_then(|spec| serde_json::to_value(spec).ok()),
         }
     }
 }
@@ -355,6 +377,10 @@ pub struct SourceSpec {
     /// (Twilio, Square, HubSpot v2/v3) when it is not the one API Gateway sees.
     #[serde(default)]
     pub url: Option<String>,
+    /// With `scheme = "declared"`: the signature of a provider not in the catalogue, from the
+    /// catalogue's primitives (docs/catalogue.md).
+    #[serde(default)]
+    pub signature: Option<SignatureSpec>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -517,8 +543,14 @@ impl SourceSpec {
         if self.secret_ref.trim().is_empty() {
             return Err("secret_ref is empty".into());
         }
+        let declared_tolerance = self
+            .signature
+            .as_ref()
+            .and_then(|spec| spec.timestamp.as_ref())
+            .map(|ts| ts.tolerance_seconds);
         let tolerance_seconds = self
             .tolerance_seconds
+            .or(declared_tolerance)
             .unwrap_or(default_tolerance(self.scheme).as_secs() as u32);
         if !(1..=86_400).contains(&tolerance_seconds) {
             return Err(format!(
@@ -533,6 +565,23 @@ impl SourceSpec {
                 ));
             }
         }
+        let signature = match (self.scheme == Scheme::Declared, self.signature) {
+            (true, Some(spec)) => {
+                Some(catalogue::declare(spec).map_err(|e| format!("signature.{e}"))?)
+            }
+            (true, None) => {
+                return Err(
+                    "scheme = \"declared\" needs a [source.signature] table: the provider's signature from the catalogue's primitives".into(),
+                );
+            }
+            (false, Some(_)) => {
+                return Err(format!(
+                    "[source.signature] is for a provider not in the catalogue (scheme = \"declared\"); {} has its own",
+                    self.scheme
+                ));
+            }
+            (false, None) => None,
+        };
         let defaults = FieldMap::defaults_for(self.scheme);
         let o = self.fields;
         let fields = FieldMap {
@@ -557,6 +606,7 @@ impl SourceSpec {
             enabled: self.enabled,
             gaps,
             signed_url: self.url,
+            signature,
         })
     }
 }
@@ -778,6 +828,58 @@ fn served_stale(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A source of a provider not in the catalogue declares its signature from the
+    /// catalogue's primitives; a mistake in it is refused with an error naming the field.
+    #[test]
+    fn a_declared_signature_is_validated_and_errors_name_the_field() {
+        let file = |signature: &str, scheme: &str| -> Result<Source, String> {
+            let text = format!(
+                "[[source]]\nid='acme'\ntenant='t'\nscheme='{scheme}'\nsecret_ref='x'\n{signature}"
+            );
+            let parsed: SourcesFile = toml::from_str(&text).map_err(|e| e.to_string())?;
+            parsed.source.into_iter().next().unwrap().into_source()
+        };
+        let good = "[source.signature]\nkind='hmac'\nhash='sha256'\nheader='x-acme-signature'\nprefix='sha256='\nsigned=['{timestamp}', '.', '{body}']\ntimestamp={header='x-acme-timestamp', tolerance_seconds=120}\nsigned_headers=['x-acme-timestamp']\n";
+        let source = file(good, "declared").unwrap();
+        assert_eq!(source.scheme, Scheme::Declared);
+        assert_eq!(
+            source.signature.unwrap().header.as_deref(),
+            Some("x-acme-signature")
+        );
+        assert_eq!(
+            source.tolerance,
+            Duration::from_secs(120),
+            "the layout's own tolerance"
+        );
+        // The same layout twice is one copy.
+        assert!(std::ptr::eq(
+            source.signature.unwrap(),
+            file(good, "declared").unwrap().signature.unwrap()
+        ));
+
+        let missing_hash = good.replace("hash='sha256'\n", "");
+        assert_eq!(
+            file(&missing_hash, "declared").unwrap_err(),
+            "signature.hash: hmac and digest need a hash"
+        );
+        let bad_part = good.replace("'{body}'", "'{bdy}'");
+        assert!(
+            file(&bad_part, "declared").unwrap_err().contains("{bdy}"),
+            "names the part"
+        );
+        let typo = good.replace("prefix=", "prefx=");
+        assert!(
+            file(&typo, "declared").unwrap_err().contains("prefx"),
+            "names the field"
+        );
+        assert!(
+            file("", "declared")
+                .unwrap_err()
+                .contains("[source.signature]")
+        );
+        assert!(file(good, "github").unwrap_err().contains("declared"));
+    }
 
     #[test]
     fn a_minimal_spec_takes_the_scheme_defaults() {

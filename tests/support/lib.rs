@@ -33,6 +33,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         fields: FieldMap::defaults_for(scheme),
         enabled: true,
         signed_url: None,
+        signature: None,
         gaps: None,
     }
 }

@@ -42,9 +42,64 @@ static CATALOGUE: LazyLock<Vec<Provider>> = LazyLock::new(|| {
         .collect()
 });
 
+/// The scheme name of a source that declares its own signature.
+pub const DECLARED_NAME: &str = "declared";
+
+/// What stands in for a catalogue entry behind a source that declares its signature (a
+/// provider not in the catalogue): no layout of its own (the source's is used), the fields
+/// most providers use unless the source sets them, no handshake.
+static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
+    use crate::domain::FieldLocator;
+    Provider {
+        name: DECLARED_NAME.into(),
+        title: "A provider not in the catalogue (the source declares its signature)".into(),
+        docs: String::new(),
+        kept_headers: Vec::new(),
+        signatures: Vec::new(),
+        fields: ProviderFields {
+            external_id: FieldLocator::json("/id"),
+            event_type: FieldLocator::json("/type"),
+            entity_id: None,
+            entity_version: None,
+            entity_version_fallback: None,
+            version_tiebreak: None,
+            sequence: None,
+            id_signed: true,
+        },
+        handshake: HandshakeSpec::default(),
+        retries: Retries {
+            summary: "as the provider documents".into(),
+            docs: String::new(),
+            marks_retries: String::new(),
+        },
+        backfill: Backfill::default(),
+        vectors: Vec::new(),
+    }
+});
+
 /// The entry behind `scheme`.
 pub fn provider(scheme: Scheme) -> &'static Provider {
-    &CATALOGUE[usize::from(scheme.0)]
+    CATALOGUE.get(usize::from(scheme.0)).unwrap_or(&DECLARED)
+}
+
+/// Declared layouts, each kept once for the life of the process: verification borrows a
+/// layout for `'static`, as it does the catalogue's, and a source cache refreshing every few
+/// seconds must not keep a new copy each time. Bounded by the distinct layouts configured.
+static DECLARED_LAYOUTS: std::sync::Mutex<Vec<&'static SignatureSpec>> =
+    std::sync::Mutex::new(Vec::new());
+
+/// Validates a layout a source declares and returns the process's one copy of it.
+pub fn declare(spec: SignatureSpec) -> Result<&'static SignatureSpec, SpecError> {
+    validate(&spec)?;
+    let mut layouts = DECLARED_LAYOUTS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    if let Some(known) = layouts.iter().find(|known| ***known == spec) {
+        return Ok(known);
+    }
+    let leaked: &'static SignatureSpec = Box::leak(Box::new(spec));
+    layouts.push(leaked);
+    Ok(leaked)
 }
 
 /// Every entry, in name order.

@@ -182,7 +182,7 @@ pub fn verify_request(
     now_unix: i64,
 ) -> Result<Verified, VerifyError> {
     verify_with(
-        layout(scheme, request),
+        layout(scheme, request)?,
         request,
         secrets,
         tolerance,
@@ -235,12 +235,27 @@ pub fn verify_with(
 /// The layout of `scheme` that applies to this delivery: the first whose `when` holds (or,
 /// without one, whose signature is present); the first when none does, so its errors are the
 /// ones reported.
-pub fn layout(scheme: Scheme, request: &Request<'_>) -> &'static SignatureSpec {
-    let specs = &scheme.provider().signatures;
-    specs
+pub fn layout(
+    scheme: Scheme,
+    request: &Request<'_>,
+) -> Result<&'static SignatureSpec, VerifyError> {
+    let specs = layouts(scheme)?;
+    Ok(specs
         .iter()
         .find(|spec| applies(spec, request))
-        .unwrap_or(&specs[0])
+        .unwrap_or(&specs[0]))
+}
+
+/// The scheme's layouts, at least one: every catalogue entry has one, and `declared` has none
+/// of its own (a source that declares its signature is verified with it: [`verify_with`]).
+fn layouts(scheme: Scheme) -> Result<&'static [SignatureSpec], VerifyError> {
+    let specs = scheme.provider().signatures.as_slice();
+    if specs.is_empty() {
+        return Err(VerifyError::UnusableSecret {
+            reason: format!("scheme {scheme} has no signature of its own: the source declares it"),
+        });
+    }
+    Ok(specs)
 }
 
 fn applies(spec: &SignatureSpec, request: &Request<'_>) -> bool {
@@ -265,7 +280,7 @@ fn applies(spec: &SignatureSpec, request: &Request<'_>) -> bool {
 
 /// Reads a scheme's signature and timestamp from a delivery (the layout that applies to it).
 pub fn parse(scheme: Scheme, headers: &HeaderMap) -> Result<SignedMessage, VerifyError> {
-    read(layout(scheme, &Request::post(headers, b"")), headers, b"")
+    read(layout(scheme, &Request::post(headers, b""))?, headers, b"")
 }
 
 /// A query parameter of the URL, decoded.
@@ -793,7 +808,15 @@ pub fn sign_request(
     secret: &SigningSecret,
     request: &Signing<'_>,
 ) -> Result<Vec<(HeaderName, HeaderValue)>, VerifyError> {
-    let spec = signing_layout(scheme, request.url);
+    sign_with(signing_layout(scheme, request.url)?, secret, request)
+}
+
+/// Signs a delivery with one layout (a catalogue entry's, or one a source declares).
+pub fn sign_with(
+    spec: &'static SignatureSpec,
+    secret: &SigningSecret,
+    request: &Signing<'_>,
+) -> Result<Vec<(HeaderName, HeaderValue)>, VerifyError> {
     let unsupported = |reason: &str| VerifyError::UnusableSecret {
         reason: reason.into(),
     };
@@ -871,9 +894,12 @@ pub fn sign_request(
 
 /// The layout `sign_request` signs with: the first that a delivery to `url` can select (one
 /// that needs a query parameter the URL lacks cannot be).
-fn signing_layout(scheme: Scheme, url: Option<&str>) -> &'static SignatureSpec {
-    let specs = &scheme.provider().signatures;
-    specs
+fn signing_layout(
+    scheme: Scheme,
+    url: Option<&str>,
+) -> Result<&'static SignatureSpec, VerifyError> {
+    let specs = layouts(scheme)?;
+    Ok(specs
         .iter()
         .find(|spec| {
             spec.when
@@ -881,7 +907,7 @@ fn signing_layout(scheme: Scheme, url: Option<&str>) -> &'static SignatureSpec {
                 .and_then(|w| w.query.as_ref())
                 .is_none_or(|param| query_param(url, param).is_some())
         })
-        .unwrap_or(&specs[0])
+        .unwrap_or(&specs[0]))
 }
 
 fn encode(encoding: Encoding, bytes: &[u8]) -> String {
@@ -906,8 +932,13 @@ fn text_value(text: &str) -> Result<HeaderValue, VerifyError> {
 
 /// The headers a scheme reads, for storing beside the payload and for the `verify` report.
 pub fn signature_headers(scheme: Scheme) -> Vec<&'static str> {
+    layout_headers(&scheme.provider().signatures)
+}
+
+/// The headers these layouts read (a scheme's, or the one a source declares).
+pub fn layout_headers(layouts: &'static [SignatureSpec]) -> Vec<&'static str> {
     let mut names: Vec<&'static str> = Vec::new();
-    for spec in &scheme.provider().signatures {
+    for spec in layouts {
         let parts = spec.signed.iter().filter_map(|p| match p {
             Part::Header(name) => Some(name.as_str()),
             _ => None,
@@ -1020,7 +1051,7 @@ mod tests {
         Scheme::ALL
             .into_iter()
             .filter(|s| {
-                let spec = signing_layout(*s, Some(URL));
+                let spec = signing_layout(*s, Some(URL)).unwrap();
                 matches!(spec.kind, Kind::Hmac | Kind::Digest)
                     && spec.header.is_some()
                     && !spec.signed.iter().any(|p| matches!(p, Part::Json(_)))
@@ -1093,7 +1124,10 @@ mod tests {
     }
 
     fn signs_timestamp(scheme: Scheme) -> bool {
-        signing_layout(scheme, Some(URL)).timestamp.is_some()
+        signing_layout(scheme, Some(URL))
+            .unwrap()
+            .timestamp
+            .is_some()
     }
 
     #[test]

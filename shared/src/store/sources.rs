@@ -30,6 +30,7 @@ pub struct SourceRow {
     pub github_hook: Option<String>,
     pub github_app_id: Option<String>,
     pub signed_url: Option<String>,
+    pub declared_signature: Option<serde_json::Value>,
 }
 
 macro_rules! source_columns {
@@ -38,7 +39,7 @@ macro_rules! source_columns {
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
          entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, \
-         signed_url"
+         signed_url, declared_signature"
     };
 }
 
@@ -75,8 +76,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23) \
+             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url, declared_signature) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -88,7 +89,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              entity_version_fallback_from = EXCLUDED.entity_version_fallback_from, \
              version_tiebreak_from = EXCLUDED.version_tiebreak_from, \
              gap_event_types = EXCLUDED.gap_event_types, github_hook = EXCLUDED.github_hook, \
-             github_app_id = EXCLUDED.github_app_id, signed_url = EXCLUDED.signed_url, updated_at = now()";
+             github_app_id = EXCLUDED.github_app_id, signed_url = EXCLUDED.signed_url, \
+             declared_signature = EXCLUDED.declared_signature, updated_at = now()";
     sqlx::query(SQL)
         .bind(&row.source_id)
         .bind(&row.tenant_id)
@@ -113,6 +115,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
         .bind(&row.github_hook)
         .bind(&row.github_app_id)
         .bind(&row.signed_url)
+        .bind(&row.declared_signature)
         .execute(executor)
         .await?;
     Ok(())
