@@ -1,0 +1,130 @@
+//! The operator's tools speak the catalogue: `hookctl verify --scheme NAME` gives every
+//! catalogue entry's known-answer vectors their recorded verdict (exit 0 valid, 1 invalid), and
+//! `hookctl sign` signs as every entry whose signature a shared secret can make, so what it
+//! prints verifies.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+use base64::Engine as _;
+use shared::catalogue::{self, Kind, Part};
+
+fn hookctl(args: &[String], secret: &str, dir: &Path) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hookctl"))
+        .args(args)
+        .env("HOOKCTL_SECRET", secret)
+        .current_dir(dir)
+        .output()
+        .expect("run hookctl")
+}
+
+#[test]
+fn verify_gives_every_vector_of_the_catalogue_its_verdict() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut checked = 0;
+    for (scheme, provider) in catalogue::providers() {
+        for (i, vector) in provider.vectors.iter().enumerate() {
+            let body = match (&vector.body, &vector.body_base64) {
+                (Some(text), _) => text.as_bytes().to_vec(),
+                (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                    .decode(b64)
+                    .unwrap(),
+                (None, None) => Vec::new(),
+            };
+            std::fs::write(dir.path().join("body"), &body).unwrap();
+            let mut args: Vec<String> = ["verify", "--scheme", scheme.as_str(), "--body", "body"]
+                .map(str::to_owned)
+                .to_vec();
+            for (name, value) in &vector.headers {
+                args.extend(["-H".to_owned(), format!("{name}: {value}")]);
+            }
+            args.extend(["--at".to_owned(), vector.now.to_string()]);
+            args.extend(["--method".to_owned(), vector.method.clone()]);
+            if let Some(url) = &vector.url {
+                args.extend(["--url".to_owned(), url.clone()]);
+            }
+            let out = hookctl(&args, &vector.secret, dir.path());
+            let expected = if vector.valid { 0 } else { 1 };
+            assert_eq!(
+                out.status.code(),
+                Some(expected),
+                "{scheme} vector {i} ({}):\n{}{}",
+                vector.source,
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 100, "{checked} vectors");
+}
+
+#[test]
+fn sign_signs_as_every_entry_a_shared_secret_can_sign() {
+    let dir = tempfile::tempdir().unwrap();
+    let body = r#"{"id":"evt_1","type":"thing.happened","event":{"type":"x"}}"#;
+    std::fs::write(dir.path().join("body"), body).unwrap();
+    let url = "https://hooks.example.com/webhooks/src?bodySHA256=".to_owned()
+        + &hex::encode(<sha2::Sha256 as sha2::Digest>::digest(body.as_bytes()));
+    let mut signed = 0;
+    for (scheme, provider) in catalogue::providers() {
+        let layout = &provider.signatures[0];
+        let body_bound = layout.json.is_some()
+            || layout.signed.iter().any(|p| matches!(p, Part::Json(_)))
+            || layout.timestamp.as_ref().is_some_and(|t| t.json.is_some());
+        if !matches!(layout.kind, Kind::Hmac | Kind::Digest) || body_bound {
+            continue;
+        }
+        let secret = match layout.secret {
+            catalogue::SecretEncoding::Whsec => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            catalogue::SecretEncoding::Base64 => "c2lnbmluZy1zZWNyZXQ=",
+            catalogue::SecretEncoding::Hex => "0123456789abcdef",
+            _ => "signing-secret",
+        };
+        let at = "1700000000".to_owned();
+        let sign: Vec<String> = [
+            "sign",
+            "--scheme",
+            scheme.as_str(),
+            "--body",
+            "body",
+            "--at",
+            &at,
+            "--url",
+            &url,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        let out = hookctl(&sign, secret, dir.path());
+        assert!(
+            out.status.success(),
+            "{scheme}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let mut verify: Vec<String> = [
+            "verify",
+            "--scheme",
+            scheme.as_str(),
+            "--body",
+            "body",
+            "--at",
+            &at,
+            "--url",
+            &url,
+        ]
+        .map(str::to_owned)
+        .to_vec();
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            verify.extend(["-H".to_owned(), line.to_owned()]);
+        }
+        let checked = hookctl(&verify, secret, dir.path());
+        assert_eq!(
+            checked.status.code(),
+            Some(0),
+            "{scheme}: {}",
+            String::from_utf8_lossy(&checked.stdout)
+        );
+        signed += 1;
+    }
+    assert!(signed >= 19, "{signed} entries signed");
+}
