@@ -312,7 +312,7 @@ fn read(
     let (place, value): (&'static str, Cow<'_, str>) = match (&spec.header, &spec.json) {
         (Some(name), _) => (name.as_str(), Cow::Borrowed(header(headers, name)?)),
         (None, Some(pointer)) => (pointer.as_str(), Cow::Owned(json_text(body, pointer)?)),
-        (None, None) => unreachable_layout(),
+        (None, None) => return Err(unplaced()),
     };
     let expected = expected_len(spec);
     let mut candidates = Vec::new();
@@ -395,7 +395,7 @@ fn read(
             } else if let Some(pointer) = &ts.json {
                 (pointer.as_str(), Cow::Owned(json_text(body, pointer)?))
             } else {
-                unreachable_layout()
+                return Err(unplaced());
             };
             let unix = parse_timestamp(from, &raw, ts.format)?;
             (Some(unix), Some(raw.into_owned()))
@@ -409,10 +409,13 @@ fn read(
     })
 }
 
-/// `catalogue::validate` refuses a layout with neither a header nor a JSON field, and every
-/// layout used here was validated when loaded.
-fn unreachable_layout() -> ! {
-    unreachable!("a validated layout names where its signature and timestamp are")
+/// A layout that does not say where its signature or timestamp is. `catalogue::validate`
+/// refuses one, and every catalogue entry and declared layout is validated when loaded; this
+/// answers a layout built some other way.
+fn unplaced() -> VerifyError {
+    VerifyError::UnusableSecret {
+        reason: "the signature layout names no header or field to read".into(),
+    }
 }
 
 /// Whether `secret` made one of the delivery's candidates.
@@ -496,13 +499,10 @@ fn parts<'r>(
                         }
                     })?);
                 }
-                let value = json
-                    .as_ref()
-                    .and_then(|v| v.pointer(pointer))
-                    .ok_or_else(|| VerifyError::UnreadableBody {
-                        reason: format!("no {pointer}"),
-                    })?;
-                Cow::Owned(value_text(value).into_bytes())
+                // A field the body does not carry is signed as empty text (Adyen: "if a field
+                // is empty, use an empty string"); the signature must still match.
+                let value = json.as_ref().and_then(|v| v.pointer(pointer));
+                Cow::Owned(value.map(value_text).unwrap_or_default().into_bytes())
             }
             Part::Url => Cow::Owned(
                 request
