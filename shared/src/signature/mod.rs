@@ -240,6 +240,10 @@ pub fn layout(
     request: &Request<'_>,
 ) -> Result<&'static SignatureSpec, VerifyError> {
     let specs = layouts(scheme)?;
+    if let [only] = specs {
+        // One layout: nothing to choose (and no header looked up twice).
+        return Ok(only);
+    }
     Ok(specs
         .iter()
         .find(|spec| applies(spec, request))
@@ -434,20 +438,17 @@ fn matches(
                 .fold(subtle::Choice::from(0), |acc, c| acc | tag.ct_eq(c)),
         )
     };
+    let mut parts = |sink: &mut dyn FnMut(&[u8])| feed(spec, request, signed, secret, sink);
     match spec.kind {
         Kind::Hmac => {
             let key = key(spec.secret, secret)?;
-            let parts = parts(spec, request, signed, secret)?;
-            Ok(any(&hmac(hash_of(spec), &key, &parts)))
+            Ok(any(hmac(hash_of(spec), &key, &mut parts)?.as_slice()))
         }
-        Kind::Digest => {
-            let parts = parts(spec, request, signed, secret)?;
-            Ok(any(&digest(hash_of(spec), &parts)))
-        }
+        Kind::Digest => Ok(any(digest(hash_of(spec), &mut parts)?.as_slice())),
         Kind::Token => Ok(any(secret.expose().as_bytes())),
         Kind::Ed25519 | Kind::EcdsaP256 => {
             let public_key = public_key(spec, secret)?;
-            let message: Vec<u8> = parts(spec, request, signed, secret)?.concat();
+            let message = message(spec, request, signed, secret)?;
             let algorithm: &'static dyn ring::signature::VerificationAlgorithm =
                 if spec.kind == Kind::Ed25519 {
                     &ring::signature::ED25519
@@ -468,29 +469,29 @@ fn hash_of(spec: &SignatureSpec) -> Hash {
     spec.hash.unwrap_or(Hash::Sha256)
 }
 
-/// The signed bytes, part by part; the body is borrowed, never copied.
-fn parts<'r>(
+/// Hands the signed bytes to `sink`, part by part, in order: the body and the other parts are
+/// borrowed where they can be, never gathered into one buffer (HMAC and digests take them as
+/// they come).
+fn feed(
     spec: &'static SignatureSpec,
-    request: &Request<'r>,
-    signed: &'r SignedMessage,
-    secret: &'r SigningSecret,
-) -> Result<Vec<Cow<'r, [u8]>>, VerifyError> {
+    request: &Request<'_>,
+    signed: &SignedMessage,
+    secret: &SigningSecret,
+    sink: &mut dyn FnMut(&[u8]),
+) -> Result<(), VerifyError> {
     let mut json: Option<serde_json::Value> = None;
-    let mut out = Vec::with_capacity(spec.signed.len());
     for part in &spec.signed {
-        out.push(match part {
-            Part::Literal(text) => Cow::Owned(text.as_bytes().to_vec()),
-            Part::Body => Cow::Borrowed(request.body),
-            Part::Timestamp => Cow::Borrowed(
+        match part {
+            Part::Literal(text) => sink(text.as_bytes()),
+            Part::Body => sink(request.body),
+            Part::Timestamp => sink(
                 signed
                     .raw_timestamp
                     .as_deref()
                     .unwrap_or_default()
                     .as_bytes(),
             ),
-            Part::Header(name) => {
-                Cow::Owned(header(request.headers, name.as_str())?.as_bytes().to_vec())
-            }
+            Part::Header(name) => sink(header(request.headers, name.as_str())?.as_bytes()),
             Part::Json(pointer) => {
                 if json.is_none() {
                     json = Some(serde_json::from_slice(request.body).map_err(|_| {
@@ -502,20 +503,28 @@ fn parts<'r>(
                 // A field the body does not carry is signed as empty text (Adyen: "if a field
                 // is empty, use an empty string"); the signature must still match.
                 let value = json.as_ref().and_then(|v| v.pointer(pointer));
-                Cow::Owned(value.map(value_text).unwrap_or_default().into_bytes())
+                sink(value.map(value_text).unwrap_or_default().as_bytes());
             }
-            Part::Url => Cow::Owned(
-                request
-                    .url
-                    .ok_or(VerifyError::UnknownUrl)?
-                    .as_bytes()
-                    .to_vec(),
-            ),
-            Part::Method => Cow::Borrowed(request.method.as_bytes()),
-            Part::FormSorted => Cow::Owned(form_sorted(request.body)),
-            Part::Secret => Cow::Borrowed(secret.expose().as_bytes()),
-        });
+            Part::Url => sink(request.url.ok_or(VerifyError::UnknownUrl)?.as_bytes()),
+            Part::Method => sink(request.method.as_bytes()),
+            Part::FormSorted => sink(&form_sorted(request.body)),
+            Part::Secret => sink(secret.expose().as_bytes()),
+        }
     }
+    Ok(())
+}
+
+/// The signed bytes in one buffer, for the public-key schemes (their verifiers take one slice).
+fn message(
+    spec: &'static SignatureSpec,
+    request: &Request<'_>,
+    signed: &SignedMessage,
+    secret: &SigningSecret,
+) -> Result<Vec<u8>, VerifyError> {
+    let mut out = Vec::with_capacity(request.body.len() + 64);
+    feed(spec, request, signed, secret, &mut |part| {
+        out.extend_from_slice(part)
+    })?;
     Ok(out)
 }
 
@@ -556,41 +565,60 @@ fn json_text(body: &[u8], pointer: &str) -> Result<String, VerifyError> {
     Ok(value_text(found))
 }
 
+/// A MAC or digest of at most 64 bytes (SHA-512's), on the stack.
+struct Tag {
+    bytes: [u8; 64],
+    len: usize,
+}
+
+impl Tag {
+    fn of(out: &[u8]) -> Self {
+        let mut bytes = [0u8; 64];
+        bytes[..out.len()].copy_from_slice(out);
+        Self {
+            bytes,
+            len: out.len(),
+        }
+    }
+
+    fn as_slice(&self) -> &[u8] {
+        &self.bytes[..self.len]
+    }
+}
+
 macro_rules! hmac_over {
-    ($digest:ty, $key:expr, $parts:expr) => {{
+    ($digest:ty, $key:expr, $feed:expr) => {{
         let mut mac =
             <Hmac<$digest> as KeyInit>::new_from_slice($key).expect("HMAC takes any key length");
-        for part in $parts {
-            mac.update(part);
-        }
-        mac.finalize().into_bytes().to_vec()
+        $feed(&mut |part: &[u8]| mac.update(part))?;
+        Tag::of(&mac.finalize().into_bytes())
     }};
 }
 
 macro_rules! digest_over {
-    ($digest:ty, $parts:expr) => {{
+    ($digest:ty, $feed:expr) => {{
         let mut hasher = <$digest>::new();
-        for part in $parts {
-            Digest::update(&mut hasher, part);
-        }
-        hasher.finalize().to_vec()
+        $feed(&mut |part: &[u8]| Digest::update(&mut hasher, part))?;
+        Tag::of(&hasher.finalize())
     }};
 }
 
-fn hmac(hash: Hash, key: &[u8], parts: &[Cow<'_, [u8]>]) -> Vec<u8> {
-    match hash {
-        Hash::Sha1 => hmac_over!(sha1::Sha1, key, parts),
-        Hash::Sha256 => hmac_over!(Sha256, key, parts),
-        Hash::Sha512 => hmac_over!(Sha512, key, parts),
-    }
+type Feed<'f> = dyn FnMut(&mut dyn FnMut(&[u8])) -> Result<(), VerifyError> + 'f;
+
+fn hmac(hash: Hash, key: &[u8], feed: &mut Feed<'_>) -> Result<Tag, VerifyError> {
+    Ok(match hash {
+        Hash::Sha1 => hmac_over!(sha1::Sha1, key, feed),
+        Hash::Sha256 => hmac_over!(Sha256, key, feed),
+        Hash::Sha512 => hmac_over!(Sha512, key, feed),
+    })
 }
 
-fn digest(hash: Hash, parts: &[Cow<'_, [u8]>]) -> Vec<u8> {
-    match hash {
-        Hash::Sha1 => digest_over!(sha1::Sha1, parts),
-        Hash::Sha256 => digest_over!(Sha256, parts),
-        Hash::Sha512 => digest_over!(Sha512, parts),
-    }
+fn digest(hash: Hash, feed: &mut Feed<'_>) -> Result<Tag, VerifyError> {
+    Ok(match hash {
+        Hash::Sha1 => digest_over!(sha1::Sha1, feed),
+        Hash::Sha256 => digest_over!(Sha256, feed),
+        Hash::Sha512 => digest_over!(Sha512, feed),
+    })
 }
 
 /// HMAC-SHA256 over `prefix || body`, without copying the body.
@@ -603,23 +631,25 @@ pub fn mac(key: &[u8], prefix: &[u8], body: &[u8]) -> [u8; MAC_LEN] {
 }
 
 /// The HMAC key the configured secret text encodes.
-fn key(encoding: SecretEncoding, secret: &SigningSecret) -> Result<Vec<u8>, VerifyError> {
+fn key(encoding: SecretEncoding, secret: &SigningSecret) -> Result<Cow<'_, [u8]>, VerifyError> {
     use base64::Engine as _;
     let text = secret.expose();
     let unusable = |reason: &str| VerifyError::UnusableSecret {
         reason: reason.into(),
     };
     match encoding {
-        SecretEncoding::Utf8 => Ok(text.as_bytes().to_vec()),
+        SecretEncoding::Utf8 => Ok(Cow::Borrowed(text.as_bytes())),
         SecretEncoding::Base64 => base64::engine::general_purpose::STANDARD
             .decode(text.trim())
+            .map(Cow::Owned)
             .map_err(|_| unusable("this scheme's secret is base64")),
         SecretEncoding::Whsec => base64::engine::general_purpose::STANDARD
             .decode(text.strip_prefix("whsec_").unwrap_or(text))
+            .map(Cow::Owned)
             .map_err(|_| unusable("a Standard Webhooks secret is whsec_ followed by base64")),
-        SecretEncoding::Hex => {
-            hex::decode(text.trim()).map_err(|_| unusable("this scheme's secret is hexadecimal"))
-        }
+        SecretEncoding::Hex => hex::decode(text.trim())
+            .map(Cow::Owned)
+            .map_err(|_| unusable("this scheme's secret is hexadecimal")),
         SecretEncoding::Pem => Err(unusable("a PEM public key cannot key an HMAC")),
     }
 }
@@ -691,20 +721,21 @@ fn decode(
     use base64::Engine as _;
     let bytes = match spec.encoding() {
         Encoding::Text => return Ok(raw.as_bytes().to_vec()),
-        Encoding::Hex => {
-            let bytes = hex::decode(raw).ok();
-            match (bytes, expected) {
-                (Some(b), Some(n)) if b.len() == n => b,
-                (Some(b), None) => b,
-                (_, Some(n)) => {
-                    return Err(malformed(
+        Encoding::Hex => match expected {
+            Some(n) => {
+                let mut out = vec![0u8; n];
+                hex::decode_to_slice(raw, &mut out).map_err(|_| {
+                    malformed(
                         place,
                         format!("signature is not {} hexadecimal characters", 2 * n),
-                    ));
-                }
-                (None, None) => return Err(malformed(place, "signature is not hexadecimal")),
+                    )
+                })?;
+                out
             }
-        }
+            None => {
+                hex::decode(raw).map_err(|_| malformed(place, "signature is not hexadecimal"))?
+            }
+        },
         Encoding::Base64 | Encoding::Base64url => {
             let engine = if spec.encoding() == Encoding::Base64 {
                 &base64::engine::general_purpose::STANDARD
@@ -862,12 +893,16 @@ pub fn sign_with(
         url: request.url,
     };
     let tag = match spec.kind {
-        Kind::Hmac => hmac(
-            hash_of(spec),
-            &key(spec.secret, secret)?,
-            &parts(spec, &req, &signed, secret)?,
-        ),
-        Kind::Digest => digest(hash_of(spec), &parts(spec, &req, &signed, secret)?),
+        Kind::Hmac => hmac(hash_of(spec), &key(spec.secret, secret)?, &mut |sink| {
+            feed(spec, &req, &signed, secret, sink)
+        })?
+        .as_slice()
+        .to_vec(),
+        Kind::Digest => digest(hash_of(spec), &mut |sink| {
+            feed(spec, &req, &signed, secret, sink)
+        })?
+        .as_slice()
+        .to_vec(),
         Kind::Token => secret.expose().as_bytes().to_vec(),
         Kind::Ed25519 | Kind::EcdsaP256 => {
             return Err(unsupported(
