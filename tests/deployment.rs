@@ -258,6 +258,8 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     shared::metrics::anomaly_breaches(0);
     shared::metrics::reconcile_repairs(&[("missing_effect", 2)]);
     shared::metrics::outbox(3, 250.0);
+    // Issue 24.
+    shared::metrics::outbox_delivery("sqs", "delivered", 2);
     let documented: BTreeSet<String> = shared::metrics::EMITTED
         .iter()
         .map(|s| s.to_string())
@@ -345,15 +347,36 @@ fn the_migrations_resource_tracks_the_newest_migration() {
 /// only statements that may name "*", and only with these actions alone.
 const ONLY_ON_ANY_RESOURCE: &[&str] = &["cloudwatch:GetMetricData"];
 
+/// A function's policies, each `!If [condition, policy, AWS::NoValue]` read as the policy it
+/// grants when the condition holds (issue 24: the outbox's destinations are optional).
+fn policies_of(f: &Value) -> Vec<Value> {
+    let mut out = Vec::new();
+    for policy in f["Properties"]["Policies"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        match tagged(policy) {
+            Some((tag, branches)) if tag == "If" => {
+                let branches = branches.as_sequence().unwrap();
+                out.extend(
+                    branches[1..]
+                        .iter()
+                        .filter(|b| b.as_mapping().is_some())
+                        .cloned(),
+                );
+            }
+            _ => out.push(policy.clone()),
+        }
+    }
+    out
+}
+
 #[test]
 fn no_iam_statement_grants_a_wildcard_action() {
     let t = template();
     for (name, f) in of_type(&t, "AWS::Serverless::Function") {
-        for policy in f["Properties"]["Policies"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-        {
+        for policy in &policies_of(&f) {
             for statement in policy["Statement"].as_sequence().into_iter().flatten() {
                 for action in statement["Action"].as_sequence().into_iter().flatten() {
                     let action = action.as_str().unwrap();
@@ -1216,11 +1239,7 @@ fn statement_resources(statement: &Value) -> Vec<Value> {
 fn functions_allowed(t: &Value, action: &str, queue: &str) -> BTreeSet<String> {
     let mut allowed = BTreeSet::new();
     for (name, f) in of_type(t, "AWS::Serverless::Function") {
-        for policy in f["Properties"]["Policies"]
-            .as_sequence()
-            .into_iter()
-            .flatten()
-        {
+        for policy in &policies_of(&f) {
             for statement in policy["Statement"].as_sequence().into_iter().flatten() {
                 if statement["Effect"].as_str() == Some("Allow")
                     && actions(statement).iter().any(|a| a == action)
@@ -1879,4 +1898,207 @@ fn repairs_delayed_deliveries_and_spills_page_on_call_without_invoking_reconcile
     }
     // The repairs check breaches without invoking reconcile through anomaly-breaches.
     assert!(shared::anomaly::ON_CALL_ONLY.contains(&"reconcile_repairs_last_day"));
+}
+
+// Issue 24: the outbox's destinations.
+
+/// (condition, statement) of each statement a function's policies grant under a condition
+/// (`!If [condition, {Statement: ...}, AWS::NoValue]`).
+fn conditional_statements(f: &Value) -> Vec<(String, Value)> {
+    let mut out = Vec::new();
+    for policy in f["Properties"]["Policies"]
+        .as_sequence()
+        .into_iter()
+        .flatten()
+    {
+        if let Some((tag, branches)) = tagged(policy)
+            && tag == "If"
+        {
+            let branches = branches.as_sequence().unwrap();
+            let condition = branches[0].as_str().unwrap().to_owned();
+            assert!(
+                reference(&branches[2]).as_deref() == Some("AWS::NoValue"),
+                "{condition}: a policy granted when the condition fails"
+            );
+            // A managed policy's reference (`SecretsKeyDecryptPolicy`) holds no statement here.
+            for statement in branches[1]["Statement"].as_sequence().into_iter().flatten() {
+                out.push((condition.clone(), statement.clone()));
+            }
+        }
+    }
+    out
+}
+
+/// The outbox may put events on, send to and publish to exactly the buses, queues and topics
+/// its parameters name (no wildcard, no other resource), each only when some are named, and
+/// their keys through SQS and SNS only; no other function may reach them.
+#[test]
+fn the_outbox_reaches_exactly_the_destinations_its_parameters_name() {
+    let t = template();
+    let outbox = &t["Resources"]["OutboxFunction"];
+    let granted = conditional_statements(outbox);
+    let expected = [
+        (
+            "HasOutboxEventBuses",
+            "events:PutEvents",
+            "OutboxEventBusArns",
+        ),
+        ("HasOutboxQueues", "sqs:SendMessage", "OutboxQueueArns"),
+        ("HasOutboxTopics", "sns:Publish", "OutboxTopicArns"),
+    ];
+    for (condition, action, parameter) in expected {
+        let statements: Vec<&Value> = granted
+            .iter()
+            .filter(|(_, s)| actions(s).iter().any(|a| a == action))
+            .map(|(c, s)| {
+                assert_eq!(c, condition, "{action}");
+                s
+            })
+            .collect();
+        assert_eq!(statements.len(), 1, "one statement grants {action}");
+        let s = statements[0];
+        assert_eq!(actions(s), [action], "{action} alone");
+        assert_eq!(
+            reference(&s["Resource"]).as_deref(),
+            Some(parameter),
+            "{action} on exactly the {parameter}"
+        );
+        let p = &t["Parameters"][parameter];
+        assert_eq!(
+            (p["Type"].as_str(), p["Default"].as_str()),
+            (Some("CommaDelimitedList"), Some("")),
+            "{parameter} is an optional list"
+        );
+        let defined = &t["Conditions"][condition];
+        assert!(
+            format!("{defined:?}").contains(parameter),
+            "{condition} is not defined by {parameter}: {defined:?}"
+        );
+    }
+    let keys: Vec<&Value> = granted
+        .iter()
+        .filter(|(_, s)| actions(s).iter().any(|a| a.starts_with("kms:")))
+        .map(|(c, s)| {
+            assert_eq!(c, "HasOutboxDestinationKeys");
+            s
+        })
+        .collect();
+    assert_eq!(keys.len(), 1);
+    assert_eq!(actions(keys[0]), ["kms:GenerateDataKey", "kms:Decrypt"]);
+    assert_eq!(
+        reference(&keys[0]["Resource"]).as_deref(),
+        Some("OutboxDestinationKeyArns")
+    );
+    let via: Vec<String> = keys[0]["Condition"]["StringEquals"]["kms:ViaService"]
+        .as_sequence()
+        .expect("the keys are usable through SQS and SNS only")
+        .iter()
+        .map(|v| tagged(v).unwrap().1.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(
+        via,
+        [
+            "sqs.${AWS::Region}.amazonaws.com",
+            "sns.${AWS::Region}.amazonaws.com"
+        ]
+    );
+
+    // Nobody else puts events or publishes, and nobody else sends to the routed queues.
+    for (name, f) in of_type(&t, "AWS::Serverless::Function") {
+        if name == "OutboxFunction" {
+            continue;
+        }
+        for policy in &policies_of(&f) {
+            for statement in policy["Statement"].as_sequence().into_iter().flatten() {
+                let acts = actions(statement);
+                assert!(
+                    !acts
+                        .iter()
+                        .any(|a| a == "events:PutEvents" || a == "sns:Publish"),
+                    "{name} may {acts:?}"
+                );
+                for parameter in ["OutboxEventBusArns", "OutboxQueueArns", "OutboxTopicArns"] {
+                    assert_ne!(
+                        reference(&statement["Resource"]).as_deref(),
+                        Some(parameter),
+                        "{name} reaches the outbox's destinations"
+                    );
+                }
+            }
+        }
+    }
+    // The outbox may still reach nothing else of AWS: its unconditional statements are the
+    // database secret's read only.
+    let unconditional: Vec<String> = outbox["Properties"]["Policies"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|s| actions(&s))
+        .collect();
+    assert_eq!(unconditional, ["secretsmanager:GetSecretValue"]);
+}
+
+/// Each destination kind's messages failed for good raise their own alarm (AWS kinds only when
+/// the stack names such destinations), messages no route covers one more, and the dashboard
+/// graphs deliveries per kind.
+#[test]
+fn every_destination_kind_alarms_on_its_failures_and_is_on_the_dashboard() {
+    use shared::outbox::destinations::Kind;
+    let t = template();
+    let alarms = of_type(&t, "AWS::CloudWatch::Alarm");
+    let alarm_on = |destination: &str, outcome: &str| -> Vec<(String, Value)> {
+        alarms
+            .iter()
+            .filter(|(_, a)| {
+                let p = &a["Properties"];
+                let dims: Vec<(String, String)> = p["Dimensions"]
+                    .as_sequence()
+                    .into_iter()
+                    .flatten()
+                    .map(|d| {
+                        (
+                            d["Name"].as_str().unwrap_or_default().to_owned(),
+                            d["Value"].as_str().unwrap_or_default().to_owned(),
+                        )
+                    })
+                    .collect();
+                p["MetricName"].as_str() == Some(shared::metrics::OUTBOX_DELIVERIES)
+                    && dims
+                        == [
+                            ("Destination".to_owned(), destination.to_owned()),
+                            ("Outcome".to_owned(), outcome.to_owned()),
+                        ]
+            })
+            .cloned()
+            .collect()
+    };
+    for kind in Kind::ALL {
+        let found = alarm_on(kind.as_str(), "failed");
+        assert_eq!(found.len(), 1, "one alarm on {} failures", kind.as_str());
+        let condition = found[0].1["Condition"].as_str();
+        let expected = match kind {
+            Kind::Http => None,
+            Kind::EventBridge => Some("HasOutboxEventBuses"),
+            Kind::Sqs => Some("HasOutboxQueues"),
+            Kind::Sns => Some("HasOutboxTopics"),
+        };
+        assert_eq!(condition, expected, "{}", found[0].0);
+        assert_eq!(found[0].1["Properties"]["Threshold"].as_f64(), Some(0.0));
+    }
+    assert_eq!(alarm_on("none", "unrouted").len(), 1);
+
+    let (_, body) =
+        tagged(&t["Resources"]["PipelineDashboard"]["Properties"]["DashboardBody"]).unwrap();
+    let body = body.as_str().unwrap();
+    for kind in Kind::ALL {
+        assert!(
+            body.contains(&format!(
+                r#"["Webhooks", "OutboxDeliveries", "Destination", "{}", "Outcome", "delivered"]"#,
+                kind.as_str()
+            )),
+            "the dashboard does not graph {} deliveries",
+            kind.as_str()
+        );
+    }
 }

@@ -157,8 +157,20 @@ impl OutboxFilter {
 
 #[derive(Subcommand, Debug)]
 pub enum OutboxAction {
-    /// Messages that failed for good (refused by the target, or out of attempts), oldest first.
+    /// Messages that failed for good (refused by the target, or out of attempts, or without a
+    /// route), oldest first, with where each was last tried.
     List(OutboxFilter),
+    /// The latest delivered messages and where each went (its route's destination), newest
+    /// first.
+    Sent {
+        #[arg(long)]
+        tenant: Option<String>,
+        /// The message's action (`entity.changed`, `fulfil_order`).
+        #[arg(long)]
+        action: Option<String>,
+        #[arg(long, default_value_t = 50)]
+        limit: i64,
+    },
     /// Send the matching failed messages again, once the target is fixed: due at once, with a
     /// fresh attempt budget and the same Idempotency-Key. The outbox function sends them.
     /// Without a filter, only with --all.
@@ -459,6 +471,10 @@ struct FailedOutbox {
     failed_outbox: Vec<FailedMessage>,
 }
 #[derive(Deserialize, serde::Serialize)]
+struct SentOutbox {
+    sent_outbox: Vec<shared::store::outbox::SentMessage>,
+}
+#[derive(Deserialize, serde::Serialize)]
 struct Resent {
     resent: Vec<i64>,
 }
@@ -529,6 +545,21 @@ pub async fn outbox(backend: &Backend, json: bool, action: OutboxAction) -> Exit
             };
             return answer(backend, json, request, |f: &FailedOutbox| {
                 render::failed_outbox(&f.failed_outbox)
+            })
+            .await;
+        }
+        OutboxAction::Sent {
+            tenant,
+            action,
+            limit,
+        } => {
+            let request = OperatorRequest::ListSentOutbox {
+                tenant_id: tenant,
+                outbox_action: action,
+                limit: Some(limit),
+            };
+            return answer(backend, json, request, |s: &SentOutbox| {
+                render::sent_outbox(&s.sent_outbox)
             })
             .await;
         }

@@ -59,6 +59,12 @@ enum Command {
         #[command(subcommand)]
         action: SourcesAction,
     },
+    /// Validate, apply or list the outbox's routes: where each action of a tenant (or source)
+    /// is delivered (HTTP, EventBridge, SQS, SNS). An apply replaces the whole set.
+    Routes {
+        #[command(subcommand)]
+        action: RoutesAction,
+    },
     /// Check a captured delivery's signature and say exactly why it fails. Exit 0 valid, 1 not.
     Verify(VerifyArgs),
     /// Print the headers a provider would sign a body with (for curl and tests).
@@ -143,9 +149,18 @@ struct ServeArgs {
     /// Read signing secrets from this TOML file instead of Secrets Manager.
     #[arg(long)]
     secrets_file: Option<PathBuf>,
-    /// Where the outbox delivers (default: this runner's own /outbox-sink, which logs).
+    /// Where the outbox delivers what no route covers (default: this runner's own
+    /// /outbox-sink, which logs).
     #[arg(long)]
     outbox_target: Option<String>,
+    /// Route file applied at start (see docs/destinations.md); routes to AWS go to
+    /// EVENTBRIDGE_ENDPOINT, SQS_ENDPOINT and SNS_ENDPOINT (moto locally).
+    #[arg(long)]
+    routes: Option<PathBuf>,
+    /// Create on those endpoints the queues, buses and topics the routes name, each with a tap
+    /// queue to read what arrived (a local stand-in such as moto only).
+    #[arg(long, requires = "routes")]
+    create_destinations: bool,
     /// How often the drain and the outbox run, in milliseconds.
     #[arg(long, default_value_t = 1000)]
     pipeline_interval_ms: u64,
@@ -175,6 +190,16 @@ enum ProvidersAction {
     Show { name: Scheme },
     /// The catalogue as docs/providers.md shows it.
     Markdown,
+}
+
+#[derive(Subcommand)]
+enum RoutesAction {
+    /// Validate a route file without touching the database. Exit 0 valid, 2 not.
+    Check { file: PathBuf },
+    /// Replace the stored routes with a route file's (validated first; all or nothing).
+    Apply { file: PathBuf },
+    /// List the stored routes.
+    List,
 }
 
 #[derive(Args)]
@@ -288,6 +313,7 @@ async fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args).await,
         Command::Migrate => migrate().await,
         Command::Sources { action } => run_sources(action).await,
+        Command::Routes { action } => run_routes(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
         Command::Providers { action } => {
@@ -380,6 +406,47 @@ async fn run_sources(action: SourcesAction) -> CmdResult {
     Ok(())
 }
 
+fn print_routes(routes: &[shared::outbox::routes::Route]) {
+    if routes.is_empty() {
+        println!("no routes");
+    }
+    for r in routes {
+        println!(
+            "{}\tsource={}\t{}\t→ {}",
+            r.tenant_id,
+            r.source_id.as_deref().unwrap_or("*"),
+            r.action,
+            r.destination.describe()
+        );
+    }
+}
+
+async fn run_routes(action: RoutesAction) -> CmdResult {
+    use shared::outbox::routes;
+    match action {
+        RoutesAction::Check { file } => {
+            let list = routes::read_routes_file(&file).map_err(|e| e.to_string())?;
+            print_routes(&list);
+            println!("{}: {} route(s), valid", file.display(), list.len());
+        }
+        RoutesAction::Apply { file } => {
+            let list = routes::read_routes_file(&file).map_err(|e| e.to_string())?;
+            let pool = pool().await?;
+            routes::apply(&pool, &list)
+                .await
+                .map_err(|e| e.to_string())?;
+            print_routes(&list);
+            println!("applied {} route(s)", list.len());
+        }
+        RoutesAction::List => {
+            let pool = pool().await?;
+            let list = routes::list(&pool).await.map_err(|e| e.to_string())?;
+            print_routes(&list);
+        }
+    }
+    Ok(())
+}
+
 /// The local runner's buffer queues on `SQS_ENDPOINT`, created when missing.
 async fn local_buffer_queues(name: &str) -> Result<(String, String), String> {
     let endpoint = std::env::var("SQS_ENDPOINT").map_err(|_| {
@@ -449,8 +516,38 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
     let target = args
         .outbox_target
         .unwrap_or_else(|| format!("http://{}/outbox-sink", args.listen));
-    let sender = OutboxSender::new(ingestor.pool().clone(), OutboxSettings::new(&target))
-        .map_err(|e| e.to_string())?;
+    let endpoints = vars.outbox_endpoints();
+    if let Some(file) = &args.routes {
+        let routes = shared::outbox::routes::read_routes_file(file).map_err(|e| e.to_string())?;
+        if args.create_destinations {
+            for line in serve::create_local_destinations(&endpoints, &routes).await? {
+                eprintln!("outbox destination: {line}");
+            }
+        }
+        shared::outbox::routes::apply(ingestor.pool(), &routes)
+            .await
+            .map_err(|e| e.to_string())?;
+        for r in &routes {
+            eprintln!(
+                "route: {} of tenant {}{} → {}",
+                r.action,
+                r.tenant_id,
+                r.source_id
+                    .as_deref()
+                    .map(|s| format!(", source {s}"))
+                    .unwrap_or_default(),
+                r.destination.describe()
+            );
+        }
+    }
+    let sender = OutboxSender::new(
+        ingestor.pool().clone(),
+        OutboxSettings {
+            endpoints,
+            ..OutboxSettings::new(&target)
+        },
+    )
+    .map_err(|e| e.to_string())?;
     let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
     let drainer = Arc::new(drainer);
     let _pipeline = serve::spawn_pipeline(drainer.clone(), Some(Arc::new(sender)), every);

@@ -260,6 +260,7 @@ pub fn failed_outbox(list: &[FailedMessage]) -> String {
         "created",
         "attempts",
         "resent",
+        "destination",
         "last error",
     ]);
     for m in list {
@@ -271,7 +272,38 @@ pub fn failed_outbox(list: &[FailedMessage]) -> String {
             time(Some(m.created_at)),
             m.attempts.to_string(),
             m.resent_count.to_string(),
+            m.destination
+                .clone()
+                .unwrap_or_else(|| "none (no route)".into()),
             m.last_error.clone().unwrap_or_default(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// Delivered outbox messages and where each went.
+pub fn sent_outbox(list: &[shared::store::outbox::SentMessage]) -> String {
+    if list.is_empty() {
+        return "no delivered outbox messages\n".into();
+    }
+    let mut t = table(&[
+        "id",
+        "tenant",
+        "event",
+        "action",
+        "delivered",
+        "attempts",
+        "destination",
+    ]);
+    for m in list {
+        t.add_row(vec![
+            m.outbox_id.to_string(),
+            m.tenant_id.clone(),
+            m.external_id.clone(),
+            m.action.clone(),
+            time(m.delivered_at),
+            m.attempts.to_string(),
+            m.destination.clone().unwrap_or_default(),
         ]);
     }
     format!("{t}\n")

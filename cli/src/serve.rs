@@ -321,3 +321,159 @@ async fn receive(
         Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
     }
 }
+
+// Issue 24: the outbox's destinations on a local AWS stand-in.
+
+/// Creates on `endpoint` (moto) every queue, bus and topic the routes name, when missing, and
+/// a tap queue `<bus>-tap` / `<topic>-tap` behind each bus (a rule matching every event) and
+/// topic (a raw subscription), so what arrived can be read back. Returns one line per
+/// destination, saying where to read it.
+pub async fn create_local_destinations(
+    endpoints: &shared::outbox::destinations::AwsDestinationEndpoints,
+    routes: &[shared::outbox::routes::Route],
+) -> Result<Vec<String>, String> {
+    use aws_sdk_sqs::types::QueueAttributeName;
+    use shared::outbox::destinations::Destination;
+    let sqs = aws_sdk_sqs::Client::new(&shared::aws::sdk_config(&endpoints.sqs).await);
+    let eventbridge =
+        aws_sdk_eventbridge::Client::new(&shared::aws::sdk_config(&endpoints.eventbridge).await);
+    let sns = aws_sdk_sns::Client::new(&shared::aws::sdk_config(&endpoints.sns).await);
+    let context = |what: &str, e: &dyn std::fmt::Display| format!("creating {what}: {e}");
+    let queue = |name: String| {
+        let sqs = sqs.clone();
+        async move {
+            let mut create = sqs.create_queue().queue_name(&name);
+            if name.ends_with(".fifo") {
+                create = create
+                    .attributes(QueueAttributeName::FifoQueue, "true")
+                    .attributes(QueueAttributeName::ContentBasedDeduplication, "false");
+            }
+            let url = create
+                .send()
+                .await
+                .map_err(|e| {
+                    format!(
+                        "creating queue {name}: {}",
+                        aws_sdk_sqs::error::DisplayErrorContext(e)
+                    )
+                })?
+                .queue_url
+                .unwrap_or_default();
+            let arn = sqs
+                .get_queue_attributes()
+                .queue_url(&url)
+                .attribute_names(QueueAttributeName::QueueArn)
+                .send()
+                .await
+                .map_err(|e| {
+                    format!(
+                        "reading queue {name}: {}",
+                        aws_sdk_sqs::error::DisplayErrorContext(e)
+                    )
+                })?
+                .attributes
+                .and_then(|mut a| a.remove(&QueueAttributeName::QueueArn))
+                .unwrap_or_default();
+            Ok::<_, String>((url, arn))
+        }
+    };
+    let mut seen = std::collections::HashSet::new();
+    let mut lines = Vec::new();
+    for route in routes {
+        if !seen.insert(route.destination.clone()) {
+            continue;
+        }
+        match &route.destination {
+            Destination::Http { .. } => {}
+            Destination::Sqs { queue_url } => {
+                let name = queue_url.rsplit('/').next().unwrap_or_default().to_owned();
+                let (url, _) = queue(name).await?;
+                lines.push(format!("sqs queue {url}"));
+            }
+            Destination::EventBridge { bus, .. } => {
+                let name = bus.rsplit('/').next().unwrap_or(bus).to_owned();
+                if name != "default" {
+                    // An existing bus answers ResourceAlreadyExistsException: kept as it is.
+                    let _ = eventbridge.create_event_bus().name(&name).send().await;
+                }
+                let (tap_url, tap_arn) = queue(format!("{name}-tap")).await?;
+                let rule = format!("{name}-tap");
+                eventbridge
+                    .put_rule()
+                    .name(&rule)
+                    .event_bus_name(&name)
+                    .event_pattern(r#"{"detail-type": [{"exists": true}]}"#)
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        context(
+                            "a tap rule",
+                            &aws_sdk_eventbridge::error::DisplayErrorContext(e),
+                        )
+                    })?;
+                eventbridge
+                    .put_targets()
+                    .rule(&rule)
+                    .event_bus_name(&name)
+                    .targets(
+                        aws_sdk_eventbridge::types::Target::builder()
+                            .id("tap")
+                            .arn(&tap_arn)
+                            .build()
+                            .map_err(|e| context("a tap target", &e))?,
+                    )
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        context(
+                            "a tap target",
+                            &aws_sdk_eventbridge::error::DisplayErrorContext(e),
+                        )
+                    })?;
+                lines.push(format!(
+                    "eventbridge bus {name}: every event also to {tap_url}"
+                ));
+            }
+            Destination::Sns { topic_arn } => {
+                let name = topic_arn.rsplit(':').next().unwrap_or_default().to_owned();
+                let mut create = sns.create_topic().name(&name);
+                if name.ends_with(".fifo") {
+                    create = create.attributes("FifoTopic", "true");
+                }
+                let arn = create
+                    .send()
+                    .await
+                    .map_err(|e| context("a topic", &aws_sdk_sns::error::DisplayErrorContext(e)))?
+                    .topic_arn
+                    .unwrap_or_default();
+                let tap = if name.ends_with(".fifo") {
+                    format!("{}-tap.fifo", name.trim_end_matches(".fifo"))
+                } else {
+                    format!("{name}-tap")
+                };
+                let (tap_url, tap_arn) = queue(tap).await?;
+                sns.subscribe()
+                    .topic_arn(&arn)
+                    .protocol("sqs")
+                    .endpoint(&tap_arn)
+                    .attributes("RawMessageDelivery", "true")
+                    .send()
+                    .await
+                    .map_err(|e| {
+                        context(
+                            "a tap subscription",
+                            &aws_sdk_sns::error::DisplayErrorContext(e),
+                        )
+                    })?;
+                if arn != *topic_arn {
+                    lines.push(format!(
+                        "sns topic {arn} (the route says {topic_arn}: check its region and account)"
+                    ));
+                } else {
+                    lines.push(format!("sns topic {arn}: every message also to {tap_url}"));
+                }
+            }
+        }
+    }
+    Ok(lines)
+}

@@ -490,19 +490,37 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         Ok(self.secrets_backend()?.open().await)
     }
 
+    /// Where the outbox's AWS destinations are: `EVENTBRIDGE_ENDPOINT`, `SQS_ENDPOINT` and
+    /// `SNS_ENDPOINT` override AWS's (moto locally and in tests, VPC endpoints in production).
+    pub fn outbox_endpoints(&self) -> crate::outbox::destinations::AwsDestinationEndpoints {
+        let endpoint = |var: &'static str| crate::aws::AwsEndpoint {
+            endpoint_url: self.get(var),
+            region: self.get("AWS_REGION"),
+        };
+        crate::outbox::destinations::AwsDestinationEndpoints {
+            eventbridge: endpoint("EVENTBRIDGE_ENDPOINT"),
+            sqs: endpoint("SQS_ENDPOINT"),
+            sns: endpoint("SNS_ENDPOINT"),
+        }
+    }
+
     pub fn outbox(&self) -> Result<crate::outbox::OutboxSettings, ConfigError> {
         let target = self.get("OUTBOX_TARGET_URL").ok_or(ConfigError::Missing {
             var: "OUTBOX_TARGET_URL",
-            hint: " (where outbox messages are POSTed)",
+            hint: " (where outbox messages no route covers are POSTed, or `none`: routes only)",
         })?;
-        if !(target.starts_with("https://") || target.starts_with("http://")) {
+        let d = if target == "none" {
+            crate::outbox::OutboxSettings::routed()
+        } else if target.starts_with("https://") || target.starts_with("http://") {
+            crate::outbox::OutboxSettings::new(target)
+        } else {
             return Err(ConfigError::Invalid {
                 var: "OUTBOX_TARGET_URL",
-                reason: format!("{target:?} is not an http(s) URL"),
+                reason: format!("{target:?} is not an http(s) URL (nor `none`)"),
             });
-        }
-        let d = crate::outbox::OutboxSettings::new(target);
+        };
         let settings = crate::outbox::OutboxSettings {
+            endpoints: self.outbox_endpoints(),
             batch_size: self.parsed("OUTBOX_BATCH_SIZE", d.batch_size)?,
             max_attempts: self.parsed("OUTBOX_MAX_ATTEMPTS", d.max_attempts)?,
             request_timeout: self.millis("OUTBOX_TIMEOUT_MS", d.request_timeout)?,
@@ -817,7 +835,18 @@ mod tests {
             (drain.batch_size, drain.backoff_base),
             (50, Duration::from_millis(250))
         );
-        assert_eq!(v.outbox().unwrap().target_url, "https://x.example/hook");
+        assert_eq!(
+            v.outbox().unwrap().target_url.as_deref(),
+            Some("https://x.example/hook")
+        );
+        assert_eq!(
+            vars(&[("OUTBOX_TARGET_URL", "none")])
+                .outbox()
+                .unwrap()
+                .target_url,
+            None,
+            "routes only"
+        );
         assert!(vars(&[("DRAIN_BATCH_SIZE", "0")]).drain().is_err());
         assert!(vars(&[("OUTBOX_TARGET_URL", "ftp://x")]).outbox().is_err());
         let url = ("OUTBOX_TARGET_URL", "https://x.example/hook");

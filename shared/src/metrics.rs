@@ -72,6 +72,12 @@ pub const OUTBOX_RETRIED: &str = "OutboxRetried";
 /// 0 when every message is delivered.
 pub const OUTBOX_OLDEST_UNDELIVERED_AGE: &str = "OutboxOldestUndeliveredSeconds";
 
+// Issue 24 (destinations beyond HTTP).
+/// Outbox messages settled by a try, by `Destination` (http, eventbridge, sqs, sns; `none` for a
+/// message no route covers) and `Outcome` (delivered, retried, failed, unrouted). The alarms
+/// count failures per destination kind; the dashboard graphs deliveries per kind.
+pub const OUTBOX_DELIVERIES: &str = "OutboxDeliveries";
+
 /// Every metric name the code emits.
 pub const EMITTED: &[&str] = &[
     ANOMALY_BREACHES,
@@ -92,6 +98,8 @@ pub const EMITTED: &[&str] = &[
     RECONCILE_REPAIRS,
     OUTBOX_RETRIED,
     OUTBOX_OLDEST_UNDELIVERED_AGE,
+    // Issue 24.
+    OUTBOX_DELIVERIES,
 ];
 
 pub type Collector = metrics_cloudwatch_embedded::Collector;
@@ -188,4 +196,11 @@ pub fn reconcile_repairs(by_kind: &[(&'static str, u64)]) {
 pub fn outbox(retried: u64, oldest_undelivered_seconds: f64) {
     metrics::counter!(OUTBOX_RETRIED).increment(retried);
     metrics::histogram!(OUTBOX_OLDEST_UNDELIVERED_AGE).record(oldest_undelivered_seconds);
+}
+
+// Issue 24.
+/// `n` outbox messages of one destination kind settled with `outcome` (see [`OUTBOX_DELIVERIES`]).
+pub fn outbox_delivery(destination: &'static str, outcome: &'static str, n: u64) {
+    metrics::counter!(OUTBOX_DELIVERIES, "Destination" => destination, "Outcome" => outcome)
+        .increment(n);
 }

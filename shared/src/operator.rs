@@ -17,6 +17,7 @@
 //! {"action": "list_gaps", "source_id": "stripe-prod"}
 //! {"action": "list_tombstones", "source_id": "stripe-prod", "limit": 50}
 //! {"action": "list_failed_outbox", "filter": {"action": "fulfil_order"}}
+//! {"action": "list_sent_outbox", "tenant_id": "acme", "outbox_action": "entity.changed", "limit": 20}
 //! {"action": "resend_outbox", "filter": {"error_contains": "503"}, "actor": "alice", "reason": "target fixed"}
 //! {"action": "discard_outbox", "outbox_ids": [12, 13], "actor": "alice", "reason": "order cancelled"}
 //! {"action": "list_actions", "limit": 20}
@@ -126,6 +127,16 @@ pub enum OperatorRequest {
     ListFailedOutbox {
         #[serde(default)]
         filter: FailedFilter,
+    },
+    /// The latest delivered outbox messages and where each went (issue 24), newest first.
+    ListSentOutbox {
+        #[serde(default)]
+        tenant_id: Option<String>,
+        /// The messages' action (`entity.changed`...): `action` names the request.
+        #[serde(default)]
+        outbox_action: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
     },
     /// Sends the failed messages matching the filter again (once the target is fixed): due at
     /// once, a fresh attempt budget, the same Idempotency-Key. An empty filter needs `all`.
@@ -258,6 +269,9 @@ pub enum OperatorResponse {
     },
     FailedOutbox {
         failed_outbox: Vec<FailedMessage>,
+    },
+    SentOutbox {
+        sent_outbox: Vec<crate::store::outbox::SentMessage>,
     },
     Resent {
         resent: Vec<i64>,
@@ -595,6 +609,19 @@ pub async fn handle_invoked(
         }
         OperatorRequest::ListFailedOutbox { filter } => Ok(OperatorResponse::FailedOutbox {
             failed_outbox: outbox::select_failed(pool, &filter).await?,
+        }),
+        OperatorRequest::ListSentOutbox {
+            tenant_id,
+            outbox_action,
+            limit,
+        } => Ok(OperatorResponse::SentOutbox {
+            sent_outbox: outbox::select_sent(
+                pool,
+                tenant_id.as_deref(),
+                outbox_action.as_deref(),
+                limit.unwrap_or(DEFAULT_LIMIT),
+            )
+            .await?,
         }),
         OperatorRequest::ResendOutbox {
             filter,

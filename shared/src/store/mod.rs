@@ -15,6 +15,7 @@ pub mod maintenance_runs;
 pub mod operator_actions;
 pub mod orders;
 pub mod outbox;
+pub mod outbox_routes;
 pub mod reconcile;
 pub mod retention;
 pub mod schema;

@@ -14,9 +14,14 @@ pub struct OutboxMessage {
     pub idempotency_key: String,
     /// Tries made before this lease (requests sent to the target).
     pub attempts: i32,
+    /// The source of the event that wrote it (routes may be per source); `None` once retention
+    /// took the event.
+    pub source_id: Option<String>,
 }
 
-/// Leases up to `limit` due messages: holds them for `lease_seconds` (no other sender takes
+/// Leases up to `limit` due messages, oldest due first and, among those due at the same time
+/// (written by one drain transaction), in the order written, so one entity's messages reach a
+/// FIFO destination in order: holds them for `lease_seconds` (no other sender takes
 /// them, reconcile does not make them due) and commits at once, so delivery happens outside any
 /// transaction and a crashed sender's lease simply expires. A lease spends no attempt.
 pub async fn lease(
@@ -27,9 +32,11 @@ pub async fn lease(
     const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => $2), \
              leased_until = now() + make_interval(secs => $2) \
          FROM (SELECT outbox_id FROM outbox WHERE status = 'pending' AND next_attempt_at <= now() \
-               ORDER BY next_attempt_at LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
+               ORDER BY next_attempt_at, outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
          WHERE o.outbox_id = due.outbox_id \
-         RETURNING o.outbox_id, o.tenant_id, o.external_id, o.action, o.payload, o.idempotency_key, o.attempts";
+         RETURNING o.outbox_id, o.tenant_id, o.external_id, o.action, o.payload, o.idempotency_key, o.attempts, \
+             (SELECT w.source_id FROM webhook_events AS w \
+              WHERE w.tenant_id = o.tenant_id AND w.external_id = o.external_id) AS source_id";
     Ok(sqlx::query_as(SQL)
         .bind(limit)
         .bind(lease_seconds)
@@ -51,16 +58,58 @@ pub async fn release(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Resul
         .rows_affected())
 }
 
-/// A try that the target accepted.
+/// Records where the rows of the `settled` CTE (their `outbox_id`) were tried: `$2` is the
+/// destination. The `outbox_destinations` table is written only here, in the statement that
+/// settles the outbox row, and deleted with it by retention.
+macro_rules! record_destination {
+    () => {
+        " INSERT INTO outbox_destinations (outbox_id, destination) \
+          SELECT outbox_id, $2 FROM settled \
+          ON CONFLICT (outbox_id) DO UPDATE SET destination = EXCLUDED.destination, tried_at = now()"
+    };
+}
+
+/// A try that the target accepted; `destination` says where it went.
 pub async fn mark_delivered(
     executor: impl PgExecutor<'_>,
     outbox_id: i64,
+    destination: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL, \
+    const SQL: &str = concat!(
+        "WITH settled AS (UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL, \
              attempts = attempts + 1, leased_until = NULL \
-         WHERE outbox_id = $1 AND status = 'pending'";
-    sqlx::query(SQL).bind(outbox_id).execute(executor).await?;
+         WHERE outbox_id = $1 AND status = 'pending' RETURNING outbox_id)",
+        record_destination!()
+    );
+    sqlx::query(SQL)
+        .bind(outbox_id)
+        .bind(destination)
+        .execute(executor)
+        .await?;
     Ok(())
+}
+
+/// Tries that the destination accepted, one batch call's: one statement for all of them.
+pub async fn mark_delivered_many(
+    executor: impl PgExecutor<'_>,
+    outbox_ids: &[i64],
+    destination: &str,
+) -> Result<u64, StoreError> {
+    const SQL: &str = concat!(
+        "WITH settled AS (UPDATE outbox SET status = 'delivered', delivered_at = now(), last_error = NULL, \
+             attempts = attempts + 1, leased_until = NULL \
+         WHERE outbox_id = ANY($1) AND status = 'pending' RETURNING outbox_id)",
+        record_destination!()
+    );
+    if outbox_ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(outbox_ids)
+        .bind(destination)
+        .execute(executor)
+        .await?
+        .rows_affected())
 }
 
 /// A try that failed and may succeed later: counted, and due again after `delay_ms`.
@@ -69,12 +118,17 @@ pub async fn retry_later(
     outbox_id: i64,
     delay_ms: i64,
     error: &str,
+    destination: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $2 / 1000.0), last_error = $3, \
+    const SQL: &str = concat!(
+        "WITH settled AS (UPDATE outbox SET next_attempt_at = now() + make_interval(secs => $3 / 1000.0), last_error = $4, \
              attempts = attempts + 1, leased_until = NULL \
-         WHERE outbox_id = $1 AND status = 'pending'";
+         WHERE outbox_id = $1 AND status = 'pending' RETURNING outbox_id)",
+        record_destination!()
+    );
     sqlx::query(SQL)
         .bind(outbox_id)
+        .bind(destination)
         .bind(delay_ms)
         .bind(error)
         .execute(executor)
@@ -88,9 +142,33 @@ pub async fn mark_failed(
     executor: impl PgExecutor<'_>,
     outbox_id: i64,
     error: &str,
+    destination: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "UPDATE outbox SET status = 'failed', last_error = $2, attempts = attempts + 1, leased_until = NULL \
-         WHERE outbox_id = $1 AND status = 'pending'";
+    const SQL: &str = concat!(
+        "WITH settled AS (UPDATE outbox SET status = 'failed', last_error = $3, attempts = attempts + 1, \
+             leased_until = NULL \
+         WHERE outbox_id = $1 AND status = 'pending' RETURNING outbox_id)",
+        record_destination!()
+    );
+    sqlx::query(SQL)
+        .bind(outbox_id)
+        .bind(destination)
+        .bind(error)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
+/// Fails a message no route sends anywhere: it waits, failed, for an operator who adds the
+/// route and resends it. No try was made, so no attempt is spent.
+pub async fn mark_unrouted(
+    executor: impl PgExecutor<'_>,
+    outbox_id: i64,
+    error: &str,
+) -> Result<(), StoreError> {
+    const SQL: &str = "WITH settled AS (UPDATE outbox SET status = 'failed', last_error = $2, leased_until = NULL \
+             WHERE outbox_id = $1 AND status = 'pending' RETURNING outbox_id) \
+         DELETE FROM outbox_destinations AS d USING settled WHERE d.outbox_id = settled.outbox_id";
     sqlx::query(SQL)
         .bind(outbox_id)
         .bind(error)
@@ -170,6 +248,45 @@ pub struct FailedMessage {
     pub created_at: chrono::DateTime<chrono::Utc>,
     /// How many times an operator resent it before.
     pub resent_count: i32,
+    /// Where its last try went (`sqs <queue URL>`...); `None` when no route sent it anywhere.
+    #[serde(default)]
+    pub destination: Option<String>,
+}
+
+/// A message delivered: where it went and when (issue 24: `hookctl outbox sent`).
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct SentMessage {
+    pub outbox_id: i64,
+    pub tenant_id: String,
+    pub external_id: String,
+    pub action: String,
+    pub idempotency_key: String,
+    pub attempts: i32,
+    pub destination: Option<String>,
+    pub delivered_at: Option<chrono::DateTime<chrono::Utc>>,
+}
+
+/// The latest delivered messages, newest written first, of a tenant and action when given.
+/// Walks the primary key backwards and stops at `limit`: the outbox's newest rows are
+/// delivered ones on a healthy stack, so it reads few rows beyond those it returns.
+pub async fn select_sent(
+    executor: impl PgExecutor<'_>,
+    tenant_id: Option<&str>,
+    action: Option<&str>,
+    limit: i64,
+) -> Result<Vec<SentMessage>, StoreError> {
+    const SQL: &str = "SELECT o.outbox_id, o.tenant_id, o.external_id, o.action, o.idempotency_key, o.attempts, \
+                d.destination, o.delivered_at \
+         FROM outbox AS o LEFT JOIN outbox_destinations AS d USING (outbox_id) \
+         WHERE o.status = 'delivered' AND ($1::text IS NULL OR o.tenant_id = $1) \
+           AND ($2::text IS NULL OR o.action = $2) \
+         ORDER BY o.outbox_id DESC LIMIT $3";
+    Ok(sqlx::query_as(SQL)
+        .bind(tenant_id)
+        .bind(action)
+        .bind(limit.clamp(1, 10_000))
+        .fetch_all(executor)
+        .await?)
 }
 
 /// The ids of the failed messages a [`FailedFilter`] picks, oldest first; bound by
@@ -206,10 +323,11 @@ pub async fn select_failed(
 ) -> Result<Vec<FailedMessage>, StoreError> {
     const SQL: &str = concat!(
         "SELECT o.outbox_id, o.tenant_id, o.external_id, o.action, o.idempotency_key, o.attempts, \
-                o.last_error, o.created_at, o.resent_count \
+                o.last_error, o.created_at, o.resent_count, d.destination \
          FROM (",
         failed_matching!(),
         ") AS chosen JOIN outbox AS o USING (outbox_id) \
+         LEFT JOIN outbox_destinations AS d USING (outbox_id) \
          ORDER BY o.created_at, o.outbox_id"
     );
     Ok(bind_filter(sqlx::query_as(SQL), f)

@@ -127,7 +127,9 @@ pub async fn purge_identities(
              WHERE d.tenant_id = batch.tenant_id AND d.external_id = batch.external_id RETURNING 1), \
          outbox_gone AS ( \
              DELETE FROM outbox AS o USING batch \
-             WHERE o.tenant_id = batch.tenant_id AND o.external_id = batch.external_id), \
+             WHERE o.tenant_id = batch.tenant_id AND o.external_id = batch.external_id RETURNING o.outbox_id), \
+         destinations_gone AS ( \
+             DELETE FROM outbox_destinations AS d USING outbox_gone WHERE d.outbox_id = outbox_gone.outbox_id), \
          gone AS ( \
              DELETE FROM webhook_events AS e USING batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id RETURNING 1) \
