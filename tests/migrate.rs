@@ -530,9 +530,28 @@ const LIVE_WRITE: &str = "live write";
 /// drain leaves them, and `BACKLOG` pending in the queue.
 async fn fill_hot_tables(pool: &PgPool) {
     use pipeline_tests::drain::{bulk_events, entity_source};
-    shared::sources::apply(pool, &[entity_source()])
-        .await
-        .unwrap();
+    // The schema here is the baseline's, older than today's `sources` columns (signed_url,
+    // declared_signature): the source is written with the columns the baseline has.
+    let row = shared::store::sources::SourceRow::from(&entity_source());
+    sqlx::query(
+        "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
+         external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+    )
+    .bind(&row.source_id)
+    .bind(&row.tenant_id)
+    .bind(&row.scheme)
+    .bind(&row.secret_ref)
+    .bind(row.tolerance_seconds)
+    .bind(&row.external_id_from)
+    .bind(&row.event_type_from)
+    .bind(&row.entity_id_from)
+    .bind(&row.entity_version_from)
+    .bind(&row.sequence_from)
+    .bind(row.enabled)
+    .execute(pool)
+    .await
+    .unwrap();
     bulk_events(pool, HISTORY + BACKLOG).await;
     sqlx::query(
         "WITH done AS ( \
