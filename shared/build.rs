@@ -59,6 +59,23 @@ fn main() {
         .unwrap();
     }
     writeln!(out, "];").unwrap();
+    let target =
+        Path::new(&std::env::var("OUT_DIR").expect("cargo sets it")).join("catalogue_files.rs");
+    std::fs::write(target, out).expect("OUT_DIR is writable");
+
+    // The scheme names and their constants, for `domain`: a Scheme is an index into FILES, in
+    // the same order, and `domain` needs no more of the catalogue than its names.
+    let mut out = String::new();
+    writeln!(
+        out,
+        "/// Every catalogue entry's scheme name, in the order of `catalogue::FILES`."
+    )
+    .unwrap();
+    writeln!(out, "pub(crate) const NAMES: [&str; {}] = [", names.len()).unwrap();
+    for name in &names {
+        writeln!(out, "    {name:?},").unwrap();
+    }
+    writeln!(out, "];").unwrap();
     writeln!(out, "#[allow(non_upper_case_globals)]").unwrap();
     writeln!(out, "impl crate::domain::Scheme {{").unwrap();
     for (i, name) in names.iter().enumerate() {
@@ -83,10 +100,9 @@ fn main() {
     writeln!(out, "    ];").unwrap();
     writeln!(out, "}}").unwrap();
     let target =
-        Path::new(&std::env::var("OUT_DIR").expect("cargo sets it")).join("catalogue_files.rs");
+        Path::new(&std::env::var("OUT_DIR").expect("cargo sets it")).join("scheme_names.rs");
     std::fs::write(target, out).expect("OUT_DIR is writable");
 }
-
 /// `standard_webhooks` -> `StandardWebhooks`.
 fn camel(name: &str) -> String {
     name.split('_')

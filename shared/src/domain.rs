@@ -130,17 +130,19 @@ string_conversions!(SourceId, TenantId, ExternalId);
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Scheme(pub(crate) u16);
 
-impl Scheme {
-    /// The entry's name, as configured (`declared` for [`Scheme::Declared`]).
-    pub fn as_str(self) -> &'static str {
-        crate::catalogue::FILES
-            .get(usize::from(self.0))
-            .map_or(crate::catalogue::DECLARED_NAME, |(name, _)| name)
-    }
+include!(concat!(env!("OUT_DIR"), "/scheme_names.rs"));
 
-    /// The catalogue entry itself.
-    pub fn provider(self) -> &'static crate::catalogue::Provider {
-        crate::catalogue::provider(self)
+/// The scheme name of a source that declares its own signature ([`Scheme::Declared`]).
+pub const DECLARED_NAME: &str = "declared";
+
+impl Scheme {
+    /// The entry's name, as configured (`declared` for [`Scheme::Declared`]). The entry itself
+    /// is `Scheme::provider`, in `catalogue`.
+    pub fn as_str(self) -> &'static str {
+        NAMES
+            .get(usize::from(self.0))
+            .copied()
+            .unwrap_or(DECLARED_NAME)
     }
 }
 

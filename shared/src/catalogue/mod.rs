@@ -42,8 +42,7 @@ static CATALOGUE: LazyLock<Vec<Provider>> = LazyLock::new(|| {
         .collect()
 });
 
-/// The scheme name of a source that declares its own signature.
-pub const DECLARED_NAME: &str = "declared";
+pub use crate::domain::DECLARED_NAME;
 
 /// What stands in for a catalogue entry behind a source that declares its signature (a
 /// provider not in the catalogue): no layout of its own (the source's is used), the fields
@@ -76,6 +75,13 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
         vectors: Vec::new(),
     }
 });
+
+impl Scheme {
+    /// The catalogue entry itself (for [`Scheme::Declared`], what stands in for one).
+    pub fn provider(self) -> &'static Provider {
+        provider(self)
+    }
+}
 
 /// The entry behind `scheme`.
 pub fn provider(scheme: Scheme) -> &'static Provider {
@@ -518,6 +524,10 @@ mod tests {
             })
             .collect();
         assert!(errors.is_empty(), "{}", errors.join("\n"));
+        // A Scheme indexes FILES by the names `domain` holds: the same order.
+        for (scheme, (name, _)) in Scheme::ALL.iter().zip(FILES) {
+            assert_eq!(scheme.as_str(), name);
+        }
         assert_eq!(Scheme::Stripe.as_str(), "stripe");
         assert_eq!(
             Scheme::StandardWebhooks.provider().title,

@@ -35,7 +35,7 @@ use crate::store::{self, StoreError};
 pub const ACTIONS: &[&str] = &[ENTITY_CHANGED, FULFIL_ORDER];
 
 /// The entries' `Source` of an EventBridge route that names none.
-pub const DEFAULT_EVENT_SOURCE: &str = "webhook-receiver";
+pub use super::destinations::DEFAULT_EVENT_SOURCE;
 
 /// One route: the action of a tenant (or of one of its sources) and where it goes.
 #[derive(Debug, Clone, PartialEq, Eq)]

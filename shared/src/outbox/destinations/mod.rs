@@ -19,6 +19,9 @@ use tokio::sync::OnceCell;
 use crate::aws::AwsEndpoint;
 use crate::store::outbox::OutboxMessage;
 
+/// The entries' `Source` of an EventBridge route that names none.
+pub const DEFAULT_EVENT_SOURCE: &str = "webhook-receiver";
+
 pub use eventbridge::put_events_outcomes;
 pub use sns::publish_batch_outcomes;
 pub use sqs::send_batch_outcomes;
@@ -215,7 +218,7 @@ impl Destination {
             "http" => Self::http(target.to_owned()),
             "eventbridge" => Self::eventbridge(
                 target.to_owned(),
-                event_source.unwrap_or_else(|| super::routes::DEFAULT_EVENT_SOURCE.to_owned()),
+                event_source.unwrap_or_else(|| DEFAULT_EVENT_SOURCE.to_owned()),
             ),
             "sqs" => Self::sqs(target.to_owned()),
             "sns" => Self::sns(target.to_owned()),
