@@ -42,7 +42,7 @@ pub fn check(c: &Check<'_>) -> Report {
         hex::encode(Sha256::digest(c.body))
     )];
     for name in signature::signature_headers(c.scheme) {
-        if let Some(value) = c.headers.get(name) {
+        if let Some(value) = c.headers.get(*name) {
             lines.push(format!("header {name}: present ({} bytes)", value.len()));
         }
     }

@@ -72,7 +72,8 @@ impl Prepared {
 /// Nothing else (no cookies, no authorization).
 pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     let names = signature::signature_headers(source.scheme)
-        .into_iter()
+        .iter()
+        .copied()
         .chain(
             source
                 .signature

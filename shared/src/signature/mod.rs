@@ -30,8 +30,6 @@ use crate::catalogue::{
 use crate::domain::{Scheme, SecretVersion};
 use crate::secrets::{SecretSet, SigningSecret};
 
-/// Length of an HMAC-SHA256 tag.
-pub const MAC_LEN: usize = 32;
 /// A signature header longer than this is rejected before any parsing.
 const MAX_HEADER_LEN: usize = 8 * 1024;
 /// More candidate signatures than this in one delivery is not a rotation, it is an attack.
@@ -621,15 +619,6 @@ fn digest(hash: Hash, feed: &mut Feed<'_>) -> Result<Tag, VerifyError> {
     })
 }
 
-/// HMAC-SHA256 over `prefix || body`, without copying the body.
-pub fn mac(key: &[u8], prefix: &[u8], body: &[u8]) -> [u8; MAC_LEN] {
-    let mut mac =
-        <Hmac<Sha256> as KeyInit>::new_from_slice(key).expect("HMAC takes any key length");
-    mac.update(prefix);
-    mac.update(body);
-    mac.finalize().into_bytes().into()
-}
-
 /// The HMAC key the configured secret text encodes.
 fn key(encoding: SecretEncoding, secret: &SigningSecret) -> Result<Cow<'_, [u8]>, VerifyError> {
     use base64::Engine as _;
@@ -965,9 +954,19 @@ fn text_value(text: &str) -> Result<HeaderValue, VerifyError> {
     })
 }
 
-/// The headers a scheme reads, for storing beside the payload and for the `verify` report.
-pub fn signature_headers(scheme: Scheme) -> Vec<&'static str> {
-    layout_headers(&scheme.provider().signatures)
+/// The headers a scheme reads, for storing beside the payload and for the `verify` report:
+/// worked out once per scheme, not on every delivery.
+pub fn signature_headers(scheme: Scheme) -> &'static [&'static str] {
+    static BY_SCHEME: std::sync::LazyLock<Vec<Vec<&'static str>>> =
+        std::sync::LazyLock::new(|| {
+            Scheme::ALL
+                .iter()
+                .map(|s| layout_headers(&s.provider().signatures))
+                .collect()
+        });
+    BY_SCHEME
+        .get(usize::from(scheme.0))
+        .map_or(&[], Vec::as_slice)
 }
 
 /// The headers these layouts read (a scheme's, or the one a source declares).
@@ -1163,6 +1162,29 @@ mod tests {
             .unwrap()
             .timestamp
             .is_some()
+    }
+
+    /// Ingest keeps the signature headers beside every payload: the list is worked out once
+    /// per scheme (the same slice each time), and a declared scheme has none of its own.
+    #[test]
+    fn signature_headers_are_computed_once_per_scheme() {
+        let first = signature_headers(Scheme::StandardWebhooks);
+        assert!(std::ptr::eq(
+            first,
+            signature_headers(Scheme::StandardWebhooks)
+        ));
+        assert_eq!(
+            first,
+            [
+                "webhook-id",
+                "webhook-timestamp",
+                "webhook-signature",
+                "svix-id",
+                "svix-timestamp",
+                "svix-signature"
+            ]
+        );
+        assert!(signature_headers(Scheme::Declared).is_empty());
     }
 
     #[test]
