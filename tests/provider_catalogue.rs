@@ -362,3 +362,28 @@ event_type = "json:/kind"
     assert_eq!(events(&app.pool).await.len(), 1);
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// Mid-rotation (day 60: the secret token was rolled, the old one is still the previous), Zoom
+/// may sign its URL validation with either: the answer is keyed with the one that verified, so
+/// Zoom's own check of `encryptedToken` passes for both.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_handshake_signed_with_the_previous_secret_is_answered_with_it(pool: PgPool) {
+    let sources = [source("zoom", TENANT, Scheme::Zoom, "secret/zoom")];
+    let secrets = SecretStore::memory([(
+        "secret/zoom".to_owned(),
+        SecretSet::new(
+            "zoom-rolled-secret",
+            Some("zoom-catalogue-secret-token".to_owned()),
+        ),
+    )]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+    let body = br#"{"event":"endpoint.url_validation","payload":{"plainToken":"qgg8vlvZRS6UYooatFL8Aw"},"event_ts":1654503849680}"#;
+    let headers = signed(Scheme::Zoom, "zoom-catalogue-secret-token", "", body);
+    let (status, _, reply) = send(&app, "POST", "zoom", headers, body).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&reply).unwrap()["encryptedToken"],
+        "c37c6c4c0915b150208dea1135958fe6fe1b53e9231b3717c74d0fc5e17057d1"
+    );
+    assert!(events(&app.pool).await.is_empty());
+}
