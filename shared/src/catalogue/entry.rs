@@ -52,6 +52,9 @@ pub struct SignatureSpec {
     /// The header carrying the signature ...
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
+    /// `header`, parsed once.
+    #[serde(skip)]
+    pub header_name: ParsedName,
     /// ... or a JSON pointer into the body.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json: Option<String>,
@@ -79,6 +82,36 @@ pub struct SignatureSpec {
     /// `bodySHA256` on JSON posts): the body is covered through it, and must match it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_sha256_query: Option<String>,
+}
+
+/// A header name parsed on first use and kept: a lookup by text parses the name again on every
+/// delivery. It is not part of what a layout says, so two layouts equal in their text are equal
+/// whether or not either has been used.
+#[derive(Clone, Default)]
+pub struct ParsedName(std::sync::OnceLock<Option<http::HeaderName>>);
+
+impl ParsedName {
+    /// `text` as a header name, or `None` when it is not one (`catalogue::validate` refuses such
+    /// a layout).
+    pub fn get(&self, text: &str) -> Option<&http::HeaderName> {
+        self.0
+            .get_or_init(|| http::HeaderName::from_bytes(text.as_bytes()).ok())
+            .as_ref()
+    }
+}
+
+impl PartialEq for ParsedName {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
+}
+
+impl Eq for ParsedName {}
+
+impl std::fmt::Debug for ParsedName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("ParsedName")
+    }
 }
 
 impl SignatureSpec {
@@ -190,6 +223,9 @@ pub struct TimestampSpec {
     pub item: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub header: Option<String>,
+    /// `header`, parsed once.
+    #[serde(skip)]
+    pub header_name: ParsedName,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub json: Option<String>,
     #[serde(default)]
