@@ -232,6 +232,17 @@ async fn same_writes_in_sql(
     (before - after) as f64 / seconds as f64
 }
 
+/// `webhook_events`' heap, TOAST and index bytes: what the run grew them by is printed.
+async fn event_sizes(pool: &PgPool) -> (i64, i64, i64) {
+    sqlx::query_as(
+        "SELECT pg_relation_size(c.oid), COALESCE(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0), \
+             pg_indexes_size(c.oid) FROM pg_class AS c WHERE c.oid = 'webhook_events'::regclass",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
 /// The raw limit: pgbench claiming and completing 100-row batches on a copy of the queue table.
 async fn raw_claim_and_complete(
     pool: &PgPool,
@@ -292,9 +303,11 @@ async fn main() {
         let tag = format!("d{drainers}");
         prefill(&pool, backlog, &tag).await;
         let sql = same_writes_in_sql(&pool, &options, drainers, raw_seconds).await;
+        let sizes_before = event_sizes(&pool).await;
         let per_minute = run_drainers(&options, drainers, minutes, &tag).await;
+        let sizes_after = event_sizes(&pool).await;
         let raw = raw_claim_and_complete(&pool, &options, drainers, raw_seconds, 2_000_000).await;
-        rows.push((drainers, per_minute, raw, sql));
+        rows.push((drainers, per_minute, raw, sql, sizes_before, sizes_after));
     }
     println!();
     println!(
@@ -309,7 +322,7 @@ async fn main() {
         "sql rows/s",
         "vs sql"
     );
-    for (drainers, per_minute, raw, sql) in &rows {
+    for (drainers, per_minute, raw, sql, _, _) in &rows {
         let mean = per_minute.iter().sum::<f64>() / per_minute.len() as f64;
         let (first, last) = (per_minute[0], *per_minute.last().unwrap());
         println!(
@@ -322,5 +335,23 @@ async fn main() {
     println!(
         "ratio: the drain to raw claim-and-complete (the queue alone); vs sql: the drain to the same writes done by one SQL statement per batch"
     );
+    println!();
+    println!(
+        "webhook_events over each drainers run (MB, before -> after; the run also ingests {INGEST_PER_SECOND}/s):"
+    );
+    println!(
+        "{:>8} {:>18} {:>18} {:>18}",
+        "drainers", "heap", "toast", "indexes"
+    );
+    let mb = |b: i64| b as f64 / (1 << 20) as f64;
+    for (drainers, _, _, _, before, after) in &rows {
+        let show = |b: i64, a: i64| format!("{:.1} -> {:.1}", mb(b), mb(a));
+        println!(
+            "{drainers:>8} {:>18} {:>18} {:>18}",
+            show(before.0, after.0),
+            show(before.1, after.1),
+            show(before.2, after.2)
+        );
+    }
     db.drop().await;
 }
