@@ -492,3 +492,19 @@ async fn identities_purged_within_the_29_days_leave_their_hours(pool: PgPool) {
     assert_eq!(rollup(&pool).await, truth(&pool).await);
     assert_eq!(rollup(&pool).await, view(&pool).await);
 }
+
+/// A clock moved by less than an hour (the drill ages every timestamp by its cycle) leaves the
+/// rollup's rows off the hour: the hours computed again replace whatever lies within them, so
+/// no event is counted twice.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn time_moved_by_part_of_an_hour_counts_no_event_twice(pool: PgPool) {
+    history(&pool).await;
+    fill(&pool).await;
+    for _ in 0..3 {
+        age(&pool, "25 minutes").await;
+        delivery_hours::roll(&pool).await.unwrap();
+        assert_eq!(rollup(&pool).await.0, truth(&pool).await.0);
+    }
+    fill(&pool).await;
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+}
