@@ -117,10 +117,16 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     .fetch_one(&mut *tx)
     .await?;
 
-    sqlx::query("DELETE FROM delivery_hours WHERE hour = ANY($1)")
-        .bind(&hours)
-        .execute(&mut *tx)
-        .await?;
+    // Whatever lies within the hours computed goes: rows off the hour too (a clock moved by
+    // part of an hour, as the drill's does, moves them there), which would be counted twice.
+    for sql in [
+        "DELETE FROM delivery_hours AS d USING unnest($1::timestamptz[]) AS h(hour) \
+         WHERE d.hour >= h.hour AND d.hour < h.hour + interval '1 hour'",
+        "DELETE FROM delivery_hours_computed AS d USING unnest($1::timestamptz[]) AS h(hour) \
+         WHERE d.hour >= h.hour AND d.hour < h.hour + interval '1 hour'",
+    ] {
+        sqlx::query(sql).bind(&hours).execute(&mut *tx).await?;
+    }
     // One range of the first_received_at index per hour.
     sqlx::query(
         "INSERT INTO delivery_hours (source_id, hour, events, redeliveries, conflicts, backfilled, \
@@ -136,10 +142,6 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     .bind(&hours)
     .execute(&mut *tx)
     .await?;
-    sqlx::query("DELETE FROM delivery_hours_computed WHERE hour = ANY($1)")
-        .bind(&hours)
-        .execute(&mut *tx)
-        .await?;
     sqlx::query(
         "INSERT INTO delivery_hours_computed (hour, computed_at) \
          SELECT h, now() FROM unnest($1::timestamptz[]) AS h",
