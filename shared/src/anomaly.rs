@@ -176,14 +176,7 @@ async fn measure_all(
         settings,
     )];
     let rolled = delivery_hours::roll(pool).await?;
-    if rolled.missing > 0 || rolled.forgotten > 0 {
-        tracing::info!(
-            ?rolled,
-            "delivery hours rolled up, older hours still filling"
-        );
-    } else {
-        tracing::debug!(?rolled, "delivery hours rolled up");
-    }
+    tracing::debug!(?rolled, "delivery hours rolled up");
     anomaly::refresh_views(pool).await?;
     for check in anomaly::GLOBAL_CHECKS {
         results.push(judge(check, anomaly::measure(pool, check).await?, settings));
