@@ -5,7 +5,10 @@
 //! Prints each pass's time at each size and the ratio of the largest size's time to the
 //! smallest's (issue 26's goal: within 1.5x). The drain is of the fixed backlog, so it is the
 //! same work at every size (before reconcile, which would otherwise drain it). Backfill is not timed: the filled sources have no gap detection
-//! (it would need a provider API).
+//! (it would need a provider API). The anomaly rollup (`delivery_hours`) is filled before the
+//! passes, as the first runs after a deploy fill it, so the anomaly pass timed is a steady one;
+//! the materialized view it replaced (`delivery_hourly`, which the pass refreshed on every run
+//! before) is refreshed last, timed, for comparison.
 //!
 //! Run: `./scripts/bench scale` (needs DATABASE_URL with the right to create a database; a
 //! fresh database per size, dropped after; 5M is ~6 GB on disk and a few minutes to fill).
@@ -20,14 +23,18 @@ use shared::outbox::{OutboxSender, OutboxSettings};
 use shared::status::StatusSettings;
 use sqlx::PgPool;
 
-const PASSES: [&str; 7] = [
+const PASSES: [&str; 9] = [
     "status",
     "status (again)",
     "anomaly",
+    // The rollup's share of the anomaly pass: one more steady-state run of it alone.
+    "  its rollup alone",
     "drain 10k backlog",
     "reconcile",
     "outbox",
     "retention",
+    // What the anomaly pass ran before the rollup, on the same fill: for comparison.
+    "old view refresh",
 ];
 
 async fn timed<T, F: std::future::Future<Output = T>>(f: F) -> Duration {
@@ -52,6 +59,12 @@ async fn passes(pool: &PgPool) -> Vec<Duration> {
             shared::anomaly::run_once(pool, &AnomalySettings::default(), "bench")
                 .await
                 .unwrap()
+        })
+        .await,
+    );
+    out.push(
+        timed(async {
+            shared::store::delivery_hours::roll(pool).await.unwrap();
         })
         .await,
     );
@@ -97,6 +110,15 @@ async fn passes(pool: &PgPool) -> Vec<Duration> {
         })
         .await,
     );
+    out.push(
+        timed(async {
+            sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY delivery_hourly")
+                .execute(pool)
+                .await
+                .unwrap()
+        })
+        .await,
+    );
     out
 }
 
@@ -120,6 +142,24 @@ async fn main() {
             "{rows} events filled in {:.0} s (webhook_events {} MB with indexes)",
             start.elapsed().as_secs_f64(),
             bytes / 1_000_000
+        );
+        // A deployed system's rollup of the hourly delivery figures covers the 29 days (the
+        // first runs after deploy fill it a day a run): filled the same way, untimed, so the
+        // anomaly pass timed is a steady-state run.
+        let start = Instant::now();
+        let mut runs = 0;
+        while shared::store::delivery_hours::roll(&db.pool)
+            .await
+            .unwrap()
+            .missing
+            > 0
+        {
+            runs += 1;
+        }
+        println!(
+            "  delivery_hours filled in {} runs, {:.0} s",
+            runs + 1,
+            start.elapsed().as_secs_f64()
         );
         results.push((rows, passes(&db.pool).await, bytes));
         db.drop().await;

@@ -204,3 +204,79 @@ async fn status_and_the_operator_actions_read_webhook_events_only_through_boundi
     );
     assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
 }
+
+/// The anomaly run's rollup of the hourly delivery figures (`delivery_hours`, issue 26) reads
+/// `webhook_events` only through bounding indexes too: the last day's hours and a marked one,
+/// each a range of the time index.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_delivery_hours_rollup_reads_webhook_events_only_through_bounding_indexes(
+    pool: PgPool,
+) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    while shared::store::delivery_hours::roll(&pool)
+        .await
+        .unwrap()
+        .missing
+        > 0
+    {}
+    // A late delivery marked a week-old hour.
+    sqlx::query(
+        "INSERT INTO delivery_hours_dirty (source_id, hour) \
+         VALUES ('busy-1', date_trunc('hour', now() - interval '7 days 3 hours'))",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let explaining = PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Executor;
+                conn.execute(
+                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
+                     SET auto_explain.log_format = json; SET auto_explain.log_level = notice; \
+                     SET client_min_messages = notice",
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let notices = Notices::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    let rolled = shared::store::delivery_hours::roll(&explaining)
+        .await
+        .unwrap();
+    drop(_guard);
+    assert_eq!((rolled.marks, rolled.missing), (1, 0), "{rolled:?}");
+    assert!(
+        (26..=27).contains(&rolled.hours),
+        "the last day and the marked hour: {rolled:?}"
+    );
+
+    let plans = explained(&notices);
+    let mut reads = 0;
+    let mut wrong = Vec::new();
+    for p in &plans {
+        let mut found = Vec::new();
+        unbounded_reads(&p.plan, &mut reads, &mut found);
+        wrong.extend(
+            found
+                .into_iter()
+                .map(|f| format!("{f}\n    in: {}", p.query)),
+        );
+    }
+    assert!(
+        plans
+            .iter()
+            .any(|p| p.query.contains("INSERT INTO delivery_hours ")),
+        "the rollup's aggregation was explained ({} plans)",
+        plans.len()
+    );
+    assert!(reads >= 1, "the rollup read webhook_events ({reads} reads)");
+    assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
+}

@@ -1,6 +1,8 @@
 //! The anomaly checks: more than thirty measurements of the pipeline, each with an expected
-//! range, in five families (latency, referential, integrity, flow, machinery). A run refreshes
-//! the materialized views `CONCURRENTLY`, measures every check, stores every result in
+//! range, in five families (latency, referential, integrity, flow, machinery). A run brings the
+//! hourly delivery figures up to date ([`delivery_hours::roll`]: the hours that can still
+//! change, not the 29 days), refreshes the materialized view `processing_latency`
+//! `CONCURRENTLY`, measures every check, stores every result in
 //! `anomaly_results` and publishes them as metrics; the alarm on `AnomalyBreaches` notifies
 //! on-call and invokes reconciliation (for every breach but those in [`ON_CALL_ONLY`]).
 //!
@@ -26,6 +28,7 @@ use crate::buffer::{BufferQueue, BufferReading};
 use crate::maintenance::{self, RunCounts};
 use crate::store::StoreError;
 use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
+use crate::store::delivery_hours;
 
 #[derive(Debug, Clone)]
 pub struct AnomalySettings {
@@ -172,6 +175,8 @@ async fn measure_all(
         anomaly::measure(pool, &anomaly::VIEW_REFRESH_AGE).await?,
         settings,
     )];
+    let rolled = delivery_hours::roll(pool).await?;
+    tracing::debug!(?rolled, "delivery hours rolled up");
     anomaly::refresh_views(pool).await?;
     for check in anomaly::GLOBAL_CHECKS {
         results.push(judge(check, anomaly::measure(pool, check).await?, settings));

@@ -21,6 +21,7 @@ use crate::prepare::{self, Prepared};
 use crate::sources::{self, Source};
 use crate::store::StoreError;
 use crate::store::buffer_receipts;
+use crate::store::delivery_hours;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
 use crate::store::webhook_events::{self, BatchedEvent, UpsertError, Upserted};
 
@@ -252,6 +253,16 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
         })
         .collect();
     let stored = webhook_events::upsert_batch(&mut tx, &events).await?;
+    // A delivery received over an hour ago lands in an hour the anomaly rollup may hold as
+    // final: marked in this transaction, so the mark is seen with the event.
+    let late: Vec<(&str, chrono::DateTime<chrono::Utc>)> = ready
+        .iter()
+        .filter(|(c, _, _)| delivery_hours::may_be_late(c.received_at))
+        .map(|(c, source, _)| (source.source_id.as_str(), c.received_at))
+        .collect();
+    if !late.is_empty() {
+        delivery_hours::mark_late(&mut *tx, &late).await?;
+    }
     for ((c, _, _), upserted) in ready.iter().zip(stored) {
         filed[c.index] = Some(Filed::Stored(upserted));
     }

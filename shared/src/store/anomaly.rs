@@ -1,6 +1,7 @@
 //! The anomaly checks' reads: one statement per check, each returning one number (NULL when
 //! there is nothing to measure), bounded by an index or by a small table; the materialized
-//! views they read; and the results table.
+//! view they read (the hourly delivery figures are [`super::delivery_hours`]); and the results
+//! table.
 
 use sqlx::PgPool;
 
@@ -259,35 +260,35 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
     check(
         "duplicate_rate_last_day",
         "flow",
-        "SELECT (sum(redeliveries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        "SELECT (sum(redeliveries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hours WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.5),
     ),
     check(
         "retry_rate_last_day",
         "flow",
-        "SELECT (sum(retried)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        "SELECT (sum(retried)::float8 / NULLIF(sum(events), 0)) FROM delivery_hours WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.05),
     ),
     check(
         "provider_retry_rate_last_day",
         "flow",
-        "SELECT (sum(provider_retries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        "SELECT (sum(provider_retries)::float8 / NULLIF(sum(events), 0)) FROM delivery_hours WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.05),
     ),
     check(
         "backfill_rate_last_day",
         "flow",
-        "SELECT (sum(backfilled)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        "SELECT (sum(backfilled)::float8 / NULLIF(sum(events), 0)) FROM delivery_hours WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.02),
     ),
     check(
         "conflict_rate_last_day",
         "flow",
-        "SELECT (sum(conflicts)::float8 / NULLIF(sum(events), 0)) FROM delivery_hourly WHERE hour >= now() - interval '1 day'",
+        "SELECT (sum(conflicts)::float8 / NULLIF(sum(events), 0)) FROM delivery_hours WHERE hour >= now() - interval '1 day'",
         Some(0.0),
         Some(0.001),
     ),
@@ -439,27 +440,19 @@ pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, 
         .flatten())
 }
 
-/// Refreshes the checks' views without blocking their readers, and records when.
+/// Refreshes the checks' view without blocking its readers, and records when. The hourly
+/// delivery figures are a rollup kept by [`super::delivery_hours::roll`], which records its own
+/// refresh under the view's old name, `delivery_hourly`.
 pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
-    for (view, sql) in [
-        (
-            "delivery_hourly",
-            "REFRESH MATERIALIZED VIEW CONCURRENTLY delivery_hourly",
-        ),
-        (
-            "processing_latency",
-            "REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency",
-        ),
-    ] {
-        sqlx::query(sql).execute(pool).await?;
-        sqlx::query(
-            "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ($1, now()) \
-             ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
-        )
-        .bind(view)
+    sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency")
         .execute(pool)
         .await?;
-    }
+    sqlx::query(
+        "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ('processing_latency', now()) \
+         ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
+    )
+    .execute(pool)
+    .await?;
     Ok(())
 }
 
@@ -479,12 +472,12 @@ pub async fn source_flow(pool: &PgPool) -> Result<Vec<SourceFlow>, StoreError> {
          history AS ( \
              SELECT s.source_id, COALESCE(d.events, 0) AS events \
              FROM sources AS s CROSS JOIN last CROSS JOIN generate_series(1, 4) AS w \
-             LEFT JOIN delivery_hourly AS d ON d.source_id = s.source_id AND d.hour = last.hour - make_interval(weeks => w) \
+             LEFT JOIN delivery_hours AS d ON d.source_id = s.source_id AND d.hour = last.hour - make_interval(weeks => w) \
              WHERE s.enabled AND s.created_at <= last.hour - make_interval(weeks => w)) \
          SELECT s.source_id, COALESCE(c.events, 0)::float8 AS last_hour, \
                 avg(h.events)::float8 AS mean, stddev_samp(h.events)::float8 AS stddev, count(h.events) AS weeks \
          FROM sources AS s CROSS JOIN last \
-         LEFT JOIN delivery_hourly AS c ON c.source_id = s.source_id AND c.hour = last.hour \
+         LEFT JOIN delivery_hours AS c ON c.source_id = s.source_id AND c.hour = last.hour \
          LEFT JOIN history AS h ON h.source_id = s.source_id \
          WHERE s.enabled \
          GROUP BY s.source_id, c.events ORDER BY s.source_id";

@@ -5,6 +5,7 @@ pub mod advisory_locks;
 pub mod anomaly;
 pub mod buffer_receipts;
 pub mod dead_letters;
+pub mod delivery_hours;
 pub mod entities;
 pub mod event_queue;
 #[cfg(feature = "drill")]

@@ -105,7 +105,8 @@ pub struct IdentitiesPurged {
 /// one whose letter closed within the horizon (the operator's record of the replay or the
 /// discard stays that long), or with an outbox row still to deliver (pending) or still to decide
 /// (failed: an operator resends or discards it), or one still queued (a repair reconcile re-queued:
-/// the queue row would go with the event, by cascade, and the repair with it).
+/// the queue row would go with the event, by cascade, and the repair with it). The hours of
+/// deleted events the anomaly rollup still keeps are marked for it (`delivery_hours_dirty`).
 pub async fn purge_identities(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
@@ -132,11 +133,17 @@ pub async fn purge_identities(
              DELETE FROM outbox_destinations AS d USING outbox_gone WHERE d.outbox_id = outbox_gone.outbox_id), \
          gone AS ( \
              DELETE FROM webhook_events AS e USING batch \
-             WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id RETURNING 1) \
+             WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \
+             RETURNING e.source_id, e.first_received_at), \
+         marked AS ( \
+             INSERT INTO delivery_hours_dirty (source_id, hour) \
+             SELECT DISTINCT source_id, date_trunc('hour', first_received_at) FROM gone \
+             WHERE first_received_at >= date_trunc('hour', now() - make_interval(days => $3::int))) \
          SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)";
     let (events, letters): (i64, i64) = sqlx::query_as(SQL)
         .bind(horizon_seconds)
         .bind(limit)
+        .bind(super::delivery_hours::DAYS)
         .fetch_one(executor)
         .await?;
     Ok(IdentitiesPurged {

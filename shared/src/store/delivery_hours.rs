@@ -1,0 +1,204 @@
+//! The hourly delivery figures behind the anomaly checks (issue 26), per source and hour of
+//! first receipt: events, redeliveries, conflicts, backfilled, retried and provider retries,
+//! the figures the materialized view `delivery_hourly` has. Kept by the anomaly pass
+//! ([`roll`]) instead of re-aggregating 29 days on every run: each run computes again only the
+//! hours that can still change, so its cost follows a day's traffic, not the history kept.
+//!
+//! Which hours can change, and who says so:
+//!
+//! - The last day's (from the hour a day ago to the current one): redeliveries, conflicts,
+//!   drain retries and provider retries land on an event's hour whenever they happen, and the
+//!   checks read every figure of the last day. Computed again by every run.
+//! - An older hour: the checks read only its `events` (a source's flow against the same hour in
+//!   its own weeks), which changes only when an event received then is stored or deleted late:
+//!   the buffer's consumer filing a delivery with its received time ([`mark_late`], in the
+//!   filing's transaction), retention purging identities younger than the rollup's 29 days (in
+//!   its own statement). Each marks the hour in `delivery_hours_dirty`; the next run takes the
+//!   marks and the hour is computed again. Ingest's direct path stores with `now()`: it never
+//!   writes an older hour, and its statement is unchanged.
+//! - An hour computed at least [`FINAL_AFTER_HOURS`] after it began is final (`computed_at`
+//!   in `delivery_hours_computed`): no delivery it can still receive is unmarked. One computed
+//!   earlier (the first runs, or a run missed for over a day) is not, and is computed again.
+//!
+//! The first runs after deploy find the rollup empty. Each run computes the hours the checks
+//! read this run (the last day, and the four past weeks' same hours that source flow compares
+//! with), so every check reads complete figures from the first run; the other hours of the 29
+//! days are filled [`FILL_HOURS_PER_RUN`] a run, newest first. A previous build rolled back to
+//! refreshes `delivery_hourly` and files without marking: the run after it sees the refresh
+//! time it did not write and forgets every hour older than the last day, which are filled again
+//! the same way. Hours older than 29 days are deleted.
+
+use sqlx::{PgExecutor, PgPool};
+
+use super::StoreError;
+
+/// The rollup keeps this many days, as `delivery_hourly` did.
+pub const DAYS: i64 = 29;
+/// Hours of the 29 days that are neither of the last day nor compared with this run computed
+/// per run while they are missing (after deploy, a rollback or an outage): a day a run.
+pub const FILL_HOURS_PER_RUN: i64 = 24;
+/// An hour computed at least this long after it began is final.
+pub const FINAL_AFTER_HOURS: i64 = 3;
+/// Transaction-level advisory lock: one run at a time changes the rollup.
+const LOCK_KEY: i64 = 2_646_413_290_551_842_119;
+
+/// What one run did to the rollup.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Rolled {
+    /// Hours computed from `webhook_events` (the last day's among them).
+    pub hours: u64,
+    /// Marks taken (late deliveries, purged events), each making its hour computed again.
+    pub marks: u64,
+    /// Hours forgotten because a previous build ran since this one last did.
+    pub forgotten: u64,
+    /// Hours still missing from the 29 days after this run.
+    pub missing: u64,
+}
+
+/// Brings the rollup up to date, in one transaction (readers see the previous state until it
+/// commits), and records it as `delivery_hourly`'s refresh in `view_refreshes`.
+pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
+    let mut tx = pool.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+
+    // A previous build refreshed delivery_hourly since this build's last run (or this is the
+    // first run after deploy): its consumer filed without marking.
+    let forgotten = sqlx::query(
+        "DELETE FROM delivery_hours_computed \
+         WHERE hour < date_trunc('hour', now() - interval '1 day') \
+           AND (SELECT rolled_at FROM delivery_hours_state) IS DISTINCT FROM \
+               (SELECT refreshed_at FROM view_refreshes WHERE view_name = 'delivery_hourly')",
+    )
+    .execute(&mut *tx)
+    .await?
+    .rows_affected();
+
+    let marks: i64 = sqlx::query_scalar(
+        "WITH taken AS (DELETE FROM delivery_hours_dirty RETURNING hour), \
+              unfinal AS (DELETE FROM delivery_hours_computed AS c \
+                          USING (SELECT DISTINCT hour FROM taken) AS t WHERE c.hour = t.hour) \
+         SELECT count(*) FROM taken",
+    )
+    .fetch_one(&mut *tx)
+    .await?;
+
+    for sql in [
+        "DELETE FROM delivery_hours WHERE hour < date_trunc('hour', now() - make_interval(days => $1::int))",
+        "DELETE FROM delivery_hours_computed WHERE hour < date_trunc('hour', now() - make_interval(days => $1::int))",
+    ] {
+        sqlx::query(sql).bind(DAYS).execute(&mut *tx).await?;
+    }
+
+    // The last day's hours; the hours source flow compares the last complete one with (and
+    // the next ones, should the hour turn before it reads them) when not final; and up to
+    // FILL_HOURS_PER_RUN other hours that are not final, newest first.
+    let (hours, missing): (Vec<chrono::DateTime<chrono::Utc>>, i64) = sqlx::query_as(
+        "WITH hours AS ( \
+             SELECT h, h >= date_trunc('hour', now() - interval '1 day') AS live, \
+                    h IN (SELECT date_trunc('hour', now()) - make_interval(hours => k) - make_interval(weeks => w) \
+                          FROM generate_series(1, 4) AS w, generate_series(0, 1) AS k) AS compared, \
+                    c.computed_at IS NOT NULL AND c.computed_at >= h + make_interval(hours => $3::int) AS final \
+             FROM generate_series(date_trunc('hour', now() - make_interval(days => $1::int)), \
+                                  date_trunc('hour', now()), interval '1 hour') AS h \
+             LEFT JOIN delivery_hours_computed AS c ON c.hour = h), \
+         chosen AS ( \
+             SELECT h FROM hours WHERE live OR (compared AND NOT final) \
+             UNION ALL \
+             (SELECT h FROM hours WHERE NOT live AND NOT compared AND NOT final ORDER BY h DESC LIMIT $2)) \
+         SELECT COALESCE((SELECT array_agg(h ORDER BY h) FROM chosen), '{}'), \
+                (SELECT count(*) FROM hours WHERE NOT live AND NOT final AND h NOT IN (SELECT h FROM chosen))",
+    )
+    .bind(DAYS)
+    .bind(FILL_HOURS_PER_RUN)
+    .bind(FINAL_AFTER_HOURS)
+    .fetch_one(&mut *tx)
+    .await?;
+
+    // Whatever lies within the hours computed goes: rows off the hour too (a clock moved by
+    // part of an hour, as the drill's does, moves them there), which would be counted twice.
+    for sql in [
+        "DELETE FROM delivery_hours AS d USING unnest($1::timestamptz[]) AS h(hour) \
+         WHERE d.hour >= h.hour AND d.hour < h.hour + interval '1 hour'",
+        "DELETE FROM delivery_hours_computed AS d USING unnest($1::timestamptz[]) AS h(hour) \
+         WHERE d.hour >= h.hour AND d.hour < h.hour + interval '1 hour'",
+    ] {
+        sqlx::query(sql).bind(&hours).execute(&mut *tx).await?;
+    }
+    // One range of the first_received_at index per hour.
+    sqlx::query(
+        "INSERT INTO delivery_hours (source_id, hour, events, redeliveries, conflicts, backfilled, \
+             retried, provider_retries) \
+         SELECT e.source_id, h.hour, count(*), sum(e.delivery_count - 1), sum(e.conflict_count), \
+                count(*) FILTER (WHERE e.verified_with = 'provider_api'), \
+                count(*) FILTER (WHERE e.attempts > 1), sum(e.provider_retries) \
+         FROM unnest($1::timestamptz[]) AS h(hour) \
+         JOIN webhook_events AS e \
+           ON e.first_received_at >= h.hour AND e.first_received_at < h.hour + interval '1 hour' \
+         GROUP BY e.source_id, h.hour",
+    )
+    .bind(&hours)
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO delivery_hours_computed (hour, computed_at) \
+         SELECT h, now() FROM unnest($1::timestamptz[]) AS h",
+    )
+    .bind(&hours)
+    .execute(&mut *tx)
+    .await?;
+
+    // The same instant in both: a refresh time that differs is a previous build's.
+    sqlx::query(
+        "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ('delivery_hourly', now()) \
+         ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
+    )
+    .execute(&mut *tx)
+    .await?;
+    sqlx::query(
+        "INSERT INTO delivery_hours_state (singleton, rolled_at) VALUES (true, now()) \
+         ON CONFLICT (singleton) DO UPDATE SET rolled_at = EXCLUDED.rolled_at",
+    )
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(Rolled {
+        hours: hours.len() as u64,
+        marks: marks as u64,
+        forgotten,
+        missing: missing as u64,
+    })
+}
+
+/// Marks the hours of deliveries stored late: received (`received_at`) more than an hour before
+/// this statement, when their hour may already be final. Call it in the transaction that stores
+/// them, so the mark is seen exactly when the events are. Deliveries of the last hour and those
+/// older than the rollup's days mark nothing.
+pub async fn mark_late(
+    executor: impl PgExecutor<'_>,
+    deliveries: &[(&str, chrono::DateTime<chrono::Utc>)],
+) -> Result<u64, StoreError> {
+    let (sources, received): (Vec<&str>, Vec<chrono::DateTime<chrono::Utc>>) =
+        deliveries.iter().copied().unzip();
+    Ok(sqlx::query(
+        "INSERT INTO delivery_hours_dirty (source_id, hour) \
+         SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at) \
+         FROM unnest($1::text[], $2::timestamptz[]) AS m(source_id, received_at) \
+         WHERE m.received_at < now() - interval '1 hour' \
+           AND m.received_at >= date_trunc('hour', now() - make_interval(days => $3::int))",
+    )
+    .bind(sources)
+    .bind(received)
+    .bind(DAYS)
+    .execute(executor)
+    .await?
+    .rows_affected())
+}
+
+/// Whether [`mark_late`] can mark anything for a delivery received at `received_at`, judged by
+/// this process's clock with half an hour to spare (the statement judges by the database's).
+pub fn may_be_late(received_at: chrono::DateTime<chrono::Utc>) -> bool {
+    received_at < chrono::Utc::now() - chrono::TimeDelta::minutes(30)
+}

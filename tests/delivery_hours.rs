@@ -1,0 +1,510 @@
+//! The hourly delivery figures behind the anomaly checks, kept incrementally
+//! (`shared::store::delivery_hours`, issue 26): the rollup holds what the materialized view
+//! `delivery_hourly` holds for the same data, from the first run; the rest of the 29 days is
+//! filled a bounded step per run; a late event (buffered, filed days later with its received
+//! time) is counted in its old hour, and source flow sees it; hours past 29 days are removed; a
+//! previous build's run makes the older hours computed again.
+
+use std::collections::BTreeMap;
+
+use pipeline_tests::*;
+use serde_json::json;
+use shared::anomaly::{self, AnomalySettings};
+use shared::buffer::filing::{self, Filed, Message};
+use shared::buffer::{BufferedDelivery, ENVELOPE_VERSION, Envelope};
+use shared::domain::Scheme;
+use shared::secrets::SecretSet;
+use shared::sources::{self, Source};
+use shared::store::anomaly::source_flow;
+use shared::store::delivery_hours::{self, FILL_HOURS_PER_RUN};
+use sqlx::PgPool;
+
+/// (source, hour as text) → (events, redeliveries, conflicts, backfilled, retried, provider retries)
+type Figures = BTreeMap<(String, String), [i64; 6]>;
+
+/// Of `inner`'s rows (source_id, hour and the six figures), every figure of the hours since a
+/// day ago, and `events` of every hour of the 29 days after the first (which the view holds
+/// only in part): what the checks can read.
+async fn figures(pool: &PgPool, inner: &str) -> (Figures, Figures) {
+    type Row = (String, String, bool, bool, i64, i64, i64, i64, i64, i64);
+    let rows: Vec<Row> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT t.source_id, t.hour::text, t.hour >= now() - interval '1 day', \
+                t.hour >= date_trunc('hour', now() - interval '29 days') + interval '1 hour', \
+                t.events::int8, t.redeliveries::int8, t.conflicts::int8, t.backfilled::int8, \
+                t.retried::int8, t.provider_retries::int8 \
+         FROM ({inner}) AS t"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let mut day = Figures::new();
+    let mut events = Figures::new();
+    for (source, hour, in_day, in_days, a, b, c, d, e, f) in rows {
+        if in_day {
+            day.insert((source.clone(), hour.clone()), [a, b, c, d, e, f]);
+        }
+        if in_days {
+            events.insert((source, hour), [a, 0, 0, 0, 0, 0]);
+        }
+    }
+    (day, events)
+}
+
+/// What the checks can read from the rollup.
+async fn rollup(pool: &PgPool) -> (Figures, Figures) {
+    figures(pool, "SELECT * FROM delivery_hours").await
+}
+
+/// The same, from the view `delivery_hourly`, refreshed now, as a previous build reads it.
+async fn view(pool: &PgPool) -> (Figures, Figures) {
+    sqlx::query("REFRESH MATERIALIZED VIEW delivery_hourly")
+        .execute(pool)
+        .await
+        .unwrap();
+    figures(pool, "SELECT * FROM delivery_hourly").await
+}
+
+/// The same, aggregated from webhook_events now.
+async fn truth(pool: &PgPool) -> (Figures, Figures) {
+    figures(
+        pool,
+        "SELECT source_id, date_trunc('hour', first_received_at) AS hour, count(*) AS events, \
+                sum(delivery_count - 1) AS redeliveries, sum(conflict_count) AS conflicts, \
+                count(*) FILTER (WHERE verified_with = 'provider_api') AS backfilled, \
+                count(*) FILTER (WHERE attempts > 1) AS retried, sum(provider_retries) AS provider_retries \
+         FROM webhook_events GROUP BY 1, 2",
+    )
+    .await
+}
+
+/// Sources created 40 days ago, and 31 days of events of `stripe` and `github`: one every 17
+/// minutes each, some delivered again, some conflicting, retried, backfilled or provider
+/// retries, the last day's among them.
+async fn history(pool: &PgPool) {
+    sources::apply(pool, &sources_for_every_scheme())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE sources SET created_at = now() - interval '40 days'")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at, delivery_count, conflict_count, \
+             attempts, provider_retries) \
+         SELECT $1, src || '-h-' || i, src, 'ping', sha256(convert_to(src || i, 'UTF8')), \
+                CASE WHEN i % 11 = 0 THEN 'provider_api' ELSE 'current' END, t, t, t, 'processed', t, \
+                1 + (i % 5 = 0)::int, (i % 13 = 0)::int, 1 + (i % 7 = 0)::int, (i % 9 = 0)::int \
+         FROM unnest(ARRAY['stripe', 'github']) AS src, generate_series(1, 31 * 24 * 60 / 17) AS i, \
+              LATERAL (SELECT now() - interval '31 days' + interval '17 minutes' * i \
+                       + CASE WHEN src = 'github' THEN interval '3 minutes' ELSE interval '0' END AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Runs the rollup until no hour of the 29 days is missing; returns the runs it took.
+async fn fill(pool: &PgPool) -> usize {
+    for run in 1..=40 {
+        if delivery_hours::roll(pool).await.unwrap().missing == 0 {
+            return run;
+        }
+    }
+    panic!("the rollup was not filled in 40 runs");
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_first_run_reads_what_the_view_holds_and_the_rest_fills_a_day_a_run(pool: PgPool) {
+    history(&pool).await;
+    let (view_day, view_events) = view(&pool).await;
+    assert!(view_day.len() >= 2 * 24, "{}", view_day.len());
+
+    // The first run after deploy: the last day's figures, and the hours source flow compares
+    // the last complete one with, are complete.
+    let report = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    let (day, events) = rollup(&pool).await;
+    assert_eq!(day, view_day);
+    let flow = source_flow(&pool).await.unwrap();
+    let stripe = flow.iter().find(|f| f.source_id == "stripe").unwrap();
+    assert_eq!(stripe.weeks, 4);
+    assert!(stripe.mean.unwrap() >= 3.0, "{stripe:?}");
+    // The same numbers the view gives the same statement.
+    let judged: Vec<(String, f64, f64)> = sqlx::query_as(
+        "SELECT s.source_id, COALESCE(c.events, 0)::float8, \
+                (SELECT avg(COALESCE(d.events, 0))::float8 FROM generate_series(1, 4) AS w \
+                 LEFT JOIN delivery_hourly AS d ON d.source_id = s.source_id \
+                  AND d.hour = date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w)) \
+         FROM sources AS s LEFT JOIN delivery_hourly AS c ON c.source_id = s.source_id \
+          AND c.hour = date_trunc('hour', now()) - interval '1 hour' WHERE s.enabled ORDER BY 1",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let ours: Vec<(String, f64, f64)> = flow
+        .iter()
+        .map(|f| (f.source_id.clone(), f.last_hour, f.mean.unwrap_or(0.0)))
+        .collect();
+    assert_eq!(ours, judged);
+    let rates: Vec<(String, Option<f64>)> = sqlx::query_as(
+        "SELECT check_name, value FROM anomaly_results WHERE run_id = $1 AND check_name LIKE '%rate_last_day' \
+         ORDER BY check_name",
+    )
+    .bind(report.run_id)
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    let from_view: Vec<(String, Option<f64>)> = sqlx::query_as(
+        "SELECT n, v FROM (SELECT \
+            sum(backfilled)::float8 / NULLIF(sum(events), 0) AS backfill_rate_last_day, \
+            sum(conflicts)::float8 / NULLIF(sum(events), 0) AS conflict_rate_last_day, \
+            sum(redeliveries)::float8 / NULLIF(sum(events), 0) AS duplicate_rate_last_day, \
+            sum(provider_retries)::float8 / NULLIF(sum(events), 0) AS provider_retry_rate_last_day, \
+            sum(retried)::float8 / NULLIF(sum(events), 0) AS retry_rate_last_day \
+          FROM delivery_hourly WHERE hour >= now() - interval '1 day') AS r, \
+         LATERAL (VALUES ('backfill_rate_last_day', backfill_rate_last_day), \
+                         ('conflict_rate_last_day', conflict_rate_last_day), \
+                         ('duplicate_rate_last_day', duplicate_rate_last_day), \
+                         ('provider_retry_rate_last_day', provider_retry_rate_last_day), \
+                         ('retry_rate_last_day', retry_rate_last_day)) AS x(n, v) ORDER BY n",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rates.len(), 5);
+    assert!(
+        rates.iter().all(|(_, v)| v.is_some_and(|v| v > 0.0)),
+        "{rates:?}"
+    );
+    assert_eq!(rates, from_view);
+    // Not the 29 days yet: the older hours come a day per run.
+    assert!(
+        events.len() < view_events.len() / 2,
+        "{} of {}",
+        events.len(),
+        view_events.len()
+    );
+
+    // Each further run computes the last day again and at most FILL_HOURS_PER_RUN others.
+    let mut missing = u64::MAX;
+    let mut runs = 1;
+    loop {
+        let rolled = delivery_hours::roll(&pool).await.unwrap();
+        assert!(
+            rolled.hours <= 26 + 8 + FILL_HOURS_PER_RUN as u64,
+            "{rolled:?}"
+        );
+        assert!(rolled.missing < missing, "{rolled:?}");
+        missing = rolled.missing;
+        runs += 1;
+        if missing == 0 {
+            break;
+        }
+        assert!(runs < 40, "{rolled:?}");
+    }
+    // 28 days before the last: 672 hours, 24 a run.
+    assert!((25..=30).contains(&runs), "{runs}");
+    assert_eq!(rollup(&pool).await, view(&pool).await);
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+
+    // Filled, a run computes the last day only.
+    let steady = delivery_hours::roll(&pool).await.unwrap();
+    assert!((25..=26).contains(&steady.hours), "{steady:?}");
+    assert_eq!(steady.missing, 0);
+    // Nothing of the events older than 29 days (the history starts 31 days ago).
+    let old: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_hours WHERE hour < date_trunc('hour', now() - interval '29 days')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(old, 0);
+}
+
+/// A delivery as ingest would buffer it, received at `received_at_micros`.
+fn buffered(d: &Delivery, delivery_id: &str, received_at_micros: i64) -> BufferedDelivery {
+    let source: Source = source("stripe", TENANT, Scheme::Stripe, "secret/stripe");
+    let verified = shared::signature::verify(
+        source.scheme,
+        &d.headers,
+        &d.body,
+        &SecretSet::new(secret_of(source.scheme), None),
+        source.tolerance,
+        now(),
+    )
+    .expect("a signed test delivery");
+    let kept: BTreeMap<String, String> = shared::prepare::kept_headers(&source, &d.headers)
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let signed_headers = kept
+        .keys()
+        .filter(|h| verified.signs_header(h))
+        .cloned()
+        .collect();
+    BufferedDelivery {
+        envelope: Envelope {
+            v: ENVELOPE_VERSION,
+            delivery_id: delivery_id.to_owned(),
+            source_id: "stripe".to_owned(),
+            received_at_micros,
+            verified_with: verified.secret.as_str().to_owned(),
+            headers: kept,
+            signed_headers,
+        },
+        body: d.body.clone(),
+    }
+}
+
+/// The buffer's consumer files `id`, received at `received_at` (seconds since the epoch).
+async fn file_late(pool: &PgPool, id: &str, received_at: i64) {
+    let d = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        id,
+        now(),
+        json!({}),
+    );
+    let message = Message {
+        message_id: format!("m-{id}"),
+        delivery: Ok(buffered(&d, id, received_at * 1_000_000)),
+    };
+    let filed = filing::file_batch(pool, &[message]).await.unwrap();
+    assert!(matches!(filed[..], [Filed::Stored(_)]), "{filed:?}");
+}
+
+async fn stripe_events_at(pool: &PgPool, hour: i64) -> i64 {
+    sqlx::query_scalar(
+        "SELECT COALESCE((SELECT events FROM delivery_hours WHERE source_id = 'stripe' \
+                          AND hour = to_timestamp($1)), 0)",
+    )
+    .bind(hour as f64)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flow_sees_it(
+    pool: PgPool,
+) {
+    // Created 22 days ago: three weeks of history. 20 stripe events at this hour of the week
+    // in each of the three weeks before, 20 in the last complete hour.
+    sources::apply(&pool, &sources_for_every_scheme())
+        .await
+        .unwrap();
+    sqlx::query("UPDATE sources SET created_at = now() - interval '22 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'stripe-w' || w || '-' || n, 'stripe', 'ping', sha256(convert_to(w || '-' || n, 'UTF8')), 'current', t, t, t, 'processed', t \
+         FROM generate_series(0, 3) AS w, generate_series(1, 20) AS n, \
+              LATERAL (SELECT date_trunc('hour', now()) - interval '1 hour' - make_interval(weeks => w) + interval '10 minutes' AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    fill(&pool).await;
+    let judged: i64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM date_trunc('hour', now()) - interval '1 hour')::int8",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let two_weeks_before = judged - 14 * 24 * 3600;
+    let ten_days_ago = judged - 10 * 24 * 3600;
+    assert_eq!(stripe_events_at(&pool, two_weeks_before).await, 20);
+    let before = &source_flow(&pool).await.unwrap();
+    let before = before.iter().find(|f| f.source_id == "stripe").unwrap();
+    assert_eq!(
+        (before.mean, before.stddev, before.weeks),
+        (Some(20.0), Some(0.0), 3)
+    );
+
+    // The buffer held two deliveries through an outage; the consumer files them days later
+    // with the times ingest received them: two weeks before the judged hour, and ten days ago.
+    file_late(&pool, "evt_late_1", two_weeks_before + 25 * 60).await;
+    file_late(&pool, "evt_late_2", ten_days_ago + 5 * 60).await;
+    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(marks, 2);
+    // Both hours were final: until the next run, the rollup still has them as they were.
+    assert_eq!(stripe_events_at(&pool, two_weeks_before).await, 20);
+    assert_eq!(stripe_events_at(&pool, ten_days_ago).await, 0);
+
+    let report = anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(stripe_events_at(&pool, two_weeks_before).await, 21);
+    assert_eq!(stripe_events_at(&pool, ten_days_ago).await, 1);
+    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(marks, 0);
+    let detail: String = sqlx::query_scalar(
+        "SELECT detail FROM anomaly_results WHERE run_id = $1 AND check_name = 'source_spike' AND subject = 'stripe'",
+    )
+    .bind(report.run_id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(detail, "last hour 20 vs 20.3 ± 0.6 over 3 weeks");
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+    assert_eq!(rollup(&pool).await, view(&pool).await);
+
+    // A delivery of the last hour marks nothing: the last day is computed by every run.
+    file_late(&pool, "evt_recent", now() - 20 * 60).await;
+    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(marks, 0);
+    delivery_hours::roll(&pool).await.unwrap();
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+}
+
+/// Every timestamp of the rollup's tables and of the events moves `interval` into the past, as
+/// if that much time had gone by.
+async fn age(pool: &PgPool, interval: &str) {
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - $1::interval, \
+             first_received_at = first_received_at - $1::interval, last_seen_at = last_seen_at - $1::interval, \
+             processed_at = processed_at - $1::interval",
+        "UPDATE sources SET created_at = created_at - $1::interval",
+        "UPDATE delivery_hours SET hour = hour - $1::interval",
+        "UPDATE delivery_hours_computed SET hour = hour - $1::interval, computed_at = computed_at - $1::interval",
+        "UPDATE delivery_hours_state SET rolled_at = rolled_at - $1::interval",
+        "UPDATE view_refreshes SET refreshed_at = refreshed_at - $1::interval",
+    ] {
+        sqlx::query(sql).bind(interval).execute(pool).await.unwrap();
+    }
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn hours_past_29_days_are_removed_as_time_goes_by(pool: PgPool) {
+    history(&pool).await;
+    fill(&pool).await;
+    // Three days go by without a run (the anomaly function was down): the hours that were the
+    // last day's when it last ran were computed before they ended, and are computed again.
+    age(&pool, "3 days").await;
+    let past: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_hours WHERE hour < date_trunc('hour', now() - interval '29 days')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!(past >= 2 * 2 * 24, "{past}");
+    let rolled = delivery_hours::roll(&pool).await.unwrap();
+    assert_eq!(rolled.forgotten, 0, "{rolled:?}");
+    for table in ["delivery_hours", "delivery_hours_computed"] {
+        let past: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {table} WHERE hour < date_trunc('hour', now() - interval '29 days')"
+        )))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(past, 0, "{table}");
+    }
+    fill(&pool).await;
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+    assert_eq!(rollup(&pool).await, view(&pool).await);
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_run_of_a_previous_build_makes_the_older_hours_computed_again(pool: PgPool) {
+    history(&pool).await;
+    fill(&pool).await;
+    // Rolled back: the previous build's consumer files an event received a week and a half ago
+    // without marking it, and its anomaly run refreshes the view.
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'old-build', 'stripe', 'ping', sha256('old-build'), 'current', t, t, t, 'processed', t \
+         FROM (SELECT now() - interval '10 days 5 hours' AS t) AS at",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY delivery_hourly")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ('delivery_hourly', now()) \
+         ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_ne!(rollup(&pool).await, truth(&pool).await);
+
+    // Rolled forward: the first run forgets every hour older than the last day.
+    let rolled = delivery_hours::roll(&pool).await.unwrap();
+    assert!(rolled.forgotten >= 27 * 24, "{rolled:?}");
+    assert!(rolled.missing > 0, "{rolled:?}");
+    fill(&pool).await;
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+    // And once it has run, it is this build's refresh again: nothing is forgotten.
+    assert_eq!(delivery_hours::roll(&pool).await.unwrap().forgotten, 0);
+}
+
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn identities_purged_within_the_29_days_leave_their_hours(pool: PgPool) {
+    history(&pool).await;
+    fill(&pool).await;
+    // Identities kept 5 days: retention deletes the events of the 24 days before (and older).
+    let settings = shared::retention::RetentionSettings {
+        identity_after: std::time::Duration::from_secs(5 * 24 * 3600),
+        payload_after: std::time::Duration::from_secs(24 * 3600),
+        ..Default::default()
+    };
+    shared::retention::run_once(&pool, &settings, "test")
+        .await
+        .unwrap();
+    let kept: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_events WHERE first_received_at < now() - interval '5 days 1 hour'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(kept, 0);
+    let marked: i64 = sqlx::query_scalar("SELECT count(DISTINCT hour) FROM delivery_hours_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(marked >= 23 * 24, "{marked}");
+    assert_ne!(rollup(&pool).await, truth(&pool).await);
+
+    fill(&pool).await;
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+    assert_eq!(rollup(&pool).await, view(&pool).await);
+}
+
+/// A clock moved by less than an hour (the drill ages every timestamp by its cycle) leaves the
+/// rollup's rows off the hour: the hours computed again replace whatever lies within them, so
+/// no event is counted twice.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn time_moved_by_part_of_an_hour_counts_no_event_twice(pool: PgPool) {
+    history(&pool).await;
+    fill(&pool).await;
+    for _ in 0..3 {
+        age(&pool, "25 minutes").await;
+        delivery_hours::roll(&pool).await.unwrap();
+        assert_eq!(rollup(&pool).await.0, truth(&pool).await.0);
+    }
+    fill(&pool).await;
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+}
