@@ -811,13 +811,17 @@ fn decode(
         Encoding::Text => return Ok(Candidate::of(raw.as_bytes())),
         Encoding::Hex => match expected {
             Some(n) if n <= INLINE_CANDIDATE => {
+                // Decoded in place: exactly n bytes, so the length check below holds.
                 hex_into(raw.as_bytes(), &mut inline[..n]).ok_or_else(|| {
                     malformed(
                         place,
                         format!("signature is not {} hexadecimal characters", 2 * n),
                     )
                 })?;
-                Candidate::of(&inline[..n])
+                return Ok(Candidate::Inline {
+                    bytes: inline,
+                    len: n as u8,
+                });
             }
             _ => Candidate::Heap(
                 hex::decode(raw).map_err(|_| malformed(place, "signature is not hexadecimal"))?,
