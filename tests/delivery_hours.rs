@@ -119,7 +119,9 @@ async fn fill(pool: &PgPool) -> usize {
 async fn the_first_run_reads_what_the_view_holds_and_the_rest_fills_a_day_a_run(pool: PgPool) {
     history(&pool).await;
     let (view_day, view_events) = view(&pool).await;
-    assert!(view_day.len() >= 2 * 24, "{}", view_day.len());
+    // Two sources, each with every hour of the last day but perhaps the current one, which has
+    // no event yet in its first quarter hour (the fixture's newest events are 15 and 12 minutes old).
+    assert!(view_day.len() >= 2 * 23, "{}", view_day.len());
 
     // The first run after deploy: the last day's figures, and the hours source flow compares
     // the last complete one with, are complete.
