@@ -54,6 +54,32 @@ struct Explained {
     plan: serde_json::Value,
 }
 
+/// One connection on which every statement is explained (auto_explain, as JSON notices), and
+/// the notices it raises while the guard lives.
+async fn explaining(pool: &PgPool) -> (PgPool, Notices, tracing::subscriber::DefaultGuard) {
+    let explaining = PgPoolOptions::new()
+        .max_connections(1)
+        .after_connect(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Executor;
+                conn.execute(
+                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
+                     SET auto_explain.log_format = json; SET auto_explain.log_level = notice; \
+                     SET client_min_messages = notice",
+                )
+                .await?;
+                Ok(())
+            })
+        })
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let notices = Notices::default();
+    let guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    (explaining, notices, guard)
+}
+
 fn explained(notices: &Notices) -> Vec<Explained> {
     notices
         .0
@@ -124,27 +150,7 @@ async fn status_and_the_operator_actions_read_webhook_events_only_through_boundi
         .await
         .unwrap();
 
-    // One connection, every statement on it explained.
-    let explaining = PgPoolOptions::new()
-        .max_connections(1)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                use sqlx::Executor;
-                conn.execute(
-                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
-                     SET auto_explain.log_format = json; SET auto_explain.log_level = notice; \
-                     SET client_min_messages = notice",
-                )
-                .await?;
-                Ok(())
-            })
-        })
-        .connect_with(pool.connect_options().as_ref().clone())
-        .await
-        .unwrap();
-    let notices = Notices::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    let (explaining, notices, _guard) = explaining(&pool).await;
 
     let registry = shared::effects::EffectRegistry::standard();
     let requests = serde_json::json!([
@@ -228,26 +234,7 @@ async fn the_delivery_hours_rollup_reads_webhook_events_only_through_bounding_in
     .await
     .unwrap();
 
-    let explaining = PgPoolOptions::new()
-        .max_connections(1)
-        .after_connect(|conn, _| {
-            Box::pin(async move {
-                use sqlx::Executor;
-                conn.execute(
-                    "LOAD 'auto_explain'; SET auto_explain.log_min_duration = 0; \
-                     SET auto_explain.log_format = json; SET auto_explain.log_level = notice; \
-                     SET client_min_messages = notice",
-                )
-                .await?;
-                Ok(())
-            })
-        })
-        .connect_with(pool.connect_options().as_ref().clone())
-        .await
-        .unwrap();
-    let notices = Notices::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(notices.clone()));
+    let (explaining, notices, _guard) = explaining(&pool).await;
     let rolled = shared::store::delivery_hours::roll(&explaining)
         .await
         .unwrap();
