@@ -1562,6 +1562,19 @@ mod tests {
         assert!(!bool::from(same(b"abc", b"abcd")));
     }
 
+    /// Why a GitHub delivery of `b"b"` under the secret `s` with these headers is refused.
+    fn github_refusal(headers: &HeaderMap) -> VerifyError {
+        verify(
+            Scheme::Github,
+            headers,
+            b"b",
+            &secrets("s", None),
+            FIVE_MINUTES,
+            NOW,
+        )
+        .unwrap_err()
+    }
+
     #[test]
     fn a_signature_header_with_bytes_beyond_ascii_is_refused_by_name() {
         // HeaderValue admits bytes of 128 and above (obs-text); they are never a signature.
@@ -1569,15 +1582,7 @@ mod tests {
         let mut value = headers[github::SIGNATURE].as_bytes().to_vec();
         value.push(0xE9);
         headers.insert(github::SIGNATURE, HeaderValue::from_bytes(&value).unwrap());
-        let err = verify(
-            Scheme::Github,
-            &headers,
-            b"b",
-            &secrets("s", None),
-            FIVE_MINUTES,
-            NOW,
-        )
-        .unwrap_err();
+        let err = github_refusal(&headers);
         assert_eq!(
             err,
             VerifyError::MalformedHeader {
@@ -1645,15 +1650,7 @@ mod tests {
         }
         let mut headers = signed(Scheme::Github, "s", NOW, b"b");
         headers.append(github::SIGNATURE, HeaderValue::from_static("sha256=00"));
-        let err = verify(
-            Scheme::Github,
-            &headers,
-            b"b",
-            &secrets("s", None),
-            FIVE_MINUTES,
-            NOW,
-        )
-        .unwrap_err();
+        let err = github_refusal(&headers);
         assert_eq!(
             err,
             VerifyError::MalformedHeader {
