@@ -389,19 +389,26 @@ fn read(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Result<SignedMessage, VerifyError> {
-    let (place, value): (&'static str, Cow<'_, str>) = match (&spec.header, &spec.json) {
+    // The signature's bytes: a header's are ASCII (checked), a JSON field's are text.
+    let (place, value): (&'static str, Cow<'_, [u8]>) = match (&spec.header, &spec.json) {
         (Some(name), _) => (
             name.as_str(),
             Cow::Borrowed(header_parsed(headers, &spec.header_name, name)?),
         ),
-        (None, Some(pointer)) => (pointer.as_str(), Cow::Owned(json_text(body, pointer)?)),
+        (None, Some(pointer)) => (
+            pointer.as_str(),
+            Cow::Owned(json_text(body, pointer)?.into_bytes()),
+        ),
         (None, None) => return Err(unplaced()),
     };
     let expected = expected_len(spec);
     let mut candidates = Candidates::default();
     let mut item_timestamp: Option<&str> = None;
     if let Some(items) = &spec.items {
-        for item in value.split(items.separator.as_str()).map(str::trim) {
+        for item in text(place, &value)?
+            .split(items.separator.as_str())
+            .map(str::trim)
+        {
             let (key, val) = item.split_once(items.pair.as_str()).ok_or_else(|| {
                 malformed(
                     place,
@@ -420,7 +427,7 @@ fn read(
                 }
                 item_timestamp = Some(val);
             } else if key == items.signature {
-                candidates.push(decode(spec, place, val, expected)?);
+                candidates.push(decode(spec, place, val.as_bytes(), expected)?);
                 check_candidate_count(place, candidates.len())?;
             }
             // Other keys (Stripe's v0, schemes added later) are not ours to check.
@@ -438,7 +445,7 @@ fn read(
             ));
         }
     } else if let Some(versions) = &spec.versions {
-        for entry in value
+        for entry in text(place, &value)?
             .split(versions.separator.as_str())
             .filter(|e| !e.is_empty())
         {
@@ -451,7 +458,7 @@ fn read(
                 })?;
             // Other versions (v1a: asymmetric) are another layout's; skip them.
             if version == versions.version {
-                candidates.push(decode(spec, place, signature, expected)?);
+                candidates.push(decode(spec, place, signature.as_bytes(), expected)?);
                 check_candidate_count(place, candidates.len())?;
             }
         }
@@ -462,8 +469,9 @@ fn read(
             ));
         }
     } else {
+        // The plain layout reads bytes: no UTF-8 pass over a value already known to be ASCII.
         let encoded = value
-            .strip_prefix(spec.prefix.as_str())
+            .strip_prefix(spec.prefix.as_bytes())
             .ok_or_else(|| malformed(place, format!("does not start with {}", spec.prefix)))?;
         candidates.push(decode(spec, place, encoded, expected)?);
     }
@@ -476,7 +484,10 @@ fn read(
             } else if let Some(name) = &ts.header {
                 (
                     name.as_str(),
-                    Cow::Borrowed(header_parsed(headers, &ts.header_name, name)?),
+                    Cow::Borrowed(text(
+                        name.as_str(),
+                        header_parsed(headers, &ts.header_name, name)?,
+                    )?),
                 )
             } else if let Some(pointer) = &ts.json {
                 (pointer.as_str(), Cow::Owned(json_text(body, pointer)?))
@@ -587,7 +598,7 @@ fn feed(
                     .unwrap_or_default()
                     .as_bytes(),
             ),
-            Part::Header(name) => sink(header(request.headers, name.as_str())?.as_bytes()),
+            Part::Header(name) => sink(header(request.headers, name.as_str())?),
             Part::Json(pointer) => {
                 if json.is_none() {
                     json = Some(serde_json::from_slice(request.body).map_err(|_| {
@@ -802,17 +813,17 @@ fn expected_len(spec: &SignatureSpec) -> Option<usize> {
 fn decode(
     spec: &SignatureSpec,
     place: &'static str,
-    raw: &str,
+    raw: &[u8],
     expected: Option<usize>,
 ) -> Result<Candidate, VerifyError> {
     use base64::Engine as _;
     let mut inline = [0u8; INLINE_CANDIDATE];
     let candidate = match spec.encoding() {
-        Encoding::Text => return Ok(Candidate::of(raw.as_bytes())),
+        Encoding::Text => return Ok(Candidate::of(raw)),
         Encoding::Hex => match expected {
             Some(n) if n <= INLINE_CANDIDATE => {
                 // Decoded in place: exactly n bytes, so the length check below holds.
-                hex_into(raw.as_bytes(), &mut inline[..n]).ok_or_else(|| {
+                hex_into(raw, &mut inline[..n]).ok_or_else(|| {
                     malformed(
                         place,
                         format!("signature is not {} hexadecimal characters", 2 * n),
@@ -831,10 +842,11 @@ fn decode(
             let (engine, raw) = if spec.encoding() == Encoding::Base64 {
                 (&base64::engine::general_purpose::STANDARD, raw)
             } else {
-                (
-                    &base64::engine::general_purpose::URL_SAFE_NO_PAD,
-                    raw.trim_end_matches('='),
-                )
+                let mut unpadded = raw;
+                while let [rest @ .., b'='] = unpadded {
+                    unpadded = rest;
+                }
+                (&base64::engine::general_purpose::URL_SAFE_NO_PAD, unpadded)
             };
             let not_base64 = || malformed(place, "signature is not base64");
             match engine.decode_slice(raw, &mut inline) {
@@ -1146,23 +1158,23 @@ fn header_parsed<'a>(
     headers: &'a HeaderMap,
     parsed: &ParsedName,
     name: &'static str,
-) -> Result<&'a str, VerifyError> {
+) -> Result<&'a [u8], VerifyError> {
     match parsed.get(name) {
         Some(parsed) => single_value(headers.get_all(parsed).iter(), name),
         None => header(headers, name),
     }
 }
 
-/// The single value of a header, as text. Absent, repeated, oversized or non-ASCII values are
-/// errors, never panics.
-fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a str, VerifyError> {
+/// The single value of a header: its bytes, all ASCII, without the spaces and tabs around them.
+/// Absent, repeated, oversized, empty or non-ASCII values are errors, never panics.
+fn header<'a>(headers: &'a HeaderMap, name: &'static str) -> Result<&'a [u8], VerifyError> {
     single_value(headers.get_all(name).iter(), name)
 }
 
 fn single_value<'a>(
     mut values: http::header::ValueIter<'a, HeaderValue>,
     name: &'static str,
-) -> Result<&'a str, VerifyError> {
+) -> Result<&'a [u8], VerifyError> {
     let value = values
         .next()
         .ok_or(VerifyError::MissingHeader { header: name })?;
@@ -1173,26 +1185,28 @@ fn single_value<'a>(
     if value.len() > MAX_HEADER_LEN {
         return Err(malformed(name, format!("{} bytes long", value.len())));
     }
-    let text = ascii_text(value)
-        .ok_or_else(|| malformed(name, "contains bytes that are not visible ASCII"))?
-        .trim();
-    if text.is_empty() {
-        return Err(malformed(name, "empty"));
-    }
-    Ok(text)
-}
-
-/// A header value as text when it is ASCII: what `HeaderValue::to_str` answers, read a word at a
-/// time. A `HeaderValue` holds only visible ASCII, spaces, tabs and bytes of 128 and above (its
-/// constructors refuse the rest), so the ASCII check alone tells the same values apart;
-/// `to_str` checks byte by byte, which was 90 of the 300 ns the catalogue spent around a 1 KiB
-/// HMAC (./scripts/bench signature).
-fn ascii_text(value: &HeaderValue) -> Option<&str> {
+    // A `HeaderValue` holds only visible ASCII, spaces, tabs and bytes of 128 and above (its
+    // constructors refuse the rest), so the ASCII check alone refuses what `HeaderValue::to_str`
+    // refuses, a word at a time where `to_str` goes byte by byte (90 of the 300 ns the catalogue
+    // once spent around a 1 KiB HMAC), and `trim_ascii` trims what `str::trim` would (spaces
+    // and tabs are the only white space a value can hold).
     let bytes = value.as_bytes();
     if !bytes.is_ascii() {
-        return None;
+        return Err(malformed(name, "contains bytes that are not visible ASCII"));
     }
-    std::str::from_utf8(bytes).ok()
+    let trimmed = bytes.trim_ascii();
+    if trimmed.is_empty() {
+        return Err(malformed(name, "empty"));
+    }
+    Ok(trimmed)
+}
+
+/// ASCII bytes read from `place` as text, for the layouts that split them (`key=value` items,
+/// `<version>,<signature>` entries) or parse them (timestamps). ASCII is always UTF-8, so the
+/// error only answers bytes that reached here some other way.
+fn text<'a>(place: &'static str, bytes: &'a [u8]) -> Result<&'a str, VerifyError> {
+    std::str::from_utf8(bytes)
+        .map_err(|_| malformed(place, "contains bytes that are not visible ASCII"))
 }
 
 fn malformed(header: &'static str, reason: impl Into<String>) -> VerifyError {
