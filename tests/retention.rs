@@ -1,0 +1,106 @@
+//! Retention at a steady rate (issue 26, point 4): a run takes everything past its horizons,
+//! however many batches that is, as long as its time allows; each statement stays one bounded
+//! batch.
+
+use pipeline_tests::drain::scalar;
+use shared::retention::RetentionSettings;
+use sqlx::PgPool;
+
+/// Batches of ten: the old cap of a run (`max_batches` 20) was 200 identities and 200 payloads,
+/// as the defaults' 5000 x 20 was 100 000 a run, 2.4 M a day at the hourly schedule.
+fn small_batches() -> RetentionSettings {
+    RetentionSettings {
+        batch_size: 10,
+        ..Default::default()
+    }
+}
+
+async fn source(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, external_id_from, event_type_from) \
+         VALUES ('steady', 'acme', 'stripe', 'steady', 'json:/id', 'json:/type')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `count` processed events named `<prefix>-<n>`, the first received `age` ago and one a second
+/// after it, each with a 1 KiB payload or none (purged already, or never copied: a held replay).
+async fn processed(pool: &PgPool, prefix: &str, count: i64, age: &str, payload: bool) {
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload, payload_sha256, \
+             verified_with, received_at, first_received_at, last_seen_at, status, attempts, processed_at, expects) \
+         SELECT 'acme', $1 || '-' || i, 'steady', 'thing.updated', \
+                CASE WHEN $4 THEN convert_to(repeat(md5($1 || i), 32), 'UTF8') END, \
+                sha256(convert_to($1 || i, 'UTF8')), 'current', t, t, t, 'processed', 1, t, 'nothing' \
+         FROM (SELECT i, now() - $3::interval + make_interval(secs => i) AS t \
+               FROM generate_series(1, $2) AS i) AS g",
+    )
+    .bind(prefix)
+    .bind(count)
+    .bind(age)
+    .bind(payload)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// More events past each horizon than one run could take under the old cap: one run, with
+/// time to spare, takes them all (retention at 100 events/s needs 360 000 a run of each).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn one_run_purges_everything_past_its_horizons_however_many_batches_it_takes(pool: PgPool) {
+    source(&pool).await;
+    // 450 events past the identity horizon (30 days) that still have their payloads (retention
+    // fell behind on both), 350 past the payload horizon (7 days) only, 50 of the last hour.
+    processed(&pool, "old", 450, "40 days", true).await;
+    processed(&pool, "week", 350, "10 days", true).await;
+    processed(&pool, "fresh", 50, "1 hour", true).await;
+
+    let run = shared::retention::run_once(&pool, &small_batches(), "test")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE first_received_at < now() - interval '30 days'"
+        )
+        .await,
+        0,
+        "every event past the identity horizon is purged: {run:?}"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL \
+             AND first_received_at < now() - interval '7 days'"
+        )
+        .await,
+        0,
+        "every payload past the payload horizon is purged: {run:?}"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE external_id LIKE 'week-%' OR external_id LIKE 'fresh-%'"
+        )
+        .await,
+        400,
+        "the events within the identity horizon are kept"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE external_id LIKE 'fresh-%' AND payload IS NOT NULL"
+        )
+        .await,
+        50,
+        "the last hour's payloads are kept"
+    );
+    assert_eq!(run.identities_purged, 450, "{run:?}");
+    assert!(
+        (350..=800).contains(&run.payloads_purged),
+        "the 350 of the week, and those of the 450 older the identity purge had not reached yet: {run:?}"
+    );
+}
