@@ -2,6 +2,8 @@
 //! however many batches that is, as long as its time allows; each statement stays one bounded
 //! batch.
 
+use std::time::{Duration, Instant};
+
 use pipeline_tests::drain::scalar;
 use shared::retention::RetentionSettings;
 use sqlx::PgPool;
@@ -102,5 +104,55 @@ async fn one_run_purges_everything_past_its_horizons_however_many_batches_it_tak
     assert!(
         (350..=800).contains(&run.payloads_purged),
         "the 350 of the week, and those of the 450 older the identity purge had not reached yet: {run:?}"
+    );
+}
+
+/// A run whose time is up starts no batch: it says which purges it cut short (in its outcome
+/// and its run row, completed), and the next run goes on from there.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_run_out_of_time_starts_no_batch_and_the_next_goes_on(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "old", 450, "40 days", false).await;
+
+    let late = shared::retention::run_until(&pool, &small_batches(), "test", Instant::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (late.payloads_purged, late.identities_purged),
+        (0, 0),
+        "{late:?}"
+    );
+    assert!(late.cut_short.contains(&"identities"), "{late:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        450
+    );
+    let (status, cut_short): (String, serde_json::Value) = sqlx::query_as(
+        "SELECT status, found->'cut_short' FROM maintenance_runs WHERE job = 'retention'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(status, "completed");
+    assert!(
+        cut_short
+            .as_array()
+            .is_some_and(|a| a.contains(&"identities".into())),
+        "{cut_short}"
+    );
+
+    let next = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next.identities_purged, 450, "{next:?}");
+    assert!(next.cut_short.is_empty(), "{next:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        0
     );
 }
