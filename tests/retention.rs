@@ -156,3 +156,33 @@ async fn a_run_out_of_time_starts_no_batch_and_the_next_goes_on(pool: PgPool) {
         0
     );
 }
+
+/// The payload purge walks events in the order they arrived, from where its last batch
+/// stopped: a batch in which it clears nothing (events without a payload to clear: held
+/// replays, whose bytes are never copied) is not the end of the events past the horizon.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_batch_with_no_payload_to_clear_does_not_end_the_payload_purge(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "held", 20, "10 days", false).await;
+    processed(&pool, "kept", 30, "9 days", true).await;
+
+    let run = shared::retention::run_once(&pool, &small_batches(), "test")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL"
+        )
+        .await,
+        0,
+        "the payloads after the 20 without one are purged in the same run: {run:?}"
+    );
+    assert_eq!(run.payloads_purged, 30, "{run:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        50,
+        "no identity is past its horizon"
+    );
+}
