@@ -186,3 +186,28 @@ async fn a_batch_with_no_payload_to_clear_does_not_end_the_payload_purge(pool: P
         "no identity is past its horizon"
     );
 }
+
+/// More events received at one instant than a batch: the payload cursor cannot pass them (it
+/// stands at an instant), so the run stops walking them rather than walk the same batch again
+/// until its time is up.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "burst", 25, "10 days", true).await;
+    sqlx::query("UPDATE webhook_events SET received_at = now() - interval '10 days', first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let run = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert!(run.cut_short.is_empty(), "{run:?}");
+    assert!(run.payloads_purged >= 10, "{run:?}");
+}

@@ -259,10 +259,10 @@ impl Purge {
                 full(pass.examined)
             }
             Purge::Payloads => {
-                let n =
+                let batch =
                     retention::purge_payloads(pool, s.payload_after.as_secs_f64(), limit).await?;
-                outcome.payloads_purged += n;
-                n > 0
+                outcome.payloads_purged += batch.purged;
+                full(batch.examined) && batch.moved
             }
             Purge::DeadLetterPayloads => {
                 let n = retention::purge_closed_dead_letter_payloads(

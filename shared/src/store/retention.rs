@@ -5,16 +5,30 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
+/// What one batch of [`purge_payloads`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadBatch {
+    /// Events the cursor walked over (with a payload or not): fewer than the limit when it
+    /// reached the horizon.
+    pub examined: u64,
+    /// Of those, payloads cleared.
+    pub purged: u64,
+    /// The cursor moved on. It stays when every event examined was received at the instant it
+    /// already stood at (more such events than a batch): another batch would walk them again.
+    pub moved: bool,
+}
+
 /// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
 /// resuming from the stored cursor (which moves past what was examined). An examined event it
 /// could not clear (still pending: the drain needs its payload) is listed in
-/// `payloads_awaiting_processing` for [`purge_processed_since_passed`]. Returns how many
-/// payloads were cleared.
+/// `payloads_awaiting_processing` for [`purge_processed_since_passed`]; one with no payload
+/// (a held replay, whose bytes are never copied) is walked over. A batch that clears nothing
+/// is therefore not the last: the walk ends when a batch examines fewer than `limit`.
 pub async fn purge_payloads(
     executor: impl PgExecutor<'_>,
     age_seconds: f64,
     limit: i64,
-) -> Result<u64, StoreError> {
+) -> Result<PayloadBatch, StoreError> {
     const SQL: &str = "WITH cursor AS ( \
              SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
          batch AS ( \
@@ -39,13 +53,18 @@ pub async fn purge_payloads(
              SELECT 'payloads', reached FROM (SELECT max(first_received_at) AS reached FROM batch) AS r \
              WHERE reached IS NOT NULL \
              ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through) \
-         SELECT count(*) FROM purged";
-    let purged: i64 = sqlx::query_scalar(SQL)
+         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged), \
+                COALESCE((SELECT max(first_received_at) FROM batch) > (SELECT through FROM cursor), false)";
+    let (examined, purged, moved): (i64, i64, bool) = sqlx::query_as(SQL)
         .bind(age_seconds)
         .bind(limit)
         .fetch_one(executor)
         .await?;
-    Ok(purged as u64)
+    Ok(PayloadBatch {
+        examined: examined as u64,
+        purged: purged as u64,
+        moved,
+    })
 }
 
 /// What one look at the events the payload cursor passed while pending found.
