@@ -19,7 +19,8 @@ pub struct PayloadBatch {
 }
 
 /// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
-/// resuming from the stored cursor (which moves past what was examined). An examined event it
+/// resuming from the stored cursor (which moves past what was examined; a bound of the time
+/// index's range, so a batch reads from it on, not every older event). An examined event it
 /// could not clear (still pending: the drain needs its payload) is listed in
 /// `payloads_awaiting_processing` for [`purge_processed_since_passed`]; one with no payload
 /// (a held replay, whose bytes are never copied) is walked over. A batch that clears nothing
@@ -33,8 +34,8 @@ pub async fn purge_payloads(
              SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
          batch AS ( \
              SELECT e.tenant_id, e.external_id, e.first_received_at, e.payload IS NOT NULL AS has_payload \
-             FROM webhook_events AS e, cursor \
-             WHERE e.first_received_at >= cursor.through \
+             FROM webhook_events AS e \
+             WHERE e.first_received_at >= (SELECT through FROM cursor) \
                AND e.first_received_at < now() - make_interval(secs => $1) \
              ORDER BY e.first_received_at LIMIT $2), \
          purged AS ( \
