@@ -328,3 +328,52 @@ async fn the_payload_purge_reads_webhook_events_from_its_cursor(pool: PgPool) {
         "a batch of {LIMIT} read more rows of webhook_events than it examined: {walked:?}"
     );
 }
+
+/// The anomaly check on retention's lag (`identity_purge_lag_seconds`) reads webhook_events
+/// through the time index, from the oldest event to the first the identity purge may delete:
+/// here the oldest itself, one row, nine days of the fill past a 20-day horizon.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    sqlx::query(
+        "INSERT INTO maintenance_runs (job, trigger, status, finished_at, found) \
+         VALUES ('retention', 'test', 'completed', now(), '{\"identity_horizon_seconds\": 1728000}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let check = shared::store::anomaly::GLOBAL_CHECKS
+        .iter()
+        .find(|c| c.name == "identity_purge_lag_seconds")
+        .unwrap();
+
+    let (explaining, notices, _guard) = explaining(&pool).await;
+    sqlx::query("SET auto_explain.log_analyze = on")
+        .execute(&explaining)
+        .await
+        .unwrap();
+    let lag = shared::store::anomaly::measure(&explaining, check)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(_guard);
+    assert!(
+        (8.5 * 86400.0..9.0 * 86400.0).contains(&lag),
+        "the oldest event is 29 days old: {lag}"
+    );
+
+    let plans = explained(&notices);
+    let plan = plans
+        .iter()
+        .find(|p| p.query.contains("identity_horizon_seconds"))
+        .expect("the check was explained");
+    let (mut count, mut wrong) = (0, Vec::new());
+    unbounded_reads(&plan.plan, &mut count, &mut wrong);
+    assert!(wrong.is_empty(), "unbounded reads: {wrong:?}");
+    let mut reads = Vec::new();
+    event_reads(&plan.plan, &mut reads);
+    assert!(
+        !reads.is_empty() && reads.iter().all(|(_, rows)| *rows <= 1.0),
+        "{reads:?}"
+    );
+}

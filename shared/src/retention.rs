@@ -120,7 +120,8 @@ pub struct RetentionOutcome {
 pub const RUN_TIME: Duration = Duration::from_secs(297);
 
 /// A run's counts as its run row keeps them: what it purged (`repaired`), and the identity
-/// horizon it purged to with the purges it cut short (`found`).
+/// horizon it purged to with the purges it cut short (`found`). The anomaly check
+/// `identity_purge_lag_seconds` measures against that horizon.
 struct Recorded {
     outcome: RetentionOutcome,
     identity_horizon: Duration,

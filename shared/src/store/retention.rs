@@ -119,6 +119,28 @@ pub struct IdentitiesPurged {
     pub closed_dead_letters: u64,
 }
 
+/// The events the identity purge may delete, as an SQL condition on `webhook_events AS e`, the
+/// horizon in seconds being the SQL expression `$h`: finished (processed, or dead-lettered),
+/// neither received nor seen within the horizon, with no open dead letter nor one closed
+/// within it, no outbox row still to deliver or to decide, and no queue row. One text for the
+/// purge and for the anomaly check that measures how far it lags
+/// (`identity_purge_lag_seconds`), so the two cannot disagree on what is due.
+macro_rules! identity_purgeable {
+    ($h:literal) => {
+        concat!(
+            "e.first_received_at < now() - make_interval(secs => ", $h, ") \
+               AND e.last_seen_at < now() - make_interval(secs => ", $h, ") \
+               AND e.status IN ('processed', 'dead_lettered') \
+               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id \
+                               AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => ", $h, "))) \
+               AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
+                               AND o.status IN ('pending', 'failed')) \
+               AND NOT EXISTS (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id)"
+        )
+    };
+}
+pub(crate) use identity_purgeable;
+
 /// Deletes up to `limit` finished events (processed, or dead-lettered with the letter closed)
 /// neither received nor seen within `horizon_seconds`, with their outbox rows and their closed
 /// dead letters. Kept: an event with an open dead letter (the letter needs it, however old), or
@@ -132,17 +154,11 @@ pub async fn purge_identities(
     horizon_seconds: f64,
     limit: i64,
 ) -> Result<IdentitiesPurged, StoreError> {
-    const SQL: &str = "WITH batch AS ( \
-             SELECT e.tenant_id, e.external_id FROM webhook_events AS e \
-             WHERE e.first_received_at < now() - make_interval(secs => $1) \
-               AND e.last_seen_at < now() - make_interval(secs => $1) \
-               AND e.status IN ('processed', 'dead_lettered') \
-               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id \
-                               AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => $1))) \
-               AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
-                               AND o.status IN ('pending', 'failed')) \
-               AND NOT EXISTS (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id) \
-             ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+    const SQL: &str = concat!(
+        "WITH batch AS ( \
+             SELECT e.tenant_id, e.external_id FROM webhook_events AS e WHERE ",
+        identity_purgeable!("$1"),
+        " ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          letters_gone AS ( \
              DELETE FROM dead_letters AS d USING batch \
              WHERE d.tenant_id = batch.tenant_id AND d.external_id = batch.external_id RETURNING 1), \
@@ -159,7 +175,8 @@ pub async fn purge_identities(
              INSERT INTO delivery_hours_dirty (source_id, hour) \
              SELECT DISTINCT source_id, date_trunc('hour', first_received_at) FROM gone \
              WHERE first_received_at >= date_trunc('hour', now() - make_interval(days => $3::int))) \
-         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)";
+         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)"
+    );
     let (events, letters): (i64, i64) = sqlx::query_as(SQL)
         .bind(horizon_seconds)
         .bind(limit)
