@@ -357,8 +357,9 @@ async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPo
         .unwrap()
         .unwrap();
     drop(_guard);
+    // The oldest event was 29 days old when the fill wrote it, a few seconds or minutes ago.
     assert!(
-        (8.5 * 86400.0..9.0 * 86400.0).contains(&lag),
+        (9.0 * 86400.0 - 60.0..9.0 * 86400.0 + 3600.0).contains(&lag),
         "the oldest event is 29 days old: {lag}"
     );
 
