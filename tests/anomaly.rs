@@ -139,6 +139,75 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
     assert!(value > 7000.0 && high == 900.0, "{value} {high}");
 }
 
+/// Retention falling behind shows: events the identity purge may delete that are hours past the
+/// horizon the latest retention run purged to breach `identity_purge_lag_seconds`; an older
+/// event retention keeps (its dead letter is open) is not counted; a run that catches up
+/// clears it.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn identities_left_past_their_horizon_breach_the_purge_lag(pool: PgPool) {
+    healthy(&pool).await;
+    let lag = |run_id: i64| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_as::<_, (Option<f64>, bool)>(
+                "SELECT value, breached FROM anomaly_results WHERE run_id = $1 \
+                 AND check_name = 'identity_purge_lag_seconds'",
+            )
+            .bind(run_id)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let settings = AnomalySettings::default();
+    let caught_up = anomaly::run_once(&pool, &settings, "test").await.unwrap();
+    assert_eq!(lag(caught_up.run_id).await, (Some(0.0), false));
+
+    // Three events 5 hours past the 30-day horizon, their effects delivered; one 60 days old
+    // whose dead letter is open.
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query(
+        "UPDATE webhook_events SET first_received_at = now() - interval '30 days 5 hours', \
+             last_seen_at = now() - interval '30 days 5 hours' WHERE external_id IN ('ok-0', 'ok-1', 'ok-2')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "WITH e AS (UPDATE webhook_events SET status = 'dead_lettered', \
+                 first_received_at = now() - interval '60 days', last_seen_at = now() - interval '60 days' \
+             WHERE external_id = 'ok-3' RETURNING tenant_id, external_id, source_id, event_type, payload, headers, attempts) \
+         INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
+         SELECT tenant_id, external_id, source_id, event_type, payload, headers, 'refused', 'fatal', attempts FROM e",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let behind = anomaly::run_once(&pool, &settings, "test").await.unwrap();
+    let (value, breached) = lag(behind.run_id).await;
+    let value = value.unwrap();
+    assert!(
+        breached && (5.0 * 3600.0 - 60.0..5.0 * 3600.0 + 60.0).contains(&value),
+        "five hours behind, the dead-lettered event not counted: {value} {breached}"
+    );
+    assert!(
+        behind
+            .breaches
+            .contains(&"identity_purge_lag_seconds".to_owned())
+    );
+
+    let purged = shared::retention::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 3, "{purged:?}");
+    let again = anomaly::run_once(&pool, &settings, "test").await.unwrap();
+    assert_eq!(lag(again.run_id).await, (Some(0.0), false));
+}
+
 /// 20 processed events for each of `sources` in the last complete hour's hour of the week, in
 /// each of the three weeks before.
 async fn steady_history(pool: &PgPool, sources: &[&str]) {

@@ -66,6 +66,66 @@ async fn the_drain_function_stops_at_its_deadline(pool: PgPool) {
     assert_eq!(queue_len(&pool).await, 1);
 }
 
+/// The retention function purges until nothing is past its horizons, within its deadline: with
+/// two seconds left and a three-second margin it starts no batch and says so.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_retention_function_purges_within_its_deadline(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    for i in 0..30 {
+        let d = entity_event(&format!("r-{i}"), &format!("x-{i}"), 1, "thing.updated");
+        app.post(ENTITIES, d.headers, &d.body).await;
+    }
+    drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(10)).await;
+    sqlx::query(
+        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
+             last_seen_at = now() - interval '40 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let settings = shared::retention::RetentionSettings {
+        batch_size: 10,
+        ..Default::default()
+    };
+
+    let late = ::retention::handler(
+        scheduled(Duration::from_secs(2)),
+        &pool,
+        &settings,
+        Duration::from_secs(3),
+    )
+    .await
+    .unwrap();
+    assert_eq!(late.identities_purged, 0, "{late:?}");
+    assert!(late.cut_short.contains(&"identities"), "{late:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        30
+    );
+
+    let done = ::retention::handler(
+        scheduled(Duration::from_secs(60)),
+        &pool,
+        &settings,
+        Duration::from_secs(3),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        (done.identities_purged, done.cut_short.len()),
+        (30, 0),
+        "{done:?}"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        0
+    );
+}
+
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_operator_function_replays_lists_and_triages(pool: PgPool) {
     let app = app(pool.clone()).await;

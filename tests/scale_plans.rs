@@ -267,3 +267,114 @@ async fn the_delivery_hours_rollup_reads_webhook_events_only_through_bounding_in
     assert!(reads >= 1, "the rollup read webhook_events ({reads} reads)");
     assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
 }
+
+/// Every node of `plan` (and below) that reads `webhook_events` or one of its indexes, with the
+/// rows it really returned (auto_explain's `log_analyze`).
+fn event_reads(plan: &serde_json::Value, out: &mut Vec<(String, f64)>) {
+    let text = |k: &str| plan[k].as_str().unwrap_or_default();
+    if text("Relation Name") == "webhook_events"
+        || text("Index Name").starts_with("webhook_events_")
+    {
+        let name = format!("{} {}", text("Node Type"), text("Index Name"));
+        let rows = plan["Actual Rows"].as_f64().unwrap_or_default()
+            * plan["Actual Loops"].as_f64().unwrap_or(1.0);
+        out.push((name, rows));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        event_reads(child, out);
+    }
+}
+
+/// Retention's payload purge resumes where its cursor stopped: a batch reads the events from the
+/// cursor on, not every event from the oldest kept (three weeks of them at the default horizons,
+/// 180 M rows at 100 events/s) to filter out those before it.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_payload_purge_reads_webhook_events_from_its_cursor(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    // The purge has walked every event older than eight days.
+    sqlx::query(
+        "INSERT INTO retention_cursors (name, through) VALUES ('payloads', now() - interval '8 days')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    const LIMIT: i64 = 1000;
+
+    let (explaining, notices, _guard) = explaining(&pool).await;
+    sqlx::query("SET auto_explain.log_analyze = on")
+        .execute(&explaining)
+        .await
+        .unwrap();
+    let batch = shared::store::retention::purge_payloads(&explaining, 7.0 * 24.0 * 3600.0, LIMIT)
+        .await
+        .unwrap();
+    drop(_guard);
+    assert_eq!(batch.examined, LIMIT as u64, "{batch:?}");
+
+    let plans = explained(&notices);
+    let purge = plans
+        .iter()
+        .find(|p| p.query.contains("retention_cursors"))
+        .expect("the payload purge was explained");
+    let mut reads = Vec::new();
+    event_reads(&purge.plan, &mut reads);
+    assert!(!reads.is_empty(), "the purge read webhook_events");
+    let walked: Vec<_> = reads
+        .iter()
+        .filter(|(_, rows)| *rows > (LIMIT + 1) as f64)
+        .collect();
+    assert!(
+        walked.is_empty(),
+        "a batch of {LIMIT} read more rows of webhook_events than it examined: {walked:?}"
+    );
+}
+
+/// The anomaly check on retention's lag (`identity_purge_lag_seconds`) reads webhook_events
+/// through the time index, from the oldest event to the first the identity purge may delete:
+/// here the oldest itself, one row, nine days of the fill past a 20-day horizon.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    sqlx::query(
+        "INSERT INTO maintenance_runs (job, trigger, status, finished_at, found) \
+         VALUES ('retention', 'test', 'completed', now(), '{\"identity_horizon_seconds\": 1728000}')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let check = shared::store::anomaly::GLOBAL_CHECKS
+        .iter()
+        .find(|c| c.name == "identity_purge_lag_seconds")
+        .unwrap();
+
+    let (explaining, notices, _guard) = explaining(&pool).await;
+    sqlx::query("SET auto_explain.log_analyze = on")
+        .execute(&explaining)
+        .await
+        .unwrap();
+    let lag = shared::store::anomaly::measure(&explaining, check)
+        .await
+        .unwrap()
+        .unwrap();
+    drop(_guard);
+    // The oldest event was 29 days old when the fill wrote it, a few seconds or minutes ago.
+    assert!(
+        (9.0 * 86400.0 - 60.0..9.0 * 86400.0 + 3600.0).contains(&lag),
+        "the oldest event is 29 days old: {lag}"
+    );
+
+    let plans = explained(&notices);
+    let plan = plans
+        .iter()
+        .find(|p| p.query.contains("identity_horizon_seconds"))
+        .expect("the check was explained");
+    let (mut count, mut wrong) = (0, Vec::new());
+    unbounded_reads(&plan.plan, &mut count, &mut wrong);
+    assert!(wrong.is_empty(), "unbounded reads: {wrong:?}");
+    let mut reads = Vec::new();
+    event_reads(&plan.plan, &mut reads);
+    assert!(
+        !reads.is_empty() && reads.iter().all(|(_, rows)| *rows <= 1.0),
+        "{reads:?}"
+    );
+}

@@ -430,7 +430,18 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         })
     }
 
+    /// `RETENTION_*`. `RETENTION_MAX_BATCHES` is refused: it capped a run at that many batches
+    /// of each purge, and a run now purges until nothing is past its horizons or its time is up.
     pub fn retention(&self) -> Result<crate::retention::RetentionSettings, ConfigError> {
+        if self.get("RETENTION_MAX_BATCHES").is_some() {
+            return Err(ConfigError::Invalid {
+                var: "RETENTION_MAX_BATCHES",
+                reason: "is no longer read: a retention run purges until nothing is past its \
+                         horizons or it is DEADLINE_MARGIN_MS from its timeout; unset it (a \
+                         cap per run let the table outgrow retention at a steady rate)"
+                    .into(),
+            });
+        }
         let d = crate::retention::RetentionSettings::default();
         let s = crate::retention::RetentionSettings {
             payload_after: self.seconds("RETENTION_PAYLOAD_SECONDS", d.payload_after)?,
@@ -438,7 +449,6 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             history_after: self.seconds("RETENTION_HISTORY_SECONDS", d.history_after)?,
             replay_after: self.seconds("RETENTION_REPLAY_SECONDS", d.replay_after)?,
             batch_size: self.parsed("RETENTION_BATCH_SIZE", d.batch_size)?,
-            max_batches: self.parsed("RETENTION_MAX_BATCHES", d.max_batches)?,
         };
         s.validate().map_err(|reason| ConfigError::Invalid {
             var: "RETENTION_*",
@@ -1040,5 +1050,31 @@ mod tests {
             .ingest()
             .unwrap();
         assert_eq!(off.stale_if_error, Duration::ZERO);
+    }
+
+    #[test]
+    fn retention_refuses_the_batch_cap_it_no_longer_reads() {
+        let r = vars(&[("RETENTION_BATCH_SIZE", "1000")])
+            .retention()
+            .unwrap();
+        assert_eq!(r.batch_size, 1000);
+        let capped = vars(&[("RETENTION_MAX_BATCHES", "20")]).retention();
+        assert!(
+            matches!(
+                capped,
+                Err(ConfigError::Invalid {
+                    var: "RETENTION_MAX_BATCHES",
+                    ..
+                })
+            ),
+            "{:?}",
+            capped.err().map(|e| e.to_string())
+        );
+        assert!(vars(&[("RETENTION_BATCH_SIZE", "0")]).retention().is_err());
+        assert!(
+            vars(&[("RETENTION_BATCH_SIZE", "50001")])
+                .retention()
+                .is_err()
+        );
     }
 }

@@ -322,6 +322,27 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         Some(0.0),
         Some(3.0 * 3600.0),
     ),
+    // Issue 26: retention falling behind. How long the oldest event the identity purge may
+    // delete has been past the horizon (the horizon the latest completed retention run purged
+    // to, from its run row): an hourly run leaves at most about an hour's, so three hours mean
+    // runs cut short by their time, failing, or not running. A walk of the time index from the
+    // oldest event, over those retention keeps (open dead letters, undecided outbox rows,
+    // queued or pending events: few) to the first it may delete.
+    check(
+        "identity_purge_lag_seconds",
+        "machinery",
+        concat!(
+            "WITH h AS (SELECT (found->>'identity_horizon_seconds')::float8 AS secs FROM maintenance_runs \
+                 WHERE job = 'retention' AND status = 'completed' AND found->>'identity_horizon_seconds' IS NOT NULL \
+                 ORDER BY run_id DESC LIMIT 1) \
+             SELECT COALESCE((SELECT EXTRACT(EPOCH FROM now() - make_interval(secs => h.secs) - e.first_received_at)::float8 \
+                 FROM webhook_events AS e WHERE ",
+            super::retention::identity_purgeable!("h.secs"),
+            " ORDER BY e.first_received_at LIMIT 1), 0)::float8 FROM h"
+        ),
+        Some(0.0),
+        Some(3.0 * 3600.0),
+    ),
     check(
         "maintenance_lock_held_seconds",
         "machinery",

@@ -5,22 +5,37 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
+/// What one batch of [`purge_payloads`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PayloadBatch {
+    /// Events the cursor walked over (with a payload or not): fewer than the limit when it
+    /// reached the horizon.
+    pub examined: u64,
+    /// Of those, payloads cleared.
+    pub purged: u64,
+    /// The cursor moved on. It stays when every event examined was received at the instant it
+    /// already stood at (more such events than a batch): another batch would walk them again.
+    pub moved: bool,
+}
+
 /// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
-/// resuming from the stored cursor (which moves past what was examined). An examined event it
+/// resuming from the stored cursor (which moves past what was examined; a bound of the time
+/// index's range, so a batch reads from it on, not every older event). An examined event it
 /// could not clear (still pending: the drain needs its payload) is listed in
-/// `payloads_awaiting_processing` for [`purge_processed_since_passed`]. Returns how many
-/// payloads were cleared.
+/// `payloads_awaiting_processing` for [`purge_processed_since_passed`]; one with no payload
+/// (a held replay, whose bytes are never copied) is walked over. A batch that clears nothing
+/// is therefore not the last: the walk ends when a batch examines fewer than `limit`.
 pub async fn purge_payloads(
     executor: impl PgExecutor<'_>,
     age_seconds: f64,
     limit: i64,
-) -> Result<u64, StoreError> {
+) -> Result<PayloadBatch, StoreError> {
     const SQL: &str = "WITH cursor AS ( \
              SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
          batch AS ( \
              SELECT e.tenant_id, e.external_id, e.first_received_at, e.payload IS NOT NULL AS has_payload \
-             FROM webhook_events AS e, cursor \
-             WHERE e.first_received_at >= cursor.through \
+             FROM webhook_events AS e \
+             WHERE e.first_received_at >= (SELECT through FROM cursor) \
                AND e.first_received_at < now() - make_interval(secs => $1) \
              ORDER BY e.first_received_at LIMIT $2), \
          purged AS ( \
@@ -39,13 +54,18 @@ pub async fn purge_payloads(
              SELECT 'payloads', reached FROM (SELECT max(first_received_at) AS reached FROM batch) AS r \
              WHERE reached IS NOT NULL \
              ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through) \
-         SELECT count(*) FROM purged";
-    let purged: i64 = sqlx::query_scalar(SQL)
+         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged), \
+                COALESCE((SELECT max(first_received_at) FROM batch) > (SELECT through FROM cursor), false)";
+    let (examined, purged, moved): (i64, i64, bool) = sqlx::query_as(SQL)
         .bind(age_seconds)
         .bind(limit)
         .fetch_one(executor)
         .await?;
-    Ok(purged as u64)
+    Ok(PayloadBatch {
+        examined: examined as u64,
+        purged: purged as u64,
+        moved,
+    })
 }
 
 /// What one look at the events the payload cursor passed while pending found.
@@ -99,6 +119,28 @@ pub struct IdentitiesPurged {
     pub closed_dead_letters: u64,
 }
 
+/// The events the identity purge may delete, as an SQL condition on `webhook_events AS e`, the
+/// horizon in seconds being the SQL expression `$h`: finished (processed, or dead-lettered),
+/// neither received nor seen within the horizon, with no open dead letter nor one closed
+/// within it, no outbox row still to deliver or to decide, and no queue row. One text for the
+/// purge and for the anomaly check that measures how far it lags
+/// (`identity_purge_lag_seconds`), so the two cannot disagree on what is due.
+macro_rules! identity_purgeable {
+    ($h:literal) => {
+        concat!(
+            "e.first_received_at < now() - make_interval(secs => ", $h, ") \
+               AND e.last_seen_at < now() - make_interval(secs => ", $h, ") \
+               AND e.status IN ('processed', 'dead_lettered') \
+               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id \
+                               AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => ", $h, "))) \
+               AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
+                               AND o.status IN ('pending', 'failed')) \
+               AND NOT EXISTS (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id)"
+        )
+    };
+}
+pub(crate) use identity_purgeable;
+
 /// Deletes up to `limit` finished events (processed, or dead-lettered with the letter closed)
 /// neither received nor seen within `horizon_seconds`, with their outbox rows and their closed
 /// dead letters. Kept: an event with an open dead letter (the letter needs it, however old), or
@@ -112,17 +154,11 @@ pub async fn purge_identities(
     horizon_seconds: f64,
     limit: i64,
 ) -> Result<IdentitiesPurged, StoreError> {
-    const SQL: &str = "WITH batch AS ( \
-             SELECT e.tenant_id, e.external_id FROM webhook_events AS e \
-             WHERE e.first_received_at < now() - make_interval(secs => $1) \
-               AND e.last_seen_at < now() - make_interval(secs => $1) \
-               AND e.status IN ('processed', 'dead_lettered') \
-               AND NOT EXISTS (SELECT 1 FROM dead_letters AS d WHERE d.tenant_id = e.tenant_id AND d.external_id = e.external_id \
-                               AND (d.status IN ('new', 'investigating') OR d.updated_at >= now() - make_interval(secs => $1))) \
-               AND NOT EXISTS (SELECT 1 FROM outbox AS o WHERE o.tenant_id = e.tenant_id AND o.external_id = e.external_id \
-                               AND o.status IN ('pending', 'failed')) \
-               AND NOT EXISTS (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id) \
-             ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
+    const SQL: &str = concat!(
+        "WITH batch AS ( \
+             SELECT e.tenant_id, e.external_id FROM webhook_events AS e WHERE ",
+        identity_purgeable!("$1"),
+        " ORDER BY e.first_received_at LIMIT $2 FOR UPDATE SKIP LOCKED), \
          letters_gone AS ( \
              DELETE FROM dead_letters AS d USING batch \
              WHERE d.tenant_id = batch.tenant_id AND d.external_id = batch.external_id RETURNING 1), \
@@ -139,7 +175,8 @@ pub async fn purge_identities(
              INSERT INTO delivery_hours_dirty (source_id, hour) \
              SELECT DISTINCT source_id, date_trunc('hour', first_received_at) FROM gone \
              WHERE first_received_at >= date_trunc('hour', now() - make_interval(days => $3::int))) \
-         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)";
+         SELECT (SELECT count(*) FROM gone), (SELECT count(*) FROM letters_gone)"
+    );
     let (events, letters): (i64, i64) = sqlx::query_as(SQL)
         .bind(horizon_seconds)
         .bind(limit)

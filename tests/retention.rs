@@ -1,0 +1,213 @@
+//! Retention at a steady rate (issue 26, point 4): a run takes everything past its horizons,
+//! however many batches that is, as long as its time allows; each statement stays one bounded
+//! batch.
+
+use std::time::{Duration, Instant};
+
+use pipeline_tests::drain::scalar;
+use shared::retention::RetentionSettings;
+use sqlx::PgPool;
+
+/// Batches of ten: the old cap of a run (`max_batches` 20) was 200 identities and 200 payloads,
+/// as the defaults' 5000 x 20 was 100 000 a run, 2.4 M a day at the hourly schedule.
+fn small_batches() -> RetentionSettings {
+    RetentionSettings {
+        batch_size: 10,
+        ..Default::default()
+    }
+}
+
+async fn source(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, external_id_from, event_type_from) \
+         VALUES ('steady', 'acme', 'stripe', 'steady', 'json:/id', 'json:/type')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// `count` processed events named `<prefix>-<n>`, the first received `age` ago and one a second
+/// after it, each with a 1 KiB payload or none (purged already, or never copied: a held replay).
+async fn processed(pool: &PgPool, prefix: &str, count: i64, age: &str, payload: bool) {
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload, payload_sha256, \
+             verified_with, received_at, first_received_at, last_seen_at, status, attempts, processed_at, expects) \
+         SELECT 'acme', $1 || '-' || i, 'steady', 'thing.updated', \
+                CASE WHEN $4 THEN convert_to(repeat(md5($1 || i), 32), 'UTF8') END, \
+                sha256(convert_to($1 || i, 'UTF8')), 'current', t, t, t, 'processed', 1, t, 'nothing' \
+         FROM (SELECT i, now() - $3::interval + make_interval(secs => i) AS t \
+               FROM generate_series(1, $2) AS i) AS g",
+    )
+    .bind(prefix)
+    .bind(count)
+    .bind(age)
+    .bind(payload)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// More events past each horizon than one run could take under the old cap: one run, with
+/// time to spare, takes them all (retention at 100 events/s needs 360 000 a run of each).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn one_run_purges_everything_past_its_horizons_however_many_batches_it_takes(pool: PgPool) {
+    source(&pool).await;
+    // 450 events past the identity horizon (30 days) that still have their payloads (retention
+    // fell behind on both), 350 past the payload horizon (7 days) only, 50 of the last hour.
+    processed(&pool, "old", 450, "40 days", true).await;
+    processed(&pool, "week", 350, "10 days", true).await;
+    processed(&pool, "fresh", 50, "1 hour", true).await;
+
+    let run = shared::retention::run_once(&pool, &small_batches(), "test")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE first_received_at < now() - interval '30 days'"
+        )
+        .await,
+        0,
+        "every event past the identity horizon is purged: {run:?}"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL \
+             AND first_received_at < now() - interval '7 days'"
+        )
+        .await,
+        0,
+        "every payload past the payload horizon is purged: {run:?}"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE external_id LIKE 'week-%' OR external_id LIKE 'fresh-%'"
+        )
+        .await,
+        400,
+        "the events within the identity horizon are kept"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE external_id LIKE 'fresh-%' AND payload IS NOT NULL"
+        )
+        .await,
+        50,
+        "the last hour's payloads are kept"
+    );
+    assert_eq!(run.identities_purged, 450, "{run:?}");
+    assert!(
+        (350..=800).contains(&run.payloads_purged),
+        "the 350 of the week, and those of the 450 older the identity purge had not reached yet: {run:?}"
+    );
+}
+
+/// A run whose time is up starts no batch: it says which purges it cut short (in its outcome
+/// and its run row, completed), and the next run goes on from there.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_run_out_of_time_starts_no_batch_and_the_next_goes_on(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "old", 450, "40 days", false).await;
+
+    let late = shared::retention::run_until(&pool, &small_batches(), "test", Instant::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        (late.payloads_purged, late.identities_purged),
+        (0, 0),
+        "{late:?}"
+    );
+    assert!(late.cut_short.contains(&"identities"), "{late:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        450
+    );
+    let (status, cut_short): (String, serde_json::Value) = sqlx::query_as(
+        "SELECT status, found->'cut_short' FROM maintenance_runs WHERE job = 'retention'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(status, "completed");
+    assert!(
+        cut_short
+            .as_array()
+            .is_some_and(|a| a.contains(&"identities".into())),
+        "{cut_short}"
+    );
+
+    let next = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(next.identities_purged, 450, "{next:?}");
+    assert!(next.cut_short.is_empty(), "{next:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        0
+    );
+}
+
+/// The payload purge walks events in the order they arrived, from where its last batch
+/// stopped: a batch in which it clears nothing (events without a payload to clear: held
+/// replays, whose bytes are never copied) is not the end of the events past the horizon.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_batch_with_no_payload_to_clear_does_not_end_the_payload_purge(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "held", 20, "10 days", false).await;
+    processed(&pool, "kept", 30, "9 days", true).await;
+
+    let run = shared::retention::run_once(&pool, &small_batches(), "test")
+        .await
+        .unwrap();
+
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE payload IS NOT NULL"
+        )
+        .await,
+        0,
+        "the payloads after the 20 without one are purged in the same run: {run:?}"
+    );
+    assert_eq!(run.payloads_purged, 30, "{run:?}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM webhook_events").await,
+        50,
+        "no identity is past its horizon"
+    );
+}
+
+/// More events received at one instant than a batch: the payload cursor cannot pass them (it
+/// stands at an instant), so the run stops walking them rather than walk the same batch again
+/// until its time is up.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "burst", 25, "10 days", true).await;
+    sqlx::query("UPDATE webhook_events SET received_at = now() - interval '10 days', first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let run = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert!(run.cut_short.is_empty(), "{run:?}");
+    assert!(run.payloads_purged >= 10, "{run:?}");
+}
