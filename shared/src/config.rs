@@ -430,17 +430,17 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         })
     }
 
-    /// `RETENTION_*`. `RETENTION_MAX_BATCHES` is refused: it capped a run at that many batches
-    /// of each purge, and a run now purges until nothing is past its horizons or its time is up.
+    /// `RETENTION_*`. `RETENTION_MAX_BATCHES` is no longer read: it capped a run at that many
+    /// batches of each purge, and a run now purges until nothing is past its horizons or its
+    /// time is up. A deployment that still sets it is warned, not stopped: refusing it would
+    /// stop retention altogether on upgrade, the one thing the cap was there to prevent.
     pub fn retention(&self) -> Result<crate::retention::RetentionSettings, ConfigError> {
         if self.get("RETENTION_MAX_BATCHES").is_some() {
-            return Err(ConfigError::Invalid {
-                var: "RETENTION_MAX_BATCHES",
-                reason: "is no longer read: a retention run purges until nothing is past its \
-                         horizons or it is DEADLINE_MARGIN_MS from its timeout; unset it (a \
-                         cap per run let the table outgrow retention at a steady rate)"
-                    .into(),
-            });
+            tracing::warn!(
+                var = "RETENTION_MAX_BATCHES",
+                "is no longer read and is ignored: a retention run purges until nothing is past \
+                 its horizons or it is DEADLINE_MARGIN_MS from its timeout; unset it"
+            );
         }
         let d = crate::retention::RetentionSettings::default();
         let s = crate::retention::RetentionSettings {
@@ -1053,23 +1053,19 @@ mod tests {
     }
 
     #[test]
-    fn retention_refuses_the_batch_cap_it_no_longer_reads() {
+    fn retention_ignores_the_batch_cap_it_no_longer_reads() {
         let r = vars(&[("RETENTION_BATCH_SIZE", "1000")])
             .retention()
             .unwrap();
         assert_eq!(r.batch_size, 1000);
-        let capped = vars(&[("RETENTION_MAX_BATCHES", "20")]).retention();
-        assert!(
-            matches!(
-                capped,
-                Err(ConfigError::Invalid {
-                    var: "RETENTION_MAX_BATCHES",
-                    ..
-                })
-            ),
-            "{:?}",
-            capped.err().map(|e| e.to_string())
-        );
+        // Set by an older deployment: warned about, and the rest is read as usual.
+        let capped = vars(&[
+            ("RETENTION_MAX_BATCHES", "20"),
+            ("RETENTION_BATCH_SIZE", "2000"),
+        ])
+        .retention()
+        .unwrap();
+        assert_eq!(capped.batch_size, 2000);
         assert!(vars(&[("RETENTION_BATCH_SIZE", "0")]).retention().is_err());
         assert!(
             vars(&[("RETENTION_BATCH_SIZE", "50001")])
