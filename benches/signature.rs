@@ -19,19 +19,10 @@ use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
 use ring::signature::KeyPair as _;
 use sha2::Sha256;
-use shared::catalogue::{self, SignatureSpec};
+use shared::catalogue::SignatureSpec;
 use shared::domain::Scheme;
 use shared::secrets::{SecretSet, SigningSecret};
 use shared::signature;
-
-/// The expected MAC, computed once, that the raw call compares against.
-macro_rules! tag {
-    ($digest:ty, $key:expr, $body:expr) => {{
-        let mut mac = <Hmac<$digest> as KeyInit>::new_from_slice($key).unwrap();
-        mac.update($body);
-        mac.finalize().into_bytes().to_vec()
-    }};
-}
 
 fn raw_hmac(key: &[u8], body: &[u8]) -> [u8; 32] {
     let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(key).unwrap();
@@ -229,7 +220,7 @@ fn cases(body: &[u8], now: i64) -> Vec<Primitive> {
 
     let github = &Scheme::Github.provider().signatures[0];
     let k = key.clone();
-    let expected = tag!(Sha256, &key, body);
+    let expected = benchmarks::hmac_tag::<Hmac<Sha256>>(&key, body);
     cases.push(Primitive {
         name: "HMAC-SHA256",
         layout: github,
@@ -244,7 +235,7 @@ fn cases(body: &[u8], now: i64) -> Vec<Primitive> {
 
     let intercom = &Scheme::Intercom.provider().signatures[0];
     let k = key.clone();
-    let expected = tag!(sha1::Sha1, &key, body);
+    let expected = benchmarks::hmac_tag::<Hmac<sha1::Sha1>>(&key, body);
     cases.push(Primitive {
         name: "HMAC-SHA1",
         layout: intercom,
@@ -258,11 +249,7 @@ fn cases(body: &[u8], now: i64) -> Vec<Primitive> {
     });
 
     // No catalogue entry signs with SHA-512: a declared layout, as a source would write it.
-    let sha512: SignatureSpec = toml::from_str(
-        "kind = 'hmac'\nhash = 'sha512'\nheader = 'x-bench-signature'\nprefix = 'sha512='\nsigned = ['{body}']\n",
-    )
-    .unwrap();
-    let sha512 = catalogue::declare(sha512).unwrap();
+    let sha512 = benchmarks::declared_sha512();
     let headers: HeaderMap = signature::sign_with(
         sha512,
         &SigningSecret::new(secret),
@@ -278,7 +265,7 @@ fn cases(body: &[u8], now: i64) -> Vec<Primitive> {
     .into_iter()
     .collect();
     let k = key.clone();
-    let expected = tag!(sha2::Sha512, &key, body);
+    let expected = benchmarks::hmac_tag::<Hmac<sha2::Sha512>>(&key, body);
     cases.push(Primitive {
         name: "HMAC-SHA512",
         layout: sha512,

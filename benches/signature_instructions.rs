@@ -18,7 +18,7 @@ use std::time::Duration;
 
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
-use shared::catalogue::{self, SignatureSpec};
+use shared::catalogue::SignatureSpec;
 use shared::domain::Scheme;
 use shared::secrets::{SecretSet, SigningSecret};
 use shared::signature;
@@ -41,12 +41,6 @@ fn raw<M: Mac + KeyInit>(key: &[u8], body: &[u8], expected: &[u8]) {
     let mut mac = <M as KeyInit>::new_from_slice(black_box(key)).unwrap();
     mac.update(black_box(body));
     assert!(mac.verify_slice(expected).is_ok());
-}
-
-fn tag<M: Mac + KeyInit>(body: &[u8]) -> Vec<u8> {
-    let mut mac = <M as KeyInit>::new_from_slice(SECRET.as_bytes()).unwrap();
-    mac.update(body);
-    mac.finalize().into_bytes().to_vec()
 }
 
 fn main() {
@@ -82,23 +76,17 @@ fn main() {
         match case.as_str() {
             "hmac-sha256" => (
                 &Scheme::Github.provider().signatures[0],
-                tag::<Hmac<sha2::Sha256>>(&body),
+                benchmarks::hmac_tag::<Hmac<sha2::Sha256>>(SECRET.as_bytes(), &body),
                 raw::<Hmac<sha2::Sha256>>,
             ),
             "hmac-sha1" => (
                 &Scheme::Intercom.provider().signatures[0],
-                tag::<Hmac<sha1::Sha1>>(&body),
+                benchmarks::hmac_tag::<Hmac<sha1::Sha1>>(SECRET.as_bytes(), &body),
                 raw::<Hmac<sha1::Sha1>>,
             ),
             "hmac-sha512" => (
-                catalogue::declare(
-                    toml::from_str(
-                        "kind = 'hmac'\nhash = 'sha512'\nheader = 'x-bench-signature'\nprefix = 'sha512='\nsigned = ['{body}']\n",
-                    )
-                    .unwrap(),
-                )
-                .unwrap(),
-                tag::<Hmac<sha2::Sha512>>(&body),
+                benchmarks::declared_sha512(),
+                benchmarks::hmac_tag::<Hmac<sha2::Sha512>>(SECRET.as_bytes(), &body),
                 raw::<Hmac<sha2::Sha512>>,
             ),
             other => panic!("unknown case {other}"),

@@ -289,3 +289,21 @@ pub fn pgbench_tps(
         .and_then(|v| v.parse().ok())
         .expect("pgbench printed no tps")
 }
+
+/// The MAC of `body` under `key`, computed once: the tag the raw `verify_slice` calls of the
+/// signature benchmarks compare against.
+pub fn hmac_tag<M: hmac::Mac + hmac::digest::KeyInit>(key: &[u8], body: &[u8]) -> Vec<u8> {
+    let mut mac = <M as hmac::digest::KeyInit>::new_from_slice(key).expect("HMAC takes any key");
+    mac.update(body);
+    mac.finalize().into_bytes().to_vec()
+}
+
+/// A declared HMAC-SHA-512 layout (`x-bench-signature: sha512=<hex>` over the body), as a
+/// source would write it: no catalogue entry signs with SHA-512.
+pub fn declared_sha512() -> &'static shared::catalogue::SignatureSpec {
+    let layout = toml::from_str(
+        "kind = 'hmac'\nhash = 'sha512'\nheader = 'x-bench-signature'\nprefix = 'sha512='\nsigned = ['{body}']\n",
+    )
+    .expect("the bench layout parses");
+    shared::catalogue::declare(layout).expect("the bench layout is valid")
+}
