@@ -1167,3 +1167,82 @@ async fn completing_events_keeps_each_row_on_its_page(pool: PgPool) {
         "rows that left their page: each left a second entry in every index"
     );
 }
+
+/// Of each event's row in `test_applications`: was it written by its batch's own transaction
+/// (no savepoint between) or inside a subtransaction? Counted over the rows of `external_ids`
+/// matching `pattern`: (by the top-level transaction, inside a subtransaction).
+async fn written_outside_and_inside_savepoints(pool: &PgPool, pattern: &str) -> (i64, i64) {
+    sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE xmin::text::bigint = written_by::text::bigint % 4294967296), \
+                count(*) FILTER (WHERE xmin::text::bigint <> written_by::text::bigint % 4294967296) \
+         FROM test_applications WHERE external_id LIKE $1",
+    )
+    .bind(pattern)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+/// A batch in which nothing fails is one transaction with no savepoint (a savepoint per group is
+/// a round trip and a subtransaction such a batch never uses). When an event fails, its batch is
+/// rolled back and redone under savepoints, so the failing event still stands alone and the rest
+/// commits; the drainer keeps its savepoints for the next batch, and drops them again after a
+/// batch in which nothing failed.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn batches_take_savepoints_only_around_a_failure(pool: PgPool) {
+    let app = app(pool.clone()).await;
+    create_application_log(&pool).await;
+    let mut handler = Instrumented::new(Arc::new(EntityProjection));
+    handler.poison = vec!["poison".into()];
+    handler.fatal = true;
+    let drainer = drainer(&pool, registry_with(Arc::new(handler)));
+    let deliver_ten = |round: &'static str| {
+        let app = &app;
+        async move {
+            for i in 0..10 {
+                let (id, thing) = (format!("{round}-{i}"), format!("thing-{round}-{i}"));
+                deliver(app, entity_event(&id, &thing, 1, "thing.updated")).await;
+            }
+        }
+    };
+
+    deliver_ten("calm").await;
+    let calm = drainer.run_once().await.unwrap();
+    assert_eq!((calm.processed, calm.redone), (10, 0), "{calm:?}");
+    assert_eq!(
+        written_outside_and_inside_savepoints(&pool, "calm-%").await,
+        (10, 0)
+    );
+
+    deliver_ten("stormy").await;
+    deliver(&app, entity_event("bad-1", "poison", 1, "thing.updated")).await;
+    let stormy = drainer.run_once().await.unwrap();
+    assert_eq!(
+        (stormy.processed, stormy.dead_lettered, stormy.redone),
+        (10, 1, 1),
+        "{stormy:?}"
+    );
+    assert_eq!(
+        written_outside_and_inside_savepoints(&pool, "stormy-%").await,
+        (0, 10)
+    );
+
+    deliver_ten("after").await;
+    let after = drainer.run_once().await.unwrap();
+    assert_eq!((after.processed, after.redone), (10, 0), "{after:?}");
+    assert_eq!(
+        written_outside_and_inside_savepoints(&pool, "after-%").await,
+        (0, 10),
+        "the batch after a failure still isolates"
+    );
+
+    deliver_ten("calm-again").await;
+    let calm_again = drainer.run_once().await.unwrap();
+    assert_eq!((calm_again.processed, calm_again.redone), (10, 0));
+    assert_eq!(
+        written_outside_and_inside_savepoints(&pool, "calm-again-%").await,
+        (10, 0),
+        "a batch in which nothing failed ends the isolation"
+    );
+    assert_eq!(application_counts(&pool).await, (1, 1, 40));
+}

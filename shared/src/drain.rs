@@ -2,10 +2,17 @@
 //!
 //! A batch is one transaction: claim up to `batch_size` ready events (`FOR UPDATE SKIP
 //! LOCKED`, so concurrent drainers never wait on each other), apply the effects of each
-//! handler's events together under one savepoint, set-wise (a failing group is rolled back and
-//! split until each failing event stands alone, so one bad event never rolls back its batch),
-//! then complete, reschedule and dead-letter the batch with one statement each, and commit. A
-//! drainer that dies mid-batch commits nothing; its rows unlock and are claimed again.
+//! handler's events together, set-wise, then complete, reschedule and dead-letter the batch with
+//! one statement each, and commit. A drainer that dies mid-batch commits nothing; its rows unlock
+//! and are claimed again.
+//!
+//! Effects are applied first as one unit, with no savepoint: almost every batch succeeds whole,
+//! and a savepoint per group is a round trip and a subtransaction each that such a batch never
+//! uses. When any group fails, the batch is rolled back (nothing of it stays) and claimed again
+//! with a savepoint per group: a failing group is rolled back and split until each failing event
+//! stands alone, so one bad event never rolls back its batch. The drainer keeps its savepoints
+//! until a batch has no failure, so a run of poison events costs one wasted attempt, not one per
+//! batch.
 //!
 //! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
 //! its effects, and whatever that does, the event row stays as it was (never retried, never
@@ -16,12 +23,12 @@
 //! not pile up at the head of the queue and slow every claim.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use rand::Rng;
 use serde::{Deserialize, Serialize};
-use sqlx::PgPool;
+use sqlx::{Connection, PgConnection, PgPool};
 
 use crate::effects::{Effect, EffectError, EffectHandler, EffectRegistry};
 use crate::store::dead_letters::{self, ReplayFilter};
@@ -108,6 +115,10 @@ pub struct DrainOutcome {
     /// subtransactions ([`MAX_SUBTRANSACTIONS`]) isolating failing events.
     #[serde(default)]
     pub deferred: u64,
+    /// Batches whose effects failed as one unit: rolled back whole and claimed again with a
+    /// savepoint per group (not counted in `batches` or `claimed`; nothing of them committed).
+    #[serde(default)]
+    pub redone: u64,
 }
 
 impl DrainOutcome {
@@ -127,6 +138,7 @@ impl DrainOutcome {
         self.repairs += other.repairs;
         self.repairs_failed += other.repairs_failed;
         self.deferred += other.deferred;
+        self.redone += other.redone;
     }
 }
 
@@ -136,6 +148,8 @@ pub struct Drainer {
     settings: DrainSettings,
     left_since_vacuum: AtomicU64,
     last_vacuum: std::sync::Mutex<Instant>,
+    /// The last batch had a failing event: the next one applies under savepoints from the start.
+    isolating: AtomicBool,
 }
 
 /// Per-batch decisions, applied with one statement each.
@@ -161,6 +175,7 @@ impl Drainer {
             settings,
             left_since_vacuum: AtomicU64::new(0),
             last_vacuum: std::sync::Mutex::new(Instant::now()),
+            isolating: AtomicBool::new(false),
         }
     }
 
@@ -168,8 +183,11 @@ impl Drainer {
     #[tracing::instrument(skip_all, err)]
     pub async fn drain_until(&self, deadline: Instant) -> Result<DrainOutcome, StoreError> {
         let mut total = DrainOutcome::default();
+        // One connection for the whole pass: taken from the pool and given back per batch, it
+        // costs a round trip each time (sqlx pings a connection as it returns to the pool).
+        let mut conn = self.pool.acquire().await?;
         while Instant::now() < deadline {
-            let batch = match self.run_once().await {
+            let batch = match self.run_once_on(&mut conn).await {
                 Ok(batch) => batch,
                 Err(e) => {
                     // What earlier batches committed is counted; the queue is not reported, so
@@ -184,7 +202,7 @@ impl Drainer {
             }
         }
         total.publish();
-        let (backlog, oldest) = event_queue::backlog(&self.pool).await?;
+        let (backlog, oldest) = event_queue::backlog(&mut *conn).await?;
         crate::metrics::queue(backlog, oldest);
         if total.claimed > 0 {
             tracing::info!(
@@ -196,6 +214,7 @@ impl Drainer {
                 repairs = total.repairs,
                 repairs_failed = total.repairs_failed,
                 deferred = total.deferred,
+                redone = total.redone,
                 vacuums = total.vacuums,
                 backlog,
                 oldest_pending_age_seconds = oldest,
@@ -211,16 +230,49 @@ impl Drainer {
         Ok(total)
     }
 
-    /// One batch, one transaction.
+    /// One batch, one transaction: applied as one unit, or, when that fails (or the last batch
+    /// had a failing event), rolled back and applied again under a savepoint per group.
     pub async fn run_once(&self) -> Result<DrainOutcome, StoreError> {
-        let mut tx = self.pool.begin().await?;
+        let mut conn = self.pool.acquire().await?;
+        self.run_once_on(&mut conn).await
+    }
+
+    /// [`Drainer::run_once`] on a connection the caller holds across batches.
+    pub async fn run_once_on(&self, conn: &mut PgConnection) -> Result<DrainOutcome, StoreError> {
+        let mut redone = 0;
+        if !self.isolating.load(Ordering::Relaxed) {
+            match self.batch(conn, Isolation::Whole).await? {
+                Some(outcome) => return Ok(outcome),
+                None => redone = 1,
+            }
+        }
+        // Savepoints isolate every failure: a batch under them is never `None`.
+        let mut outcome: DrainOutcome = self
+            .batch(conn, Isolation::Savepoints)
+            .await?
+            .unwrap_or_default();
+        let failed =
+            outcome.retried + outcome.dead_lettered + outcome.repairs_failed + outcome.deferred;
+        self.isolating.store(failed > 0, Ordering::Relaxed);
+        outcome.redone = redone;
+        Ok(outcome)
+    }
+
+    /// One batch, one transaction; `None` when its effects, applied as one unit, failed and the
+    /// transaction was rolled back.
+    async fn batch(
+        &self,
+        conn: &mut PgConnection,
+        isolation: Isolation,
+    ) -> Result<Option<DrainOutcome>, StoreError> {
+        let mut tx = conn.begin().await?;
         let claimed = event_queue::claim(&mut tx, self.settings.batch_size).await?;
         if claimed.is_empty() {
             tx.rollback().await?;
-            return Ok(DrainOutcome {
+            return Ok(Some(DrainOutcome {
                 batches: 1,
                 ..DrainOutcome::default()
-            });
+            }));
         }
         let mut verdicts: Vec<Option<Result<Effect, EffectError>>> =
             claimed.iter().map(|_| None).collect();
@@ -231,15 +283,25 @@ impl Drainer {
             .map(|event| self.registry.handler_for(event))
             .collect();
         for (handler, members) in groups(&handlers) {
-            apply_group(
-                &mut tx,
-                handler,
-                &claimed,
-                members,
-                &mut verdicts,
-                &mut kept,
-            )
-            .await?;
+            match isolation {
+                Isolation::Whole => {
+                    if !apply_whole(&mut tx, handler, &claimed, members, &mut verdicts).await? {
+                        tx.rollback().await?;
+                        return Ok(None);
+                    }
+                }
+                Isolation::Savepoints => {
+                    apply_group(
+                        &mut tx,
+                        handler,
+                        &claimed,
+                        members,
+                        &mut verdicts,
+                        &mut kept,
+                    )
+                    .await?
+                }
+            }
         }
         let mut decisions = Decisions::default();
         let mut deferred = 0;
@@ -326,12 +388,13 @@ impl Drainer {
             repairs: fixed.0.len() as u64 - decisions.repairs_failed,
             repairs_failed: decisions.repairs_failed,
             deferred,
+            redone: 0,
         };
         if self.vacuum_due(d.0.len() as u64 + fixed.0.len() as u64 + outcome.dead_lettered) {
-            event_queue::vacuum(&self.pool).await?;
+            event_queue::vacuum(&mut *conn).await?;
             outcome.vacuums = 1;
         }
-        Ok(outcome)
+        Ok(Some(outcome))
     }
 
     fn vacuum_due(&self, left: u64) -> bool {
@@ -346,6 +409,46 @@ impl Drainer {
         *last = Instant::now();
         self.left_since_vacuum.store(0, Ordering::Relaxed);
         true
+    }
+}
+
+/// How a batch applies its groups of effects.
+#[derive(Clone, Copy)]
+enum Isolation {
+    /// Every group with no savepoint: one failure rolls back the batch.
+    Whole,
+    /// Each group under a savepoint, split on failure until each failing event stands alone.
+    Savepoints,
+}
+
+/// Applies one handler's group of events with no savepoint of its own. `false` when the group
+/// failed: the transaction then holds partial writes (or is aborted) and must be rolled back.
+/// `Err` means the transaction itself is gone.
+async fn apply_whole(
+    conn: &mut sqlx::PgConnection,
+    handler: &dyn EffectHandler,
+    claimed: &[ClaimedEvent],
+    members: Vec<usize>,
+    verdicts: &mut [Option<Result<Effect, EffectError>>],
+) -> Result<bool, StoreError> {
+    let events: Vec<&ClaimedEvent> = members.iter().map(|&i| &claimed[i]).collect();
+    match handler.apply_all(&mut *conn, &events).await {
+        Ok(effects) if effects.len() == members.len() => {
+            tracing::debug!(handler = handler.name(), events = members.len(), "applied");
+            for (i, effect) in members.into_iter().zip(effects) {
+                verdicts[i] = Some(Ok(effect));
+            }
+            Ok(true)
+        }
+        Err(EffectError::Aborted(error)) => Err(error),
+        Ok(_) | Err(_) => {
+            tracing::debug!(
+                handler = handler.name(),
+                events = members.len(),
+                "group failed as one unit: the batch is redone under savepoints"
+            );
+            Ok(false)
+        }
     }
 }
 
