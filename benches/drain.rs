@@ -18,7 +18,7 @@ use shared::extract::FieldMap;
 use shared::ingest::{Delivery, IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore, SigningSecret};
 use shared::sources::{self, Source, SourceRegistry};
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::postgres::PgConnectOptions;
 use sqlx::{Executor, PgPool};
 
 const SECRET: &str = "whsec_YmVuY2gtZHJhaW4tc2lnbmluZy1rZXk=";
@@ -99,6 +99,18 @@ async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: St
     sent
 }
 
+/// A one-connection pool built as the functions build theirs (no ping before every acquire).
+async fn product_pool(options: PgConnectOptions) -> PgPool {
+    let settings = shared::store::PoolSettings {
+        max_connections: 1,
+        ..shared::store::PoolSettings::default()
+    };
+    shared::store::pool_options(&settings)
+        .connect_with(options)
+        .await
+        .unwrap()
+}
+
 async fn run_drainers(
     options: &PgConnectOptions,
     drainers: usize,
@@ -115,17 +127,15 @@ async fn run_drainers(
             .clone()
             .application_name(&format!("bench-drainer-{i}"));
         tasks.push(tokio::spawn(async move {
-            let pool = PgPoolOptions::new()
-                .max_connections(1)
-                .connect_with(options)
-                .await
-                .unwrap();
+            let pool = product_pool(options).await;
             let settings = shared::config::Vars::process()
                 .drain()
                 .expect("DRAIN_* settings");
-            let drainer = Drainer::new(pool, registry, settings);
+            let drainer = Drainer::new(pool.clone(), registry, settings);
+            // As `drain_until` does: one connection for the whole run.
+            let mut conn = pool.acquire().await.unwrap();
             while !stop.load(Ordering::Relaxed) {
-                let batch = drainer.run_once().await.unwrap();
+                let batch = drainer.run_once_on(&mut conn).await.unwrap();
                 processed.fetch_add(batch.processed, Ordering::Relaxed);
                 if batch.claimed == 0 {
                     tokio::time::sleep(Duration::from_millis(5)).await;
@@ -133,11 +143,7 @@ async fn run_drainers(
             }
         }));
     }
-    let ingest_pool = PgPoolOptions::new()
-        .max_connections(1)
-        .connect_with(options.clone())
-        .await
-        .unwrap();
+    let ingest_pool = product_pool(options.clone()).await;
     let registry = Arc::new(SourceRegistry::new(
         ingest_pool.clone(),
         Duration::from_secs(3600),
