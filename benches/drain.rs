@@ -312,7 +312,16 @@ async fn main() {
         let sizes_before = event_sizes(&pool).await;
         let per_minute = run_drainers(&options, drainers, minutes, &tag).await;
         let sizes_after = event_sizes(&pool).await;
-        let raw = raw_claim_and_complete(&pool, &options, drainers, raw_seconds, 2_000_000).await;
+        // One client claimed up to about 45 000 rows/s here, two over 66 000: room for 30 s.
+        let raw_rows = 2_000_000 * drainers as u64;
+        let raw = raw_claim_and_complete(&pool, &options, drainers, raw_seconds, raw_rows).await;
+        let mean = per_minute.iter().sum::<f64>() / per_minute.len() as f64;
+        // Printed as each run ends too, so a later run that fails does not lose this one.
+        println!(
+            "    drainers={drainers}: {mean:.0} events/s, raw {raw:.0} rows/s ({:.3}x), same writes in SQL {sql:.0} rows/s ({:.3}x)",
+            mean / raw,
+            mean / sql
+        );
         rows.push((drainers, per_minute, raw, sql, sizes_before, sizes_after));
     }
     println!();
