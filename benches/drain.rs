@@ -100,15 +100,12 @@ async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: St
 }
 
 /// A one-connection pool built as the functions build theirs (no ping before every acquire).
-async fn product_pool(options: PgConnectOptions) -> PgPool {
+fn product_pool(options: PgConnectOptions) -> PgPool {
     let settings = shared::store::PoolSettings {
         max_connections: 1,
         ..shared::store::PoolSettings::default()
     };
-    shared::store::pool_options(&settings)
-        .connect_with(options)
-        .await
-        .unwrap()
+    shared::store::lazy_pool(options, &settings)
 }
 
 async fn run_drainers(
@@ -127,7 +124,7 @@ async fn run_drainers(
             .clone()
             .application_name(&format!("bench-drainer-{i}"));
         tasks.push(tokio::spawn(async move {
-            let pool = product_pool(options).await;
+            let pool = product_pool(options);
             let settings = shared::config::Vars::process()
                 .drain()
                 .expect("DRAIN_* settings");
@@ -143,7 +140,7 @@ async fn run_drainers(
             }
         }));
     }
-    let ingest_pool = product_pool(options.clone()).await;
+    let ingest_pool = product_pool(options.clone());
     let registry = Arc::new(SourceRegistry::new(
         ingest_pool.clone(),
         Duration::from_secs(3600),
