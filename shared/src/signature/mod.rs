@@ -709,7 +709,8 @@ macro_rules! digest_over {
 /// The HMAC of the signed parts, handed to `then` where the MAC leaves it: verifying compares
 /// it there, with no copy into a buffer of the longest MAC's size that the comparison would
 /// then read back (a read of bytes just stored in other widths, which the CPU cannot forward:
-/// about 10 ns a verification, `perf record`, 2026-12-03).
+/// about an eighth of the verification's own samples in `perf record`, 2026-12-03; the timed
+/// ratio could not show the difference).
 fn hmac<R>(
     hash: Hash,
     key: &[u8],
@@ -821,8 +822,8 @@ fn expected_len(spec: &SignatureSpec) -> Option<usize> {
 /// Decodes one signature into `candidates`. The first of a fixed length in hex (every MAC's,
 /// and the only one a delivery usually carries) is decoded straight into its place, not
 /// returned by value through the stack and copied: the caller's reading back of bytes just
-/// stored in other widths, which the CPU cannot forward, cost about 6 ns a verification
-/// (`perf record`, 2026-12-03).
+/// stored in other widths, which the CPU cannot forward, drew about an eighth of the
+/// verification's own samples (`perf record`, 2026-12-03; the timed ratio could not show it).
 fn decode_into(
     spec: &SignatureSpec,
     place: &'static str,
@@ -922,7 +923,7 @@ fn decode(
 /// bytes that compiles to vector code), validity decided once at the end; then each pair
 /// joined, read as one 16-bit word whose low byte is the high digit. Joining the values of one
 /// pass (not picking the even and odd digits apart first) keeps the baseline x86-64 code from
-/// gathering digits a byte at a time: that gather was most of a 64-digit decode's 40 ns
+/// gathering digits a byte at a time: that gather drew most of the decode's samples
 /// (`perf record`, 2026-12-03). The `hex` crate's decoder branches on every digit.
 fn hex_exact<const N: usize>(text: &[u8], out: &mut [u8]) -> Option<()> {
     let (pairs, []) = text.as_chunks::<2>() else {
