@@ -108,13 +108,6 @@ impl Candidate {
             Self::Heap(bytes) => bytes,
         }
     }
-
-    fn as_mut_slice(&mut self) -> &mut [u8] {
-        match self {
-            Self::Inline { bytes, len } => &mut bytes[..usize::from(*len)],
-            Self::Heap(bytes) => bytes,
-        }
-    }
 }
 
 impl std::fmt::Debug for Candidate {
@@ -434,7 +427,7 @@ fn read(
                 }
                 item_timestamp = Some(val);
             } else if key == items.signature {
-                decode_into(spec, place, val.as_bytes(), expected, &mut candidates)?;
+                candidates.push(decode(spec, place, val.as_bytes(), expected)?);
                 check_candidate_count(place, candidates.len())?;
             }
             // Other keys (Stripe's v0, schemes added later) are not ours to check.
@@ -465,7 +458,7 @@ fn read(
                 })?;
             // Other versions (v1a: asymmetric) are another layout's; skip them.
             if version == versions.version {
-                decode_into(spec, place, signature.as_bytes(), expected, &mut candidates)?;
+                candidates.push(decode(spec, place, signature.as_bytes(), expected)?);
                 check_candidate_count(place, candidates.len())?;
             }
         }
@@ -480,7 +473,7 @@ fn read(
         let encoded = value
             .strip_prefix(spec.prefix.as_bytes())
             .ok_or_else(|| malformed(place, format!("does not start with {}", spec.prefix)))?;
-        decode_into(spec, place, encoded, expected, &mut candidates)?;
+        candidates.push(decode(spec, place, encoded, expected)?);
     }
 
     let (timestamp, raw_timestamp) = match &spec.timestamp {
@@ -816,35 +809,6 @@ fn expected_len(spec: &SignatureSpec) -> Option<usize> {
         Kind::Hmac | Kind::Digest => Some(hash_of(spec).output_len()),
         Kind::Ed25519 => Some(64),
         Kind::EcdsaP256 | Kind::Token => None,
-    }
-}
-
-/// Decodes one signature into `candidates`. The first of a fixed length in hex (every MAC's,
-/// and the only one a delivery usually carries) is decoded straight into its place, not
-/// returned by value through the stack and copied: the caller's reading back of bytes just
-/// stored in other widths, which the CPU cannot forward, drew about an eighth of the
-/// verification's own samples (`perf record`, 2026-12-03; the timed ratio could not show it).
-fn decode_into(
-    spec: &SignatureSpec,
-    place: &'static str,
-    raw: &[u8],
-    expected: Option<usize>,
-    candidates: &mut Candidates,
-) -> Result<(), VerifyError> {
-    match (spec.encoding(), expected, &candidates.first) {
-        (Encoding::Hex, Some(n), None) if n <= INLINE_CANDIDATE => {
-            // On an error the half-written candidate goes with the `SignedMessage` that is
-            // never built: every caller returns the error.
-            let slot = candidates.first.insert(Candidate::Inline {
-                bytes: [0; INLINE_CANDIDATE],
-                len: n as u8,
-            });
-            hex_fixed(place, raw, slot.as_mut_slice())
-        }
-        _ => {
-            candidates.push(decode(spec, place, raw, expected)?);
-            Ok(())
-        }
     }
 }
 
