@@ -319,7 +319,15 @@ async fn main() {
             mean / raw,
             mean / sql
         );
-        rows.push((drainers, per_minute, raw, sql, sizes_before, sizes_after));
+        rows.push((
+            drainers,
+            per_minute,
+            mean,
+            raw,
+            sql,
+            sizes_before,
+            sizes_after,
+        ));
     }
     println!();
     println!(
@@ -334,8 +342,7 @@ async fn main() {
         "sql rows/s",
         "vs sql"
     );
-    for (drainers, per_minute, raw, sql, _, _) in &rows {
-        let mean = per_minute.iter().sum::<f64>() / per_minute.len() as f64;
+    for (drainers, per_minute, mean, raw, sql, _, _) in &rows {
         let (first, last) = (per_minute[0], *per_minute.last().unwrap());
         println!(
             "{drainers:>8} {mean:>10.0} {first:>10.0} {last:>10.0} {:>9.2}x {raw:>11.0} {:>7.3}x {sql:>11.0} {:>7.3}x",
@@ -356,7 +363,7 @@ async fn main() {
         "drainers", "heap", "toast", "indexes"
     );
     let mb = |b: i64| b as f64 / (1 << 20) as f64;
-    for (drainers, _, _, _, before, after) in &rows {
+    for (drainers, _, _, _, _, before, after) in &rows {
         let show = |b: i64, a: i64| format!("{:.1} -> {:.1}", mb(b), mb(a));
         println!(
             "{drainers:>8} {:>18} {:>18} {:>18}",
