@@ -82,35 +82,48 @@ pub struct SignatureSpec {
     /// `bodySHA256` on JSON posts): the body is covered through it, and must match it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_sha256_query: Option<String>,
+    /// Whether this is the plain layout (`signature::plain`), worked out on first use.
+    #[serde(skip)]
+    pub plain: Derived<bool>,
 }
 
-/// A header name parsed on first use and kept: a lookup by text parses the name again on every
-/// delivery. It is not part of what a layout says, so two layouts equal in their text are equal
-/// whether or not either has been used.
+/// Something worked out from a layout's text on first use and kept (a parsed header name,
+/// whether the layout is the plain one): worked out again on every delivery, it would cost
+/// each of them. It is not part of what a layout says, so two layouts equal in their text are
+/// equal whether or not either has been used.
 #[derive(Clone, Default)]
-pub struct ParsedName(std::sync::OnceLock<Option<http::HeaderName>>);
+pub struct Derived<T>(std::sync::OnceLock<T>);
 
-impl ParsedName {
-    /// `text` as a header name, or `None` when it is not one (`catalogue::validate` refuses such
-    /// a layout).
-    pub fn get(&self, text: &str) -> Option<&http::HeaderName> {
-        self.0
-            .get_or_init(|| http::HeaderName::from_bytes(text.as_bytes()).ok())
-            .as_ref()
+impl<T> Derived<T> {
+    pub fn get_or_init(&self, work_out: impl FnOnce() -> T) -> &T {
+        self.0.get_or_init(work_out)
     }
 }
 
-impl PartialEq for ParsedName {
+impl<T> PartialEq for Derived<T> {
     fn eq(&self, _: &Self) -> bool {
         true
     }
 }
 
-impl Eq for ParsedName {}
+impl<T> Eq for Derived<T> {}
 
-impl std::fmt::Debug for ParsedName {
+impl<T> std::fmt::Debug for Derived<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("ParsedName")
+        f.write_str("Derived")
+    }
+}
+
+/// A header name parsed on first use and kept: a lookup by text parses the name again on every
+/// delivery.
+pub type ParsedName = Derived<Option<http::HeaderName>>;
+
+impl ParsedName {
+    /// `text` as a header name, or `None` when it is not one (`catalogue::validate` refuses such
+    /// a layout).
+    pub fn get(&self, text: &str) -> Option<&http::HeaderName> {
+        self.get_or_init(|| http::HeaderName::from_bytes(text.as_bytes()).ok())
+            .as_ref()
     }
 }
 

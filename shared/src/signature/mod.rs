@@ -11,6 +11,7 @@
 //! and keep the unit tests of the five schemes written before the catalogue.
 
 pub mod github;
+mod plain;
 pub mod shopify;
 pub mod slack;
 pub mod standard_webhooks;
@@ -265,6 +266,20 @@ pub fn verify_request(
 
 /// Verifies a delivery under one signature layout (a catalogue entry's, or a declared one).
 pub fn verify_with(
+    spec: &'static SignatureSpec,
+    request: &Request<'_>,
+    secrets: &SecretSet,
+    tolerance: Duration,
+    now_unix: i64,
+) -> Result<Verified, VerifyError> {
+    match plain::verify(spec, request, secrets) {
+        Some(answer) => answer,
+        None => verify_read(spec, request, secrets, tolerance, now_unix),
+    }
+}
+
+/// [`verify_with`] by the general reading of the layout: every layout, every error.
+fn verify_read(
     spec: &'static SignatureSpec,
     request: &Request<'_>,
     secrets: &SecretSet,
@@ -590,10 +605,23 @@ struct Parts<'a> {
     secret: &'a SigningSecret,
 }
 
-impl Parts<'_> {
-    /// Hands the signed bytes to `sink`, part by part, in order: the body and the other parts
-    /// are borrowed where they can be, never gathered into one buffer (HMAC and digests take
-    /// them as they come). The sink is generic, so each MAC's `update` is called directly.
+/// Signed bytes as a MAC or a digest takes them: part by part, in order, borrowed where they
+/// can be, never gathered into one buffer. The sink is generic, so each MAC's `update` is
+/// called directly.
+trait Signed {
+    fn feed(&self, sink: &mut impl FnMut(&[u8])) -> Result<(), VerifyError>;
+}
+
+/// The body alone, as the plain layout signs it ([`plain`]).
+impl Signed for &[u8] {
+    fn feed(&self, sink: &mut impl FnMut(&[u8])) -> Result<(), VerifyError> {
+        sink(self);
+        Ok(())
+    }
+}
+
+impl Signed for Parts<'_> {
+    /// The parts the layout lists.
     fn feed(&self, sink: &mut impl FnMut(&[u8])) -> Result<(), VerifyError> {
         let Self {
             spec,
@@ -635,7 +663,9 @@ impl Parts<'_> {
         }
         Ok(())
     }
+}
 
+impl Parts<'_> {
     /// The signed bytes in one buffer, for the public-key schemes (their verifiers take one
     /// slice).
     fn message(&self) -> Result<Vec<u8>, VerifyError> {
@@ -707,7 +737,7 @@ macro_rules! digest_over {
 fn hmac<R>(
     hash: Hash,
     key: &[u8],
-    parts: Parts<'_>,
+    parts: impl Signed,
     then: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, VerifyError> {
     Ok(match hash {
@@ -720,7 +750,7 @@ fn hmac<R>(
 /// The digest of the signed parts, handed to `then` as [`hmac`] hands its MAC.
 fn digest<R>(
     hash: Hash,
-    parts: Parts<'_>,
+    parts: impl Signed,
     then: impl FnOnce(&[u8]) -> R,
 ) -> Result<R, VerifyError> {
     Ok(match hash {
@@ -812,23 +842,27 @@ fn expected_len(spec: &SignatureSpec) -> Option<usize> {
     }
 }
 
-/// Decodes exactly `out.len()` bytes of hex. Every fixed length there is (the MACs' and
-/// digests' 20, 32 and 64, Ed25519's 64) is decoded by code made for it; the `hex` crate
-/// answers any other.
+/// Decodes exactly `out.len()` bytes of hex, or says which header's signature is not that.
 fn hex_fixed(place: &'static str, raw: &[u8], out: &mut [u8]) -> Result<(), VerifyError> {
     let n = out.len();
-    match n {
-        20 => hex_exact::<20>(raw, out),
-        32 => hex_exact::<32>(raw, out),
-        64 => hex_exact::<64>(raw, out),
-        _ => hex::decode_to_slice(raw, out).ok(),
-    }
-    .ok_or_else(|| {
+    hex_into(raw, out).ok_or_else(|| {
         malformed(
             place,
             format!("signature is not {} hexadecimal characters", 2 * n),
         )
     })
+}
+
+/// Decodes exactly `out.len()` bytes of hex: `None` when `raw` is not `2 * out.len()` hex
+/// digits. Every fixed length there is (the MACs' and digests' 20, 32 and 64, Ed25519's 64) is
+/// decoded by code made for it; the `hex` crate answers any other.
+fn hex_into(raw: &[u8], out: &mut [u8]) -> Option<()> {
+    match out.len() {
+        20 => hex_exact::<20>(raw, out),
+        32 => hex_exact::<32>(raw, out),
+        64 => hex_exact::<64>(raw, out),
+        _ => hex::decode_to_slice(raw, out).ok(),
+    }
 }
 
 fn decode(
