@@ -111,14 +111,30 @@ pub fn pgbench_upsert_script(level: usize) -> String {
     format!("\\set n random(1, 1000000000000)\n{flat};\n")
 }
 
-/// Median nanoseconds per call of `f`, over `batches` batches sized to last about `batch_time`.
-/// Two closures are measured in alternating batches so machine noise hits both alike.
+/// Two closures timed side by side: see [`paired_ns_per_op`].
+#[derive(Debug, Clone, Copy)]
+pub struct Paired {
+    /// Median nanoseconds per call of the first.
+    pub a_ns: f64,
+    /// Median nanoseconds per call of the second.
+    pub b_ns: f64,
+    /// The median of each pair of batches' own ratio (first over second). A slow spell of the
+    /// machine lasting longer than a pair slows both of its batches alike and leaves their
+    /// ratio, where it moves one median more than the other when it falls on more of one
+    /// closure's batches; so this is the figure to hold to a limit, and it can differ a little
+    /// from `a_ns / b_ns`.
+    pub ratio: f64,
+}
+
+/// Median nanoseconds per call of two closures, over `batches` pairs of batches each sized to
+/// last about `batch_time`, the two run one after the other in each pair (which goes first
+/// alternating) so machine noise hits both alike.
 pub fn paired_ns_per_op(
     mut a: impl FnMut(),
     mut b: impl FnMut(),
     batches: usize,
     batch_time: Duration,
-) -> (f64, f64) {
+) -> Paired {
     let calibrate = |f: &mut dyn FnMut()| {
         let mut n = 1u64;
         loop {
@@ -133,21 +149,33 @@ pub fn paired_ns_per_op(
         }
     };
     let (na, nb) = (calibrate(&mut a), calibrate(&mut b));
+    let time = |f: &mut dyn FnMut(), n: u64| {
+        let start = Instant::now();
+        for _ in 0..n {
+            f();
+        }
+        start.elapsed().as_nanos() as f64 / n as f64
+    };
     let mut ta = Vec::with_capacity(batches);
     let mut tb = Vec::with_capacity(batches);
-    for _ in 0..batches {
-        let start = Instant::now();
-        for _ in 0..na {
-            a();
-        }
-        ta.push(start.elapsed().as_nanos() as f64 / na as f64);
-        let start = Instant::now();
-        for _ in 0..nb {
-            b();
-        }
-        tb.push(start.elapsed().as_nanos() as f64 / nb as f64);
+    let mut ratios = Vec::with_capacity(batches);
+    for i in 0..batches {
+        let (x, y) = if i % 2 == 0 {
+            let x = time(&mut a, na);
+            (x, time(&mut b, nb))
+        } else {
+            let y = time(&mut b, nb);
+            (time(&mut a, na), y)
+        };
+        ta.push(x);
+        tb.push(y);
+        ratios.push(x / y);
     }
-    (median(&mut ta), median(&mut tb))
+    Paired {
+        a_ns: median(&mut ta),
+        b_ns: median(&mut tb),
+        ratio: median(&mut ratios),
+    }
 }
 
 pub fn median(values: &mut [f64]) -> f64 {
