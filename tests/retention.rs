@@ -211,3 +211,39 @@ async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool
     assert!(run.cut_short.is_empty(), "{run:?}");
     assert!(run.payloads_purged >= 10, "{run:?}");
 }
+
+/// More events received at one instant than a batch, past the payload horizon: one run clears
+/// every one of their payloads, and the events after that instant too. A cursor that names only
+/// an instant stands at it, and left them to the identity purge (30 days, not 7).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn every_payload_of_an_instant_busier_than_a_batch_is_purged(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "burst", 25, "10 days", true).await;
+    sqlx::query(
+        "UPDATE webhook_events SET received_at = now() - interval '10 days', \
+         first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    processed(&pool, "after", 5, "9 days", true).await;
+
+    let run = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT external_id FROM webhook_events WHERE payload IS NOT NULL ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(kept, Vec::<String>::new(), "{run:?}");
+    assert_eq!(run.payloads_purged, 30, "{run:?}");
+    assert!(run.cut_short.is_empty(), "{run:?}");
+}
