@@ -187,9 +187,9 @@ async fn a_batch_with_no_payload_to_clear_does_not_end_the_payload_purge(pool: P
     );
 }
 
-/// More events received at one instant than a batch: the payload cursor cannot pass them (it
-/// stands at an instant), so the run stops walking them rather than walk the same batch again
-/// until its time is up.
+/// More events received at one instant than a batch: the run walks past them (the payload
+/// cursor names the last event examined at its instant), never the same batch again until its
+/// time is up.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool: PgPool) {
     source(&pool).await;

@@ -13,8 +13,8 @@ pub struct PayloadBatch {
     pub examined: u64,
     /// Of those, payloads cleared.
     pub purged: u64,
-    /// The cursor moved on. It stays when every event examined was received at the instant it
-    /// already stood at (more such events than a batch): another batch would walk them again.
+    /// The cursor moved on: past the last event examined (by its instant, then its key), so
+    /// whenever the batch examined any. Another batch never walks the same events again.
     pub moved: bool,
 }
 
@@ -30,14 +30,22 @@ pub async fn purge_payloads(
     age_seconds: f64,
     limit: i64,
 ) -> Result<PayloadBatch, StoreError> {
-    const SQL: &str = "WITH cursor AS ( \
-             SELECT COALESCE((SELECT through FROM retention_cursors WHERE name = 'payloads'), '-infinity') AS through), \
+    // The cursor: the instant and, at it, the last event examined; from a row a previous build
+    // moved (`after_at` not `through`), every event at the instant.
+    const SQL: &str = "WITH stored AS ( \
+             SELECT through, after_at, after_tenant_id, after_external_id \
+             FROM retention_cursors WHERE name = 'payloads'), \
+         cursor AS ( \
+             SELECT COALESCE((SELECT through FROM stored), '-infinity') AS through, \
+                    COALESCE((SELECT after_tenant_id FROM stored WHERE after_at = through), '') AS tenant_id, \
+                    COALESCE((SELECT after_external_id FROM stored WHERE after_at = through), '') AS external_id), \
          batch AS ( \
              SELECT e.tenant_id, e.external_id, e.first_received_at, e.payload IS NOT NULL AS has_payload \
-             FROM webhook_events AS e \
-             WHERE e.first_received_at >= (SELECT through FROM cursor) \
+             FROM webhook_events AS e, cursor AS c \
+             WHERE e.first_received_at >= c.through \
+               AND (e.first_received_at > c.through OR (e.tenant_id, e.external_id) > (c.tenant_id, c.external_id)) \
                AND e.first_received_at < now() - make_interval(secs => $1) \
-             ORDER BY e.first_received_at LIMIT $2), \
+             ORDER BY e.first_received_at, e.tenant_id, e.external_id LIMIT $2), \
          purged AS ( \
              UPDATE webhook_events AS e SET payload = NULL FROM batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \
@@ -49,13 +57,15 @@ pub async fn purge_payloads(
              WHERE b.has_payload AND NOT EXISTS ( \
                  SELECT 1 FROM purged AS p WHERE p.tenant_id = b.tenant_id AND p.external_id = b.external_id) \
              ON CONFLICT DO NOTHING), \
+         last AS ( \
+             SELECT first_received_at, tenant_id, external_id FROM batch \
+             ORDER BY first_received_at DESC, tenant_id DESC, external_id DESC LIMIT 1), \
          moved AS ( \
-             INSERT INTO retention_cursors (name, through) \
-             SELECT 'payloads', reached FROM (SELECT max(first_received_at) AS reached FROM batch) AS r \
-             WHERE reached IS NOT NULL \
-             ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through) \
-         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged), \
-                COALESCE((SELECT max(first_received_at) FROM batch) > (SELECT through FROM cursor), false)";
+             INSERT INTO retention_cursors (name, through, after_at, after_tenant_id, after_external_id) \
+             SELECT 'payloads', first_received_at, first_received_at, tenant_id, external_id FROM last \
+             ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through, after_at = EXCLUDED.after_at, \
+                 after_tenant_id = EXCLUDED.after_tenant_id, after_external_id = EXCLUDED.after_external_id) \
+         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged), EXISTS (SELECT 1 FROM last)";
     let (examined, purged, moved): (i64, i64, bool) = sqlx::query_as(SQL)
         .bind(age_seconds)
         .bind(limit)
