@@ -247,3 +247,38 @@ async fn every_payload_of_an_instant_busier_than_a_batch_is_purged(pool: PgPool)
     assert_eq!(run.payloads_purged, 30, "{run:?}");
     assert!(run.cut_short.is_empty(), "{run:?}");
 }
+
+/// A payload cursor a previous build moved (its `through` alone, the last event's columns left
+/// from another instant) is read as that build reads it: every event at its instant is examined
+/// again, none skipped.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_cursor_a_previous_build_moved_skips_no_event_at_its_instant(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "burst", 5, "10 days", true).await;
+    sqlx::query(
+        "UPDATE webhook_events SET received_at = now() - interval '10 days', \
+         first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO retention_cursors (name, through, after_at, after_tenant_id, after_external_id) \
+         SELECT 'payloads', first_received_at, first_received_at - interval '1 day', 'zzz', 'zzz' \
+         FROM webhook_events LIMIT 1",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let run = shared::retention::run_until(
+        &pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await
+    .unwrap();
+
+    assert_eq!(run.payloads_purged, 5, "{run:?}");
+}
