@@ -187,26 +187,40 @@ async fn a_batch_with_no_payload_to_clear_does_not_end_the_payload_purge(pool: P
     );
 }
 
+/// `count` processed events with payloads, all first received at one instant ten days ago.
+async fn burst(pool: &PgPool, count: i64) {
+    processed(pool, "burst", count, "10 days", true).await;
+    sqlx::query(
+        "UPDATE webhook_events SET received_at = now() - interval '10 days', \
+         first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days' \
+         WHERE external_id LIKE 'burst-%'",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// One retention run in batches of 10, with 20 s to spare.
+async fn run_with_time_to_spare(pool: &PgPool) -> shared::retention::RetentionOutcome {
+    shared::retention::run_until(
+        pool,
+        &small_batches(),
+        "test",
+        Instant::now() + Duration::from_secs(20),
+    )
+    .await
+    .unwrap()
+}
+
 /// More events received at one instant than a batch: the run walks past them (the payload
 /// cursor names the last event examined at its instant), never the same batch again until its
 /// time is up.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool: PgPool) {
     source(&pool).await;
-    processed(&pool, "burst", 25, "10 days", true).await;
-    sqlx::query("UPDATE webhook_events SET received_at = now() - interval '10 days', first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'")
-        .execute(&pool)
-        .await
-        .unwrap();
+    burst(&pool, 25).await;
 
-    let run = shared::retention::run_until(
-        &pool,
-        &small_batches(),
-        "test",
-        Instant::now() + Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    let run = run_with_time_to_spare(&pool).await;
 
     assert!(run.cut_short.is_empty(), "{run:?}");
     assert!(run.payloads_purged >= 10, "{run:?}");
@@ -218,24 +232,10 @@ async fn events_received_at_one_instant_do_not_hold_the_run_to_its_deadline(pool
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn every_payload_of_an_instant_busier_than_a_batch_is_purged(pool: PgPool) {
     source(&pool).await;
-    processed(&pool, "burst", 25, "10 days", true).await;
-    sqlx::query(
-        "UPDATE webhook_events SET received_at = now() - interval '10 days', \
-         first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    burst(&pool, 25).await;
     processed(&pool, "after", 5, "9 days", true).await;
 
-    let run = shared::retention::run_until(
-        &pool,
-        &small_batches(),
-        "test",
-        Instant::now() + Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    let run = run_with_time_to_spare(&pool).await;
 
     let kept: Vec<String> = sqlx::query_scalar(
         "SELECT external_id FROM webhook_events WHERE payload IS NOT NULL ORDER BY external_id",
@@ -254,14 +254,7 @@ async fn every_payload_of_an_instant_busier_than_a_batch_is_purged(pool: PgPool)
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_cursor_a_previous_build_moved_skips_no_event_at_its_instant(pool: PgPool) {
     source(&pool).await;
-    processed(&pool, "burst", 5, "10 days", true).await;
-    sqlx::query(
-        "UPDATE webhook_events SET received_at = now() - interval '10 days', \
-         first_received_at = now() - interval '10 days', last_seen_at = now() - interval '10 days'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    burst(&pool, 5).await;
     sqlx::query(
         "INSERT INTO retention_cursors (name, through, after_at, after_tenant_id, after_external_id) \
          SELECT 'payloads', first_received_at, first_received_at - interval '1 day', 'zzz', 'zzz' \
@@ -271,14 +264,7 @@ async fn a_cursor_a_previous_build_moved_skips_no_event_at_its_instant(pool: PgP
     .await
     .unwrap();
 
-    let run = shared::retention::run_until(
-        &pool,
-        &small_batches(),
-        "test",
-        Instant::now() + Duration::from_secs(20),
-    )
-    .await
-    .unwrap();
+    let run = run_with_time_to_spare(&pool).await;
 
     assert_eq!(run.payloads_purged, 5, "{run:?}");
 }
