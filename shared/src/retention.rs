@@ -263,7 +263,7 @@ impl Purge {
                 let batch =
                     retention::purge_payloads(pool, s.payload_after.as_secs_f64(), limit).await?;
                 outcome.payloads_purged += batch.purged;
-                full(batch.examined) && batch.moved
+                full(batch.examined)
             }
             Purge::DeadLetterPayloads => {
                 let n = retention::purge_closed_dead_letter_payloads(

@@ -11,11 +11,9 @@ pub struct PayloadBatch {
     /// Events the cursor walked over (with a payload or not): fewer than the limit when it
     /// reached the horizon.
     pub examined: u64,
-    /// Of those, payloads cleared.
+    /// Of those, payloads cleared. The cursor moves past the last event examined (by its
+    /// instant, then its key): another batch never walks the same events again.
     pub purged: u64,
-    /// The cursor moved on: past the last event examined (by its instant, then its key), so
-    /// whenever the batch examined any. Another batch never walks the same events again.
-    pub moved: bool,
 }
 
 /// Clears payload bytes of up to `limit` finished events first received before `age_seconds`,
@@ -65,8 +63,8 @@ pub async fn purge_payloads(
              SELECT 'payloads', first_received_at, first_received_at, tenant_id, external_id FROM last \
              ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through, after_at = EXCLUDED.after_at, \
                  after_tenant_id = EXCLUDED.after_tenant_id, after_external_id = EXCLUDED.after_external_id) \
-         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged), EXISTS (SELECT 1 FROM last)";
-    let (examined, purged, moved): (i64, i64, bool) = sqlx::query_as(SQL)
+         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged)";
+    let (examined, purged): (i64, i64) = sqlx::query_as(SQL)
         .bind(age_seconds)
         .bind(limit)
         .fetch_one(executor)
@@ -74,7 +72,6 @@ pub async fn purge_payloads(
     Ok(PayloadBatch {
         examined: examined as u64,
         purged: purged as u64,
-        moved,
     })
 }
 
