@@ -842,17 +842,6 @@ fn expected_len(spec: &SignatureSpec) -> Option<usize> {
     }
 }
 
-/// Decodes exactly `out.len()` bytes of hex, or says which header's signature is not that.
-fn hex_fixed(place: &'static str, raw: &[u8], out: &mut [u8]) -> Result<(), VerifyError> {
-    let n = out.len();
-    hex_into(raw, out).ok_or_else(|| {
-        malformed(
-            place,
-            format!("signature is not {} hexadecimal characters", 2 * n),
-        )
-    })
-}
-
 /// Decodes exactly `out.len()` bytes of hex: `None` when `raw` is not `2 * out.len()` hex
 /// digits. Every fixed length there is (the MACs' and digests' 20, 32 and 64, Ed25519's 64) is
 /// decoded by code made for it; the `hex` crate answers any other.
@@ -895,7 +884,12 @@ fn decode(
         Encoding::Hex => match expected {
             Some(n) if n <= INLINE_CANDIDATE => {
                 // Exactly n bytes, so the length check below holds.
-                hex_fixed(place, raw, &mut inline[..n])?;
+                hex_into(raw, &mut inline[..n]).ok_or_else(|| {
+                    malformed(
+                        place,
+                        format!("signature is not {} hexadecimal characters", 2 * n),
+                    )
+                })?;
                 return Ok(Candidate::Inline {
                     bytes: inline,
                     len: n as u8,

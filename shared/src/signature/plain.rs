@@ -25,7 +25,7 @@ use crate::secrets::SecretSet;
 const LONGEST_MAC: usize = 64;
 
 /// Whether `spec` is the plain layout: worked out once per layout.
-pub(super) fn applies(spec: &SignatureSpec) -> bool {
+fn applies(spec: &SignatureSpec) -> bool {
     *spec.plain.get_or_init(|| plain(spec))
 }
 
