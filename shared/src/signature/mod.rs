@@ -1407,20 +1407,24 @@ mod tests {
 
     /// A secret of the shape the scheme's layout expects.
     fn secret_for(scheme: Scheme) -> &'static str {
-        match scheme.provider().signatures[0].secret {
-            SecretEncoding::Whsec => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
-            SecretEncoding::Base64 => "czNjcjN0",
-            SecretEncoding::Hex => "73336372337400",
-            _ => "s3cr3t",
-        }
+        secret_encoded(scheme.provider().signatures[0].secret, false)
     }
 
     fn other_secret_for(scheme: Scheme) -> &'static str {
-        match scheme.provider().signatures[0].secret {
-            SecretEncoding::Whsec => "whsec_bmV3LXNlY3JldC1mb3ItdGVzdGluZw==",
-            SecretEncoding::Base64 => "bjN3",
-            SecretEncoding::Hex => "6e3377",
-            _ => "n3w",
+        secret_encoded(scheme.provider().signatures[0].secret, true)
+    }
+
+    /// A test secret in `encoding`: one, or another (`other`) that makes different MACs.
+    pub(super) fn secret_encoded(encoding: SecretEncoding, other: bool) -> &'static str {
+        match (encoding, other) {
+            (SecretEncoding::Whsec, false) => "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+            (SecretEncoding::Whsec, true) => "whsec_bmV3LXNlY3JldC1mb3ItdGVzdGluZw==",
+            (SecretEncoding::Base64, false) => "czNjcjN0",
+            (SecretEncoding::Base64, true) => "bjN3",
+            (SecretEncoding::Hex, false) => "73336372337400",
+            (SecretEncoding::Hex, true) => "6e3377",
+            (_, false) => "s3cr3t",
+            (_, true) => "n3w",
         }
     }
 
