@@ -387,3 +387,153 @@ async fn a_handshake_signed_with_the_previous_secret_is_answered_with_it(pool: P
     );
     assert!(events(&app.pool).await.is_empty());
 }
+
+/// A provider that batches (HubSpot: a JSON array of up to 100 events a request) is stored a
+/// request at a time, as `docs/providers.md` says for every entry with `batch`: one event under
+/// the first element's id, every element in its payload. HubSpot counts its attempts inside
+/// each element (`attemptNumber`), so its retry of the batch is other bytes under the same id:
+/// a digest conflict, counted and recorded, not a duplicate.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: PgPool) {
+    let sources = [source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot")];
+    let secrets = SecretStore::memory([(
+        "secret/hubspot".to_owned(),
+        SecretSet::new("hubspot-client-secret", None),
+    )]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+    let batch = |attempt: u32| -> Vec<u8> {
+        serde_json::to_vec(&serde_json::json!([
+            {"eventId": 101, "subscriptionType": "contact.creation", "objectId": 7, "attemptNumber": attempt},
+            {"eventId": 102, "subscriptionType": "contact.deletion", "objectId": 8, "attemptNumber": attempt},
+        ]))
+        .unwrap()
+    };
+    // Version 1 (SHA-256 of the client secret and the body): the layout that signs no URL.
+    let v1 = &Scheme::Hubspot.provider().signatures[1];
+    let send_signed = |body: Vec<u8>| {
+        let mut headers: http::HeaderMap = signature::sign_with(
+            v1,
+            &SigningSecret::new("hubspot-client-secret"),
+            &Signing {
+                message_id: "",
+                timestamp: now(),
+                body: &body,
+                method: "POST",
+                url: None,
+            },
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        set(&mut headers, "x-hubspot-signature-version", "v1");
+        (headers, body)
+    };
+
+    let (headers, first) = send_signed(batch(0));
+    let reply = app.post("hubspot", headers, &first).await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted"),
+        "{:?}",
+        reply.json
+    );
+    let stored = events(&app.pool).await;
+    assert_eq!(stored.len(), 1, "one request, one event");
+    assert_eq!(
+        (
+            stored[0].external_id.as_str(),
+            stored[0].event_type.as_str()
+        ),
+        ("101", "contact.creation")
+    );
+    assert_eq!(stored[0].payload.as_deref(), Some(first.as_slice()));
+
+    let (headers, retry) = send_signed(batch(1));
+    let reply = app.post("hubspot", headers, &retry).await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "conflict"),
+        "{:?}",
+        reply.json
+    );
+    let row = event(&app.pool, TENANT, "101").await.unwrap();
+    assert_eq!((row.delivery_count, row.conflict_count), (2, 1));
+    assert_eq!(events(&app.pool).await.len(), 1);
+    let recorded = anomalies(&app.pool).await;
+    assert_eq!(recorded.len(), 1, "{recorded:?}");
+    assert_eq!(recorded[0].kind, "digest_conflict");
+    // The event is still pending, its id signed: the later bytes replace the stored ones, the
+    // earlier ones are kept as a digest (the ingest contract for a conflict).
+    assert_eq!(recorded[0].payload_replaced, Some(true));
+    assert_eq!(row.payload.as_deref(), Some(retry.as_slice()));
+    use sha2::Digest as _;
+    assert_eq!(
+        row.superseded_sha256.as_deref(),
+        Some(sha2::Sha256::digest(&first).as_slice())
+    );
+}
+
+/// Adyen signs eight values of a notification item, not the body. An event id read from the
+/// whole body (its digest) let anyone holding one signed notification post it again with an
+/// unsigned field changed (`reason`, `eventDate`, white space) and have it stored as a new
+/// event with the same payment, type and amount: a second capture downstream. The id is read
+/// from signed values (pspReference, eventCode, success), so such a copy is the same event:
+/// a digest conflict, counted and recorded, with no second event.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(pool: PgPool) {
+    let adyen = Scheme::Adyen.provider();
+    let vector = &adyen.vectors[0];
+    assert!(vector.valid);
+    let sources = [source("adyen", TENANT, Scheme::Adyen, "secret/adyen")];
+    let secrets = SecretStore::memory([(
+        "secret/adyen".to_owned(),
+        SecretSet::new(vector.secret.clone(), None),
+    )]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+    let body = vector.body.clone().unwrap();
+    let reply = app
+        .post("adyen", http::HeaderMap::new(), body.as_bytes())
+        .await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted"),
+        "{:?}",
+        reply.json
+    );
+
+    for changed in [
+        body.replace(r#""reason":"reason""#, r#""reason":"replayed""#),
+        body.replace("1970-01-01T00:00:00.000Z", "2026-12-03T00:00:00.000Z"),
+        body.replace(r#"{"live""#, r#"{ "live""#),
+    ] {
+        let reply = app
+            .post("adyen", http::HeaderMap::new(), changed.as_bytes())
+            .await;
+        assert_eq!(
+            (reply.status, reply.outcome()),
+            (StatusCode::OK, "conflict"),
+            "{changed}: {:?}",
+            reply.json
+        );
+    }
+    let stored = events(&app.pool).await;
+    assert_eq!(stored.len(), 1, "one notification, one event");
+    assert_eq!(
+        (
+            stored[0].event_type.as_str(),
+            stored[0].delivery_count,
+            stored[0].conflict_count
+        ),
+        ("CAPTURE", 4, 3)
+    );
+    // The same item with its signed values changed is another event (re-signed by the key).
+    let refund = body.replace(r#""eventCode":"CAPTURE""#, r#""eventCode":"REFUND""#);
+    let reply = app
+        .post("adyen", http::HeaderMap::new(), refund.as_bytes())
+        .await;
+    assert_eq!(
+        reply.status,
+        StatusCode::UNAUTHORIZED,
+        "eventCode is signed"
+    );
+}
