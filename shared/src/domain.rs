@@ -189,10 +189,11 @@ impl<'de> Deserialize<'de> for Scheme {
     }
 }
 
-/// Where a field of an event is read: a request header, a JSON pointer into the body, or (for
-/// providers that send no event id: Zoom, Calendly, Xero, Adyen) the SHA-256 of the raw body.
-/// Written `header:<name>`, `json:<pointer>` or `digest:sha256` in configuration and in the
-/// `sources` table.
+/// Where a field of an event is read: a request header, a JSON pointer into the body, a form
+/// parameter, (for providers that send no event id: Zoom, Calendly, Xero) the SHA-256 of the
+/// raw body, or several of the first three joined (Adyen's pspReference, eventCode and
+/// success). Written `header:<name>`, `json:<pointer>`, `form:<name>`, `digest:sha256` or
+/// `<part> + <part> ...` in configuration and in the `sources` table.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(try_from = "String", into = "String")]
 pub enum FieldLocator {
@@ -202,10 +203,36 @@ pub enum FieldLocator {
     Form(String),
     /// The body's SHA-256, hex: a redelivery of the same bytes is the same event.
     BodyDigest,
+    /// The values of two or more header, JSON or form locators, joined with `:` (a `:` or `\`
+    /// within a value escaped with `\`, so two different lists of values never join alike);
+    /// absent when any part is. For a provider that signs a few values and not the body
+    /// (Adyen): an id read from those values is bound to what the signature covers, where the
+    /// body's digest changes with any unsigned byte.
+    Joined(Vec<FieldLocator>),
 }
+
+/// How the parts of a [`FieldLocator::Joined`] are written.
+const JOINED_BY: &str = " + ";
 
 impl FieldLocator {
     pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        if raw.contains(JOINED_BY) {
+            let parts = raw
+                .split(JOINED_BY)
+                .map(|part| match Self::parse_one(part)? {
+                    Self::BodyDigest => Err(ParseError::new(
+                        "field locator",
+                        format!("{raw:?}: digest:sha256 is the whole body and joins nothing"),
+                    )),
+                    one => Ok(one),
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            return Ok(Self::Joined(parts));
+        }
+        Self::parse_one(raw)
+    }
+
+    fn parse_one(raw: &str) -> Result<Self, ParseError> {
         if let Some(name) = raw.strip_prefix("header:") {
             let name = http::HeaderName::from_bytes(name.trim().as_bytes()).map_err(|_| {
                 ParseError::new("field locator", format!("bad header name in {raw:?}"))
@@ -233,7 +260,7 @@ impl FieldLocator {
             Err(ParseError::new(
                 "field locator",
                 format!(
-                    "{raw:?} is none of 'header:<name>', 'json:<pointer>', 'form:<name>', 'digest:sha256'"
+                    "{raw:?} is none of 'header:<name>', 'json:<pointer>', 'form:<name>', 'digest:sha256', '<part> + <part>'"
                 ),
             ))
         }
@@ -249,7 +276,20 @@ impl FieldLocator {
 
     /// Whether the body is parsed as JSON to read it.
     pub fn reads_body(&self) -> bool {
-        matches!(self, Self::Json(_))
+        match self {
+            Self::Json(_) => true,
+            Self::Joined(parts) => parts.iter().any(Self::reads_body),
+            Self::Header(_) | Self::Form(_) | Self::BodyDigest => false,
+        }
+    }
+
+    /// The request headers it reads.
+    pub fn headers(&self) -> Vec<&http::HeaderName> {
+        match self {
+            Self::Header(name) => vec![name],
+            Self::Joined(parts) => parts.iter().flat_map(Self::headers).collect(),
+            Self::Json(_) | Self::Form(_) | Self::BodyDigest => Vec::new(),
+        }
     }
 }
 
@@ -273,6 +313,15 @@ impl fmt::Display for FieldLocator {
             Self::Json(pointer) => write!(f, "json:{pointer}"),
             Self::Form(name) => write!(f, "form:{name}"),
             Self::BodyDigest => f.write_str("digest:sha256"),
+            Self::Joined(parts) => {
+                for (i, part) in parts.iter().enumerate() {
+                    if i > 0 {
+                        f.write_str(JOINED_BY)?;
+                    }
+                    write!(f, "{part}")?;
+                }
+                Ok(())
+            }
         }
     }
 }
@@ -323,8 +372,23 @@ mod tests {
             "json:",
             "form:MessageSid",
             "digest:sha256",
+            "json:/a/pspReference + json:/a/eventCode + header:x-kind + form:Sid",
         ] {
             assert_eq!(FieldLocator::parse(raw).unwrap().to_string(), raw);
+        }
+        // A pointer may hold a '+' and a space; only " + " joins.
+        assert_eq!(
+            FieldLocator::parse("json:/a+b /c").unwrap(),
+            FieldLocator::Json("/a+b /c".into())
+        );
+        for joined in [
+            "json:/a + digest:sha256",
+            "json:/a + ",
+            " + json:/a",
+            "json:/a + json:b",
+            "json:/a + + json:/b",
+        ] {
+            assert!(FieldLocator::parse(joined).is_err(), "{joined}");
         }
         assert!(FieldLocator::parse("json:id").is_err());
         assert!(FieldLocator::parse("query:id").is_err());

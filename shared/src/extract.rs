@@ -35,7 +35,8 @@ impl FieldMap {
         scheme.provider().fields.field_map()
     }
 
-    fn locators(&self) -> impl Iterator<Item = &FieldLocator> {
+    /// Every locator it sets.
+    pub fn locators(&self) -> impl Iterator<Item = &FieldLocator> {
         [Some(&self.external_id), Some(&self.event_type)]
             .into_iter()
             .chain([
@@ -54,10 +55,7 @@ impl FieldMap {
 
     /// Headers the fields are read from, to keep beside the payload.
     pub fn header_names(&self) -> impl Iterator<Item = &http::HeaderName> {
-        self.locators().filter_map(|l| match l {
-            FieldLocator::Header(name) => Some(name),
-            FieldLocator::Json(_) | FieldLocator::Form(_) | FieldLocator::BodyDigest => None,
-        })
+        self.locators().flat_map(FieldLocator::headers)
     }
 }
 
@@ -248,6 +246,25 @@ impl Reader<'_> {
         locator: &FieldLocator,
     ) -> Result<Option<String>, ExtractError> {
         let text = match locator {
+            FieldLocator::Joined(parts) => {
+                let mut joined = String::new();
+                for (i, part) in parts.iter().enumerate() {
+                    // Each part is held to a field's rules on its own, then the whole.
+                    let Some(value) = self.read(field, part)? else {
+                        return Ok(None);
+                    };
+                    if i > 0 {
+                        joined.push(':');
+                    }
+                    for c in value.chars() {
+                        if matches!(c, ':' | '\\') {
+                            joined.push('\\');
+                        }
+                        joined.push(c);
+                    }
+                }
+                Some(joined)
+            }
             FieldLocator::Header(name) => match self.headers.get(name) {
                 None => None,
                 Some(value) => Some(
@@ -320,6 +337,59 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// A joined id: each value as read, joined with ':', a ':' or backslash in a value escaped, so
+    /// two lists of values never join alike; absent (a missing id) when any part is.
+    #[test]
+    fn a_joined_locator_joins_its_parts_and_is_absent_without_one() {
+        let mut fields = FieldMap::defaults_for(Scheme::Stripe);
+        fields.external_id =
+            FieldLocator::parse("json:/psp + json:/code + header:x-kind + json:/n").unwrap();
+        let h = headers(&[("x-kind", " live ")]);
+        let id =
+            |body: &[u8]| extract(&fields, &h, body).map(|f| f.external_id.as_str().to_owned());
+        assert_eq!(
+            id(br#"{"type":"t","psp":"8815","code":"CAPTURE","n":12}"#).unwrap(),
+            "8815:CAPTURE:live:12"
+        );
+        let a = id(br#"{"type":"t","psp":"a:b","code":"c","n":1}"#).unwrap();
+        let b = id(br#"{"type":"t","psp":"a","code":"b:c","n":1}"#).unwrap();
+        assert_eq!(
+            (a.as_str(), b.as_str()),
+            (r"a\:b:c:live:1", r"a:b\:c:live:1")
+        );
+        let c = id(br#"{"type":"t","psp":"a\\","code":":c","n":1}"#).unwrap();
+        assert_eq!(c, r"a\\:\:c:live:1");
+        for missing in [
+            &br#"{"type":"t","code":"CAPTURE","n":1}"#[..],
+            br#"{"type":"t","psp":"","code":"CAPTURE","n":1}"#,
+            br#"{"type":"t","psp":"1","code":null,"n":1}"#,
+        ] {
+            assert!(
+                matches!(
+                    extract(&fields, &h, missing),
+                    Err(ExtractError::Missing { .. })
+                ),
+                "{}",
+                String::from_utf8_lossy(missing)
+            );
+        }
+        assert!(matches!(
+            extract(
+                &fields,
+                &HeaderMap::new(),
+                br#"{"type":"t","psp":"1","code":"c","n":1}"#
+            ),
+            Err(ExtractError::Missing { .. })
+        ));
+        assert_eq!(
+            fields
+                .header_names()
+                .map(|n| n.as_str())
+                .collect::<Vec<_>>(),
+            ["x-kind"]
+        );
     }
 
     #[test]

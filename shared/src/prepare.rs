@@ -6,7 +6,6 @@
 
 use http::HeaderMap;
 
-use crate::domain::FieldLocator;
 use crate::extract::{self, EventFields, ExtractError};
 use crate::protocol;
 use crate::signature;
@@ -45,10 +44,12 @@ pub fn prepare(
         fields,
         headers: kept_headers(source, headers),
         provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
-        id_outside_signature: match &source.fields.external_id {
-            FieldLocator::Header(name) => !signed(name.as_str()),
-            FieldLocator::Json(_) | FieldLocator::Form(_) | FieldLocator::BodyDigest => false,
-        },
+        id_outside_signature: source
+            .fields
+            .external_id
+            .headers()
+            .into_iter()
+            .any(|name| !signed(name.as_str())),
     })
 }
 
