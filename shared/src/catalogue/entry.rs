@@ -338,6 +338,12 @@ pub struct ProviderFields {
     pub sequence: Option<FieldLocator>,
     /// Whether the signature covers the event id (in the body or a signed header).
     pub id_signed: bool,
+    /// The JSON pointer of the array a request's events arrive in, for a provider that sends
+    /// several in one request (`""`: the body is the array). The receiver stores such a request
+    /// as one event: the locators read its id and fields (from the first element or the
+    /// envelope), and its payload holds every element.
+    #[serde(default)]
+    pub batch: Option<String>,
 }
 
 impl ProviderFields {

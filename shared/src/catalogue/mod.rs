@@ -64,6 +64,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             version_tiebreak: None,
             sequence: None,
             id_signed: true,
+            batch: None,
         },
         handshake: HandshakeSpec::default(),
         retries: Retries {
@@ -135,6 +136,7 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
     if !provider.retries.marks_retries.is_empty() {
         header_name("retries.marks_retries", &provider.retries.marks_retries)?;
     }
+    batch_covers_the_elements_read(&provider.fields)?;
     for (i, vector) in provider.vectors.iter().enumerate() {
         if vector.body.is_some() == vector.body_base64.is_some() {
             return Err(spec_error(
@@ -144,6 +146,46 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
         }
     }
     Ok(provider)
+}
+
+/// A locator that reads an element of an array (`/0/eventId`) reads one event of a batch: the
+/// entry must say so (`fields.batch`), so that its documentation tells operators a request is
+/// stored as one event.
+fn batch_covers_the_elements_read(fields: &ProviderFields) -> Result<(), SpecError> {
+    use crate::domain::FieldLocator;
+    fn pointers(locator: &FieldLocator) -> Vec<&str> {
+        match locator {
+            FieldLocator::Json(pointer) => vec![pointer.as_str()],
+            FieldLocator::Joined(parts) => parts.iter().flat_map(pointers).collect(),
+            _ => Vec::new(),
+        }
+    }
+    if let Some(batch) = &fields.batch
+        && !batch.is_empty()
+    {
+        json_pointer("fields.batch", batch)?;
+    }
+    let read = fields.field_map();
+    for pointer in read.locators().flat_map(pointers) {
+        let segments: Vec<&str> = pointer.split('/').collect();
+        let Some(element) = segments
+            .iter()
+            .position(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()))
+        else {
+            continue;
+        };
+        let array = segments[..element].join("/");
+        if fields.batch.as_deref() != Some(array.as_str()) {
+            return Err(spec_error(
+                "fields.batch",
+                format!(
+                    "{pointer:?} reads an element of the array at {array:?}: a request carries a batch \
+                     of events there, so set batch = {array:?}"
+                ),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// Checks a signature layout: a catalogue entry's, or one a source declares.
@@ -375,6 +417,9 @@ pub fn markdown() -> String {
                 "- Signs the URL it called: behind a custom domain, set the source's `url`\n",
             );
         }
+        if let Some(batch) = &p.fields.batch {
+            let _ = writeln!(out, "- Batches: {}", batch_help(p, batch));
+        }
         out.push('\n');
     }
     out
@@ -428,6 +473,9 @@ pub fn show(scheme: Scheme) -> String {
             let _ = writeln!(out, "  {name}: {locator}");
         }
     }
+    if let Some(batch) = &f.batch {
+        let _ = writeln!(out, "  batch: {}", batch_help(p, batch));
+    }
     let _ = writeln!(out, "handshake: {}", p.handshake.kind.as_str());
     let _ = writeln!(out, "retries: {} ({})", p.retries.summary, p.retries.docs);
     let _ = writeln!(
@@ -449,6 +497,38 @@ pub fn show(scheme: Scheme) -> String {
         );
     }
     out
+}
+
+/// What a batching provider's entry means for the events stored.
+fn batch_help(p: &Provider, array: &str) -> String {
+    let at = if array.is_empty() {
+        "the body is an array of events".to_owned()
+    } else {
+        format!("the array at `{array}` holds the request's events")
+    };
+    // A signature read from inside the first element covers that element alone.
+    let first = format!("{array}/0/");
+    let first_only = p.signatures.iter().any(|spec| {
+        spec.json.as_deref().is_some_and(|j| j.starts_with(&first))
+            || spec
+                .signed
+                .iter()
+                .any(|part| matches!(part, Part::Json(j) if j.starts_with(&first)))
+    });
+    let mut help = format!(
+        "{at}. A request is stored as one event: its id and fields as the locators read them \
+         (the first element's or the envelope's), every element in its payload, so a consumer \
+         reads the array. Elements are not deduplicated one by one, and a retry whose bytes \
+         differ under the same id (HubSpot counts attempts in each element) is a digest \
+         conflict: counted and recorded, its payload replacing a pending event's"
+    );
+    if first_only {
+        help.push_str(
+            ". Only the first element's signature is checked: the other elements are stored \
+             unverified, and a consumer must not act on them",
+        );
+    }
+    help
 }
 
 /// One line on a signature layout.
@@ -561,6 +641,41 @@ mod tests {
             let err = load("github", &text).unwrap_err();
             assert_eq!(err.field, field, "{err}");
         }
+    }
+
+    /// An entry whose locators read an element of an array must declare that array as its
+    /// batch (that is what documents a request as one stored event), and only that array.
+    #[test]
+    fn an_entry_reading_an_array_element_declares_its_batch() {
+        let hubspot = FILES.iter().find(|(n, _)| *n == "hubspot").unwrap().1;
+        assert!(load("hubspot", hubspot).is_ok());
+        let batch_line = hubspot.lines().find(|l| l.starts_with("batch = ")).unwrap();
+        let without = hubspot.replace(batch_line, "");
+        let err = load("hubspot", &without).unwrap_err();
+        assert_eq!(err.field, "fields.batch", "{err}");
+        let elsewhere = hubspot.replace(batch_line, "batch = \"/events\"");
+        assert_eq!(
+            load("hubspot", &elsewhere).unwrap_err().field,
+            "fields.batch"
+        );
+        let github = FILES.iter().find(|(n, _)| *n == "github").unwrap().1;
+        let reads_element = github.replace(
+            "external_id = \"header:x-github-delivery\"",
+            "external_id = \"header:x-github-delivery + json:/commits/0/id\"",
+        );
+        assert_ne!(reads_element, github);
+        assert_eq!(
+            load("github", &reads_element).unwrap_err().field,
+            "fields.batch"
+        );
+        // Every entry that batches says so where operators read.
+        let docs = markdown();
+        for (scheme, p) in providers() {
+            if p.fields.batch.is_some() {
+                assert!(show(scheme).contains("  batch: "), "{scheme}");
+            }
+        }
+        assert_eq!(docs.matches("- Batches: ").count(), 5);
     }
 
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
