@@ -478,7 +478,8 @@ async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: P
 /// unsigned field changed (`reason`, `eventDate`, white space) and have it stored as a new
 /// event with the same payment, type and amount: a second capture downstream. The id is read
 /// from signed values (pspReference, eventCode, success), so such a copy is the same event:
-/// a digest conflict, counted and recorded, with no second event.
+/// a digest conflict, counted and recorded, with no second event and no change to the stored
+/// payload.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(pool: PgPool) {
     let adyen = Scheme::Adyen.provider();
@@ -525,6 +526,18 @@ async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(p
             stored[0].conflict_count
         ),
         ("CAPTURE", 4, 3)
+    );
+    // Nor does such a copy replace the pending event's payload: its changed bytes are outside
+    // the signature, so they are recorded beside it, never taken.
+    assert_eq!(stored[0].status, "pending");
+    assert_eq!(stored[0].payload.as_deref(), Some(body.as_bytes()));
+    let recorded = anomalies(&app.pool).await;
+    assert_eq!(recorded.len(), 3, "{recorded:?}");
+    assert!(
+        recorded.iter().all(|a| a.kind == "digest_conflict"
+            && a.payload_replaced == Some(false)
+            && a.payload.is_some()),
+        "{recorded:?}"
     );
     // The same item with its signed values changed is another event (re-signed by the key).
     let refund = body.replace(r#""eventCode":"CAPTURE""#, r#""eventCode":"REFUND""#);
