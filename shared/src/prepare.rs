@@ -22,7 +22,10 @@ pub struct Prepared {
     pub headers: serde_json::Value,
     /// 1 when the provider marked the delivery as its own retry.
     pub provider_retries: i32,
-    /// The event id was read from a header the signature does not cover.
+    /// Nothing binds the event id to these bytes: it was read from a header the signature
+    /// does not cover, or the signature does not cover the body (it signs a few values, as
+    /// Adyen's and Mailgun's do, or it is a shared token). Such a delivery never replaces a
+    /// stored payload, and its body is claimed so that it is stored under one id only.
     pub id_outside_signature: bool,
 }
 
@@ -44,13 +47,23 @@ pub fn prepare(
         fields,
         headers: kept_headers(source, headers),
         provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
-        id_outside_signature: source
-            .fields
-            .external_id
-            .headers()
-            .into_iter()
-            .any(|name| !signed(name.as_str())),
+        id_outside_signature: !covers_body(source)
+            || source
+                .fields
+                .external_id
+                .headers()
+                .into_iter()
+                .any(|name| !signed(name.as_str())),
     })
+}
+
+/// Whether every layout the source is verified with covers the whole delivery.
+fn covers_body(source: &Source) -> bool {
+    let layouts = match source.signature {
+        Some(declared) => std::slice::from_ref(declared),
+        None => source.scheme.provider().signatures.as_slice(),
+    };
+    !layouts.is_empty() && layouts.iter().all(|layout| layout.covers_body())
 }
 
 impl Prepared {

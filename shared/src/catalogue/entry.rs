@@ -128,6 +128,20 @@ impl ParsedName {
 }
 
 impl SignatureSpec {
+    /// Whether a delivery this layout verifies is covered whole: its body is signed, or every
+    /// form parameter of it, or its digest through the URL (Twilio's `bodySHA256`). Not a
+    /// shared token, which signs nothing, nor a layout that signs a few values read from the
+    /// body (Adyen) or beside it (Mailgun's timestamp and token): any other byte of such a
+    /// delivery can be changed without the signature noticing.
+    pub fn covers_body(&self) -> bool {
+        self.kind != Kind::Token
+            && (self.body_sha256_query.is_some()
+                || self
+                    .signed
+                    .iter()
+                    .any(|part| matches!(part, Part::Body | Part::FormSorted)))
+    }
+
     pub fn encoding(&self) -> Encoding {
         self.encoding.unwrap_or(if self.kind == Kind::Token {
             Encoding::Text

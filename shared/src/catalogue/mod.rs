@@ -678,6 +678,18 @@ mod tests {
         assert_eq!(docs.matches("- Batches: ").count(), 5);
     }
 
+    /// The entries whose signature leaves some bytes of a delivery uncovered: their deliveries
+    /// never replace a stored payload (`prepare`). Shared tokens sign nothing; Adyen signs
+    /// eight values of the body, Mailgun a timestamp and a token.
+    #[test]
+    fn the_entries_not_covering_the_body_are_the_token_and_value_signers() {
+        let uncovered: Vec<&str> = providers()
+            .filter(|(_, p)| !p.signatures.iter().all(SignatureSpec::covers_body))
+            .map(|(_, p)| p.name.as_str())
+            .collect();
+        assert_eq!(uncovered, ["adyen", "gitlab", "mailgun", "okta"]);
+    }
+
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
     /// provider's SDK tests or documentation) with the secret they name, the tampered copies
     /// refused. Each entry has at least one of each.
