@@ -420,6 +420,9 @@ pub fn markdown() -> String {
         if let Some(batch) = &p.fields.batch {
             let _ = writeln!(out, "- Batches: {}", batch_help(p, batch));
         }
+        if let Some(help) = uncovered_help(p) {
+            let _ = writeln!(out, "- Not signed whole: {help}");
+        }
         out.push('\n');
     }
     out
@@ -497,6 +500,24 @@ pub fn show(scheme: Scheme) -> String {
         );
     }
     out
+}
+
+/// What an entry whose signature leaves bytes of a delivery uncovered means for its events.
+fn uncovered_help(p: &Provider) -> Option<&'static str> {
+    if p.signatures.iter().all(SignatureSpec::covers_body) {
+        return None;
+    }
+    Some(if p.signatures.iter().all(|s| s.kind == Kind::Token) {
+        "the token signs nothing: whoever holds it can send any event, so keep it as secret as a \
+         signing key. A delivery with other bytes under a stored event's id is recorded as a \
+         conflict and never replaces the stored payload"
+    } else {
+        "the signature covers the values of its signed string, not the body. The other bytes \
+         are not verified: whoever captured a delivery can send it again with them changed and \
+         the same signature (within the timestamp window, where there is one). Under a stored \
+         event's id that is a recorded conflict, never replacing the stored payload; under \
+         another id it is a new event"
+    })
 }
 
 /// What a batching provider's entry means for the events stored.
@@ -688,6 +709,7 @@ mod tests {
             .map(|(_, p)| p.name.as_str())
             .collect();
         assert_eq!(uncovered, ["adyen", "gitlab", "mailgun", "okta"]);
+        assert_eq!(markdown().matches("- Not signed whole: ").count(), 4);
     }
 
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
