@@ -832,6 +832,74 @@ async fn sources_apply_refuses_two_sequence_sources_of_a_tenant_with_one_id_temp
     std::fs::remove_dir_all(&dir).ok();
 }
 
+/// Re-applying a source that has stored events with its event id read another way would
+/// re-identify every redelivery of those events: each stored again as a new event, its effects
+/// made twice. `apply` refuses it, naming both locators and how to keep or take the change;
+/// `apply_changing_event_ids` (`hookctl sources apply --change-event-ids`) takes it. A source
+/// with no events yet may change freely. (The catalogue's default can change under an
+/// unchanged sources file: Adyen's id moved from the body's digest to signed values.)
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn reapplying_a_source_with_events_under_another_event_id_is_refused(pool: PgPool) {
+    let app = TestApp::spawn(pool).await;
+    let stored = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_ids_1",
+        now(),
+        json!({}),
+    );
+    assert_eq!(
+        app.post("stripe", stored.headers, &stored.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    let mut rekeyed = source("stripe", TENANT, Scheme::Stripe, "secret/stripe");
+    rekeyed.fields.external_id = shared::FieldLocator::parse("json:/data/object/id").unwrap();
+    let locator = |pool: PgPool| async move {
+        sqlx::query_scalar::<_, String>(
+            "SELECT external_id_from FROM sources WHERE source_id = 'stripe'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap()
+    };
+
+    let refused = shared::sources::apply(&app.pool, std::slice::from_ref(&rekeyed))
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("stripe")
+            && refused.contains("json:/id")
+            && refused.contains("json:/data/object/id")
+            && refused.contains("--change-event-ids"),
+        "{refused}"
+    );
+    assert_eq!(
+        locator(app.pool.clone()).await,
+        "json:/id",
+        "nothing applied"
+    );
+    // The same locator, and another source with no events, apply as before.
+    let mut quiet = rekeyed.clone();
+    quiet.source_id = shared::domain::SourceId::parse("stripe-quiet").unwrap();
+    shared::sources::apply(
+        &app.pool,
+        &[
+            source("stripe", TENANT, Scheme::Stripe, "secret/stripe"),
+            quiet,
+        ],
+    )
+    .await
+    .unwrap();
+
+    shared::sources::apply_changing_event_ids(&app.pool, std::slice::from_ref(&rekeyed))
+        .await
+        .unwrap();
+    assert_eq!(locator(app.pool.clone()).await, "json:/data/object/id");
+}
+
 // ---- 6. A backfilled event's late delivery is not a conflict ------------------------------
 
 /// Stripe's API renders an event differently from the delivery (`pending_webhooks`, and

@@ -177,7 +177,13 @@ struct ServeArgs {
 #[derive(Subcommand)]
 enum SourcesAction {
     /// Insert or update every source in a sources file.
-    Apply { file: PathBuf },
+    Apply {
+        file: PathBuf,
+        /// Let a source with stored events read its event ids another way (its redeliveries of
+        /// those events are then stored again as new events); refused without it.
+        #[arg(long)]
+        change_event_ids: bool,
+    },
     /// List the configured sources.
     List,
 }
@@ -378,18 +384,28 @@ async fn migrate() -> CmdResult {
     Ok(())
 }
 
-async fn apply_sources(pool: &sqlx::PgPool, file: &Path) -> Result<Vec<sources::Source>, String> {
+async fn apply_sources(
+    pool: &sqlx::PgPool,
+    file: &Path,
+    change_event_ids: bool,
+) -> Result<Vec<sources::Source>, String> {
     let list = sources::read_sources_file(file).map_err(|e| e.to_string())?;
-    sources::apply(pool, &list)
-        .await
-        .map_err(|e| e.to_string())?;
+    if change_event_ids {
+        sources::apply_changing_event_ids(pool, &list).await
+    } else {
+        sources::apply(pool, &list).await
+    }
+    .map_err(|e| e.to_string())?;
     Ok(list)
 }
 
 async fn run_sources(action: SourcesAction) -> CmdResult {
     let pool = pool().await?;
     let list = match action {
-        SourcesAction::Apply { file } => apply_sources(&pool, &file).await?,
+        SourcesAction::Apply {
+            file,
+            change_event_ids,
+        } => apply_sources(&pool, &file, change_event_ids).await?,
         SourcesAction::List => sources::list(&pool).await.map_err(|e| e.to_string())?,
     };
     for s in list {
@@ -497,7 +513,7 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         .await
         .map_err(|e| format!("migrations failed: {e}"))?;
     if let Some(file) = &args.sources {
-        for s in apply_sources(ingestor.pool(), file).await? {
+        for s in apply_sources(ingestor.pool(), file, false).await? {
             eprintln!(
                 "source {} (tenant {}, {}) → POST http://{}/webhooks/{}",
                 s.source_id, s.tenant_id, s.scheme, args.listen, s.source_id

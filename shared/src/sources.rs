@@ -653,16 +653,57 @@ pub enum ApplyError {
         id_template: String,
         sources: Vec<String>,
     },
+    /// A source with stored events would read its event ids another way: every redelivery of
+    /// those events would be stored again as a new event.
+    #[error(
+        "source {source_id} has stored events under ids read from {stored}; reading them from \
+         {applied} would store every redelivery of those events again as a new event. To keep \
+         the stored ids, set external_id = \"{stored}\" in its [source.fields]; to take the new \
+         ones anyway, apply with --change-event-ids"
+    )]
+    EventIdChanged {
+        source_id: String,
+        stored: String,
+        applied: String,
+    },
 }
 
 /// Writes sources to the database: inserted, or updated in place. All or nothing: the set is
 /// refused when, with the sources already stored, two sequence sources of one tenant would share
-/// an id template. Applies run one at a time (the check sees every other apply's sources).
+/// an id template, or when a source with stored events would read its event ids another way
+/// (its redeliveries would become new events: [`apply_changing_event_ids`] takes that change).
+/// Applies run one at a time (the checks see every other apply's sources).
 pub async fn apply(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> {
+    apply_checked(pool, sources, false).await
+}
+
+/// [`apply`], letting a source with stored events read its event ids another way: the
+/// operator's decision that redeliveries of the stored events may be stored again.
+pub async fn apply_changing_event_ids(pool: &PgPool, sources: &[Source]) -> Result<(), ApplyError> {
+    apply_checked(pool, sources, true).await
+}
+
+async fn apply_checked(
+    pool: &PgPool,
+    sources: &[Source],
+    change_event_ids: bool,
+) -> Result<(), ApplyError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     store::sources::lock_for_apply(&mut *tx).await?;
     for source in sources {
-        store::sources::upsert(&mut *tx, &SourceRow::from(source)).await?;
+        let row = SourceRow::from(source);
+        if !change_event_ids
+            && let Some(stored) =
+                store::sources::event_id_locator_in_use(&mut *tx, &row.source_id).await?
+            && stored != row.external_id_from
+        {
+            return Err(ApplyError::EventIdChanged {
+                source_id: row.source_id,
+                stored,
+                applied: row.external_id_from,
+            });
+        }
+        store::sources::upsert(&mut *tx, &row).await?;
     }
     if let Some(clash) = store::sources::shared_id_templates(&mut *tx)
         .await?

@@ -131,6 +131,21 @@ pub async fn oldest_age_seconds(executor: impl PgExecutor<'_>) -> Result<Option<
 
 /// Makes applies of sources take turns, for the rest of the caller's transaction; readers (the
 /// ingest path) are not blocked.
+/// How a source reads its event ids, when it has stored events under them (`None`: a new
+/// source, or one with no events). One index probe (`source_id, first_received_at`).
+pub async fn event_id_locator_in_use(
+    executor: impl PgExecutor<'_>,
+    source_id: &str,
+) -> Result<Option<String>, StoreError> {
+    const SQL: &str = "SELECT s.external_id_from FROM sources AS s \
+         WHERE s.source_id = $1 \
+           AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.source_id = s.source_id)";
+    Ok(sqlx::query_scalar(SQL)
+        .bind(source_id)
+        .fetch_optional(executor)
+        .await?)
+}
+
 pub async fn lock_for_apply(executor: impl PgExecutor<'_>) -> Result<(), StoreError> {
     sqlx::query("LOCK TABLE sources IN SHARE ROW EXCLUSIVE MODE")
         .execute(executor)
