@@ -129,8 +129,6 @@ pub async fn oldest_age_seconds(executor: impl PgExecutor<'_>) -> Result<Option<
     Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
 }
 
-/// Makes applies of sources take turns, for the rest of the caller's transaction; readers (the
-/// ingest path) are not blocked.
 /// How a source reads its event ids, when it has stored events under them (`None`: a new
 /// source, or one with no events). One index probe (`source_id, first_received_at`).
 pub async fn event_id_locator_in_use(
@@ -146,6 +144,8 @@ pub async fn event_id_locator_in_use(
         .await?)
 }
 
+/// Makes applies of sources take turns, for the rest of the caller's transaction; readers (the
+/// ingest path) are not blocked.
 pub async fn lock_for_apply(executor: impl PgExecutor<'_>) -> Result<(), StoreError> {
     sqlx::query("LOCK TABLE sources IN SHARE ROW EXCLUSIVE MODE")
         .execute(executor)
