@@ -550,3 +550,51 @@ async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(p
         "eventCode is signed"
     );
 }
+
+/// WooCommerce pings a webhook's URL, unsigned, with `webhook_id=<n>` when the webhook is saved
+/// or activated, and shows the admin an error unless the answer is 200. The ping is answered
+/// 200 and stores nothing; any other unsigned request is still refused, and an order event
+/// (as WooCommerce sends it: signed body, delivery id and topic headers, `date_modified_gmt`
+/// without an offset) is stored.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn woocommerces_unsigned_ping_is_answered_and_its_events_are_stored(pool: PgPool) {
+    let sources = [source(
+        "woo",
+        TENANT,
+        Scheme::Woocommerce,
+        "secret/woocommerce",
+    )];
+    let secrets = SecretStore::memory([(
+        "secret/woocommerce".to_owned(),
+        SecretSet::new("woo-secret", None),
+    )]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+    let mut ping = http::HeaderMap::new();
+    set(
+        &mut ping,
+        "user-agent",
+        "WooCommerce/9.4.2 Hookshot (WordPress/6.7)",
+    );
+    let (status, _, reply) = send(&app, "POST", "woo", ping.clone(), b"webhook_id=17").await;
+    assert_eq!((status, reply.as_str()), (StatusCode::OK, ""));
+    let (status, _, _) = send(&app, "POST", "woo", ping, br#"{"id":17}"#).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "only the ping goes unsigned"
+    );
+    assert!(events(&app.pool).await.is_empty());
+    assert!(anomalies(&app.pool).await.is_empty());
+
+    let body = br#"{"id":727,"status":"processing","date_modified_gmt":"2026-12-03T10:15:42","total":"29.35"}"#;
+    let mut headers = signed(Scheme::Woocommerce, "woo-secret", "", body);
+    set(&mut headers, "x-wc-webhook-delivery-id", "d41d8cd98f");
+    set(&mut headers, "x-wc-webhook-topic", "order.updated");
+    let (status, _, reply) = send(&app, "POST", "woo", headers, body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let stored = event(&app.pool, TENANT, "d41d8cd98f").await.unwrap();
+    assert_eq!(
+        (stored.event_type.as_str(), stored.entity_id.as_deref()),
+        ("order.updated", Some("727"))
+    );
+}

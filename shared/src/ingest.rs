@@ -419,6 +419,15 @@ impl Ingestor {
             .ok_or(IngestError::UnknownSource)?;
         let span = tracing::Span::current();
         span.record("tenant_id", source.tenant_id.as_str());
+        if let Some(reply) = protocol::unsigned_handshake(
+            source.scheme,
+            delivery.method,
+            delivery.headers,
+            delivery.body,
+        ) {
+            tracing::info!("unsigned endpoint ping answered; nothing stored");
+            return Ok(Admission::Handshake(reply));
+        }
 
         let secrets = self
             .secrets

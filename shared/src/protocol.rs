@@ -3,7 +3,8 @@
 //! verification, Discord's PING, Okta's one-time GET, Xero's intent to receive: the catalogue
 //! entry's `handshake.kind`), the marks a provider puts on its own retries
 //! (`X-Slack-Retry-Num`), and the delivery headers worth keeping beside a payload for an operator.
-//! Everything here is read from a delivery whose signature already verified.
+//! Everything here is read from a delivery whose signature already verified, but WooCommerce's
+//! ping, which is sent unsigned ([`unsigned_handshake`]).
 
 use hmac::{Hmac, KeyInit, Mac};
 use http::HeaderMap;
@@ -121,7 +122,34 @@ pub fn handshake(
                 .is_empty()
                 .then(|| HandshakeReply::empty(200))
         }
+        // Answered before the signature ([`unsigned_handshake`]): a signed request is an event.
+        HandshakeKind::WoocommercePing => None,
     }
+}
+
+/// A provider's check of the endpoint that carries no signature, answered before any is
+/// verified; `None` for everything else (verified, then [`handshake`] or an event).
+/// WooCommerce's ping is the one: a POST whose body is `webhook_id=<n>` and which carries no
+/// signature header. Nothing of it is stored, and the answer says nothing a 404 for an unknown
+/// source does not.
+pub fn unsigned_handshake(
+    scheme: Scheme,
+    method: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<HandshakeReply> {
+    let provider = scheme.provider();
+    if provider.handshake.kind != HandshakeKind::WoocommercePing || method != "POST" {
+        return None;
+    }
+    let signed = provider
+        .signatures
+        .iter()
+        .filter_map(|spec| spec.header.as_deref())
+        .any(|name| headers.contains_key(name));
+    let id = body.strip_prefix(b"webhook_id=")?;
+    (!signed && (1..=20).contains(&id.len()) && id.iter().all(u8::is_ascii_digit))
+        .then(|| HandshakeReply::empty(200))
 }
 
 /// The longest challenge answered. Slack's are short tokens; anything longer is not one.
@@ -204,6 +232,36 @@ mod tests {
     #[test]
     fn every_catalogue_handshake_is_answered_as_its_provider_requires() {
         let none = HeaderMap::new();
+        // WooCommerce's ping, as WC_Webhook::deliver_ping sends it: unsigned, its body the
+        // webhook's id. Answered before any signature; a signed request is an event.
+        let woo = |method: &str, headers: &HeaderMap, body: &str| {
+            unsigned_handshake(Scheme::Woocommerce, method, headers, body.as_bytes())
+        };
+        assert_eq!(
+            woo("POST", &none, "webhook_id=42"),
+            Some(HandshakeReply::empty(200))
+        );
+        let mut signed = HeaderMap::new();
+        signed.insert("x-wc-webhook-signature", HeaderValue::from_static("c2ln"));
+        for (method, headers, body) in [
+            ("POST", &signed, "webhook_id=42"),
+            ("GET", &none, "webhook_id=42"),
+            ("POST", &none, "webhook_id="),
+            ("POST", &none, "webhook_id=42&x=1"),
+            ("POST", &none, "webhook_id=4 2"),
+            ("POST", &none, r#"{"id":42}"#),
+            ("POST", &none, "webhook_id=123456789012345678901"),
+        ] {
+            assert_eq!(woo(method, headers, body), None, "{method} {body}");
+        }
+        assert_eq!(
+            unsigned_handshake(Scheme::Github, "POST", &none, b"webhook_id=42"),
+            None
+        );
+        assert_eq!(
+            answer(Scheme::Woocommerce, "POST", &signed, "webhook_id=42"),
+            None
+        );
         // Zoom: the known answer recorded in shared/providers/zoom.toml (HMAC-SHA256 of the
         // plain token with the secret token, hex).
         let zoom = answer(

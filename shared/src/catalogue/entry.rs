@@ -401,6 +401,11 @@ pub enum HandshakeKind {
     OktaVerification,
     /// Xero's intent to receive: a signed delivery with no events, answered 200.
     XeroIntentToReceive,
+    /// WooCommerce's ping when a webhook is saved or activated: an UNSIGNED POST whose body is
+    /// `webhook_id=<n>`, answered 200 (WooCommerce shows the admin an error for any other
+    /// status and pings again on the next save). The only handshake answered before a
+    /// signature: WooCommerce signs none, and nothing is stored or read for it.
+    WoocommercePing,
 }
 
 impl HandshakeKind {
@@ -413,6 +418,7 @@ impl HandshakeKind {
             HandshakeKind::DiscordPing => "discord_ping",
             HandshakeKind::OktaVerification => "okta_verification",
             HandshakeKind::XeroIntentToReceive => "xero_intent_to_receive",
+            HandshakeKind::WoocommercePing => "woocommerce_ping",
         }
     }
 }
