@@ -593,8 +593,13 @@ async fn woocommerces_unsigned_ping_is_answered_and_its_events_are_stored(pool: 
     let (status, _, reply) = send(&app, "POST", "woo", headers, body).await;
     assert_eq!(status, StatusCode::OK, "{reply}");
     let stored = event(&app.pool, TENANT, "d41d8cd98f").await.unwrap();
+    // The version is date_modified_gmt, read as UTC.
     assert_eq!(
-        (stored.event_type.as_str(), stored.entity_id.as_deref()),
-        ("order.updated", Some("727"))
+        (
+            stored.event_type.as_str(),
+            stored.entity_id.as_deref(),
+            stored.entity_version
+        ),
+        ("order.updated", Some("727"), Some(1_796_292_942_000_000))
     );
 }

@@ -314,12 +314,22 @@ fn invalid(field: &'static str, locator: &FieldLocator, reason: &str) -> Extract
 }
 
 /// An integer, or an RFC 3339 timestamp as Unix microseconds.
+/// A timestamp with no offset (WooCommerce's `date_modified_gmt`, `2017-03-22T16:28:08`) is
+/// read as UTC: versions are compared within one provider's events, which all write theirs the
+/// same way.
 fn version_number(raw: &str) -> Option<i64> {
-    raw.parse::<i64>().ok().or_else(|| {
-        DateTime::parse_from_rfc3339(raw)
-            .ok()
-            .map(|t| t.timestamp_micros())
-    })
+    raw.parse::<i64>()
+        .ok()
+        .or_else(|| {
+            DateTime::parse_from_rfc3339(raw)
+                .ok()
+                .map(|t| t.timestamp_micros())
+        })
+        .or_else(|| {
+            chrono::NaiveDateTime::parse_from_str(raw, "%Y-%m-%dT%H:%M:%S%.f")
+                .ok()
+                .map(|t| t.and_utc().timestamp_micros())
+        })
 }
 
 #[cfg(test)]
@@ -390,6 +400,24 @@ mod tests {
                 .collect::<Vec<_>>(),
             ["x-kind"]
         );
+    }
+
+    /// Versions: integers as sent; RFC 3339 timestamps and ones with no offset (read as UTC) as
+    /// Unix microseconds; anything else refused.
+    #[test]
+    fn versions_are_integers_or_timestamps_with_or_without_an_offset() {
+        for (raw, micros) in [
+            ("42", Some(42)),
+            ("2017-03-22T16:28:08Z", Some(1_490_200_088_000_000)),
+            ("2017-03-22T17:28:08+01:00", Some(1_490_200_088_000_000)),
+            ("2017-03-22T16:28:08", Some(1_490_200_088_000_000)),
+            ("2017-03-22T16:28:08.25", Some(1_490_200_088_250_000)),
+            ("2017-03-22 16:28:08", None),
+            ("2017-03-22", None),
+            ("yesterday", None),
+        ] {
+            assert_eq!(version_number(raw), micros, "{raw}");
+        }
     }
 
     #[test]
