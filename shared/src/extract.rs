@@ -233,7 +233,7 @@ impl Reader<'_> {
                         invalid(
                             field,
                             locator,
-                            "neither an integer nor an RFC 3339 timestamp",
+                            "neither an integer nor a timestamp (RFC 3339, or with no offset: UTC)",
                         )
                     })
             })

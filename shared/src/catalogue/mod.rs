@@ -772,6 +772,57 @@ mod tests {
         }
     }
 
+    /// No valid vector that is an event (not a handshake) holds a field its entry reads and
+    /// then refuses (`ExtractError::Invalid`): a delivery the signature accepts is not refused
+    /// for the shape of a value (WooCommerce's versions have no offset, and every one of its
+    /// events was refused until they were read as UTC). A vector may lack a field (one taken
+    /// from an SDK's signature test carries only the signature's headers) or not be JSON (a
+    /// form, a GET); most give every field.
+    #[test]
+    fn no_valid_vector_is_refused_for_the_shape_of_a_field() {
+        use crate::extract::ExtractError;
+        use crate::secrets::SigningSecret;
+        use base64::Engine as _;
+        let mut read = 0usize;
+        for (scheme, p) in providers() {
+            for (i, v) in p.vectors.iter().enumerate().filter(|(_, v)| v.valid) {
+                let headers: http::HeaderMap = v
+                    .headers
+                    .iter()
+                    .map(|(k, val)| {
+                        (
+                            http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
+                                .unwrap(),
+                            http::HeaderValue::from_str(val).unwrap(),
+                        )
+                    })
+                    .collect();
+                let body = match (&v.body, &v.body_base64) {
+                    (Some(text), _) => text.as_bytes().to_vec(),
+                    (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                        .decode(b64)
+                        .unwrap(),
+                    (None, None) => Vec::new(),
+                };
+                let secret = SigningSecret::new(v.secret.clone());
+                if crate::protocol::handshake(scheme, &v.method, &headers, &body, &secret).is_some()
+                    || crate::protocol::unsigned_handshake(scheme, &v.method, &headers, &body)
+                        .is_some()
+                {
+                    continue;
+                }
+                let fields = crate::extract::extract(&p.fields.field_map(), &headers, &body);
+                assert!(
+                    !matches!(fields, Err(ExtractError::Invalid { .. })),
+                    "{scheme} vector {i} ({}): {fields:?}",
+                    v.source
+                );
+                read += usize::from(fields.is_ok());
+            }
+        }
+        assert!(read >= 26, "only {read} vectors gave every field");
+    }
+
     /// `docs/providers.md` is the catalogue as `markdown()` renders it: regenerate it with
     /// `hookctl providers markdown > docs/providers.md` after changing an entry.
     #[test]
