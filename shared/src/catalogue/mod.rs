@@ -712,6 +712,29 @@ mod tests {
         assert_eq!(markdown().matches("- Not signed whole: ").count(), 4);
     }
 
+    /// A vector's headers and body, as the request carries them.
+    fn delivered(v: &Vector) -> (http::HeaderMap, Vec<u8>) {
+        use base64::Engine as _;
+        let headers = v
+            .headers
+            .iter()
+            .map(|(k, val)| {
+                (
+                    http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
+                    http::HeaderValue::from_str(val).unwrap(),
+                )
+            })
+            .collect();
+        let body = match (&v.body, &v.body_base64) {
+            (Some(text), _) => text.as_bytes().to_vec(),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
+                .decode(b64)
+                .unwrap(),
+            (None, None) => Vec::new(),
+        };
+        (headers, body)
+    }
+
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
     /// provider's SDK tests or documentation) with the secret they name, the tampered copies
     /// refused. Each entry has at least one of each.
@@ -719,31 +742,13 @@ mod tests {
     fn every_vector_verifies_as_recorded() {
         use crate::secrets::SecretSet;
         use crate::signature::{Request, verify_request};
-        use base64::Engine as _;
         for (scheme, p) in providers() {
             assert!(
                 p.vectors.iter().any(|v| v.valid) && p.vectors.iter().any(|v| !v.valid),
                 "{scheme}: needs a valid vector and a tampered one"
             );
             for (i, v) in p.vectors.iter().enumerate() {
-                let headers: http::HeaderMap = v
-                    .headers
-                    .iter()
-                    .map(|(k, val)| {
-                        (
-                            http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-                                .unwrap(),
-                            http::HeaderValue::from_str(val).unwrap(),
-                        )
-                    })
-                    .collect();
-                let body = match (&v.body, &v.body_base64) {
-                    (Some(text), _) => text.as_bytes().to_vec(),
-                    (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                        .decode(b64)
-                        .unwrap(),
-                    (None, None) => Vec::new(),
-                };
+                let (headers, body) = delivered(v);
                 let request = Request {
                     headers: &headers,
                     body: &body,
@@ -782,28 +787,10 @@ mod tests {
     fn no_valid_vector_is_refused_for_the_shape_of_a_field() {
         use crate::extract::ExtractError;
         use crate::secrets::SigningSecret;
-        use base64::Engine as _;
         let mut read = 0usize;
         for (scheme, p) in providers() {
             for (i, v) in p.vectors.iter().enumerate().filter(|(_, v)| v.valid) {
-                let headers: http::HeaderMap = v
-                    .headers
-                    .iter()
-                    .map(|(k, val)| {
-                        (
-                            http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes())
-                                .unwrap(),
-                            http::HeaderValue::from_str(val).unwrap(),
-                        )
-                    })
-                    .collect();
-                let body = match (&v.body, &v.body_base64) {
-                    (Some(text), _) => text.as_bytes().to_vec(),
-                    (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                        .decode(b64)
-                        .unwrap(),
-                    (None, None) => Vec::new(),
-                };
+                let (headers, body) = delivered(v);
                 let secret = SigningSecret::new(v.secret.clone());
                 if crate::protocol::handshake(scheme, &v.method, &headers, &body, &secret).is_some()
                     || crate::protocol::unsigned_handshake(scheme, &v.method, &headers, &body)
