@@ -540,8 +540,8 @@ fn batch_help(p: &Provider, array: &str) -> String {
         "{at}. A request is stored as one event: its id and fields as the locators read them \
          (the first element's or the envelope's), every element in its payload, so a consumer \
          reads the array. Elements are not deduplicated one by one, and a retry whose bytes \
-         differ under the same id (HubSpot counts attempts in each element) is a digest \
-         conflict: counted and recorded, its payload replacing a pending event's"
+         differ under the same id (an attempt count in each element) is a digest conflict, \
+         counted and recorded"
     );
     if first_only {
         help.push_str(
