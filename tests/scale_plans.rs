@@ -385,3 +385,37 @@ async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPo
         "{reads:?}"
     );
 }
+
+/// The anomaly pass's checks read `webhook_events` only through bounding indexes too, planned
+/// as for a table larger than the server's cache: every check that looks at events looks at a
+/// range of the time index or at the events a smaller table names.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_anomaly_checks_read_webhook_events_only_through_bounding_indexes(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    while shared::store::delivery_hours::roll(&pool)
+        .await
+        .unwrap()
+        .missing
+        > 0
+    {}
+    let (explaining, notices, _guard) = explaining(&pool).await;
+    shared::anomaly::run_once(&explaining, &Default::default(), "test")
+        .await
+        .unwrap();
+    drop(_guard);
+
+    let plans = explained(&notices);
+    let mut reads = 0;
+    let mut wrong = Vec::new();
+    for p in &plans {
+        let mut found = Vec::new();
+        unbounded_reads(&p.plan, &mut reads, &mut found);
+        wrong.extend(
+            found
+                .into_iter()
+                .map(|f| format!("{f}\n    in: {}", p.query)),
+        );
+    }
+    assert!(reads >= 5, "the checks read webhook_events ({reads} reads)");
+    assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
+}
