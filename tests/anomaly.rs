@@ -103,6 +103,12 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
         .execute(&pool)
         .await
         .unwrap();
+    // A queue row left for an event already processed (not a repair).
+    sqlx::query("INSERT INTO event_queue (tenant_id, external_id, ready_at, enqueued_at) VALUES ($1, 'dup-a', now(), now())")
+        .bind(TENANT)
+        .execute(&pool)
+        .await
+        .unwrap();
     // A transaction left open elsewhere (a long-held snapshot slows every queue).
     let mut idle = pool.begin().await.unwrap();
     sqlx::query("SELECT 1").execute(&mut *idle).await.unwrap();
@@ -121,6 +127,7 @@ async fn planted_faults_breach_the_checks_that_watch_for_them(pool: PgPool) {
         "amount_mismatches_last_day",
         "oldest_pending_age_seconds",
         "pending_outbox_without_event",
+        "queued_but_not_pending",
         "longest_open_transaction_seconds",
     ] {
         assert!(

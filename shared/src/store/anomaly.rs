@@ -119,7 +119,12 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
     check(
         "queued_but_not_pending",
         "referential",
-        "SELECT count(*)::float8 FROM event_queue AS q JOIN webhook_events AS e USING (tenant_id, external_id) \
+        // Each queue row's event looked up by its key (LATERAL ... LIMIT 1 keeps it a lookup):
+        // as a plain join, a table larger than the server's cache was planned as a hash join
+        // over a sequential scan of webhook_events (tests/scale_plans.rs).
+        "SELECT count(*)::float8 FROM event_queue AS q \
+         CROSS JOIN LATERAL (SELECT e.status FROM webhook_events AS e \
+             WHERE e.tenant_id = q.tenant_id AND e.external_id = q.external_id LIMIT 1) AS e \
          WHERE e.status <> 'pending' AND NOT (q.repair AND e.status = 'processed')",
         ZERO.0,
         ZERO.1,
