@@ -276,19 +276,25 @@ impl FieldLocator {
 
     /// Whether the body is parsed as JSON to read it.
     pub fn reads_body(&self) -> bool {
-        match self {
-            Self::Json(_) => true,
-            Self::Joined(parts) => parts.iter().any(Self::reads_body),
-            Self::Header(_) | Self::Form(_) | Self::BodyDigest => false,
-        }
+        self.parts()
+            .iter()
+            .any(|part| matches!(part, Self::Json(_)))
     }
 
     /// The request headers it reads.
-    pub fn headers(&self) -> Vec<&http::HeaderName> {
+    pub fn headers(&self) -> impl Iterator<Item = &http::HeaderName> {
+        self.parts().iter().filter_map(|part| match part {
+            Self::Header(name) => Some(name),
+            _ => None,
+        })
+    }
+
+    /// The single locators it reads: a joined one's parts (never joined themselves: `parse`
+    /// reads each part as one locator), or itself.
+    pub fn parts(&self) -> &[FieldLocator] {
         match self {
-            Self::Header(name) => vec![name],
-            Self::Joined(parts) => parts.iter().flat_map(Self::headers).collect(),
-            Self::Json(_) | Self::Form(_) | Self::BodyDigest => Vec::new(),
+            Self::Joined(parts) => parts,
+            one => std::slice::from_ref(one),
         }
     }
 }

@@ -52,7 +52,6 @@ pub fn prepare(
                 .fields
                 .external_id
                 .headers()
-                .into_iter()
                 .any(|name| !signed(name.as_str())),
     })
 }

@@ -153,20 +153,20 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
 /// stored as one event.
 fn batch_covers_the_elements_read(fields: &ProviderFields) -> Result<(), SpecError> {
     use crate::domain::FieldLocator;
-    fn pointers(locator: &FieldLocator) -> Vec<&str> {
-        match locator {
-            FieldLocator::Json(pointer) => vec![pointer.as_str()],
-            FieldLocator::Joined(parts) => parts.iter().flat_map(pointers).collect(),
-            _ => Vec::new(),
-        }
-    }
     if let Some(batch) = &fields.batch
         && !batch.is_empty()
     {
         json_pointer("fields.batch", batch)?;
     }
     let read = fields.field_map();
-    for pointer in read.locators().flat_map(pointers) {
+    let pointers = read
+        .locators()
+        .flat_map(FieldLocator::parts)
+        .filter_map(|part| match part {
+            FieldLocator::Json(pointer) => Some(pointer.as_str()),
+            _ => None,
+        });
+    for pointer in pointers {
         let segments: Vec<&str> = pointer.split('/').collect();
         let Some(element) = segments
             .iter()
