@@ -101,6 +101,33 @@ fn explained(notices: &Notices) -> Vec<Explained> {
         .collect()
 }
 
+/// The reads of `webhook_events` in every plan, and what is wrong with each, naming the
+/// statement.
+fn unbounded_reads_of(plans: &[Explained]) -> (usize, Vec<String>) {
+    let mut reads = 0;
+    let mut wrong = Vec::new();
+    for p in plans {
+        let mut found = Vec::new();
+        unbounded_reads(&p.plan, &mut reads, &mut found);
+        wrong.extend(
+            found
+                .into_iter()
+                .map(|f| format!("{f}\n    in: {}", p.query)),
+        );
+    }
+    (reads, wrong)
+}
+
+/// The rollup over the fill's 29 days, as a deployed system's first runs leave it.
+async fn fill_the_rollup(pool: &PgPool) {
+    while shared::store::delivery_hours::roll(pool)
+        .await
+        .unwrap()
+        .missing
+        > 0
+    {}
+}
+
 /// What is wrong with each node of `plan` that reads `webhook_events` (or one of its indexes);
 /// counts those nodes in `reads`.
 fn unbounded_reads(plan: &serde_json::Value, reads: &mut usize, out: &mut Vec<String>) {
@@ -192,17 +219,7 @@ async fn status_and_the_operator_actions_read_webhook_events_only_through_boundi
     }
 
     let plans = explained(&notices);
-    let mut reads = 0;
-    let mut wrong = Vec::new();
-    for p in &plans {
-        let mut found = Vec::new();
-        unbounded_reads(&p.plan, &mut reads, &mut found);
-        wrong.extend(
-            found
-                .into_iter()
-                .map(|f| format!("{f}\n    in: {}", p.query)),
-        );
-    }
+    let (reads, wrong) = unbounded_reads_of(&plans);
     assert!(
         plans.iter().any(|p| p.query.contains("last_received_at")),
         "status's per-source activity was explained ({} plans)",
@@ -226,12 +243,7 @@ async fn the_delivery_hours_rollup_reads_webhook_events_only_through_bounding_in
     pool: PgPool,
 ) {
     pipeline_tests::scale::fill(&pool, ROWS).await;
-    while shared::store::delivery_hours::roll(&pool)
-        .await
-        .unwrap()
-        .missing
-        > 0
-    {}
+    fill_the_rollup(&pool).await;
     // A late delivery marked a week-old hour.
     sqlx::query(
         "INSERT INTO delivery_hours_dirty (source_id, hour) \
@@ -253,17 +265,7 @@ async fn the_delivery_hours_rollup_reads_webhook_events_only_through_bounding_in
     );
 
     let plans = explained(&notices);
-    let mut reads = 0;
-    let mut wrong = Vec::new();
-    for p in &plans {
-        let mut found = Vec::new();
-        unbounded_reads(&p.plan, &mut reads, &mut found);
-        wrong.extend(
-            found
-                .into_iter()
-                .map(|f| format!("{f}\n    in: {}", p.query)),
-        );
-    }
+    let (reads, wrong) = unbounded_reads_of(&plans);
     assert!(
         plans
             .iter()
@@ -392,12 +394,7 @@ async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPo
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_anomaly_checks_read_webhook_events_only_through_bounding_indexes(pool: PgPool) {
     pipeline_tests::scale::fill(&pool, ROWS).await;
-    while shared::store::delivery_hours::roll(&pool)
-        .await
-        .unwrap()
-        .missing
-        > 0
-    {}
+    fill_the_rollup(&pool).await;
     let (explaining, notices, _guard) = explaining(&pool).await;
     shared::anomaly::run_once(&explaining, &Default::default(), "test")
         .await
@@ -405,17 +402,7 @@ async fn the_anomaly_checks_read_webhook_events_only_through_bounding_indexes(po
     drop(_guard);
 
     let plans = explained(&notices);
-    let mut reads = 0;
-    let mut wrong = Vec::new();
-    for p in &plans {
-        let mut found = Vec::new();
-        unbounded_reads(&p.plan, &mut reads, &mut found);
-        wrong.extend(
-            found
-                .into_iter()
-                .map(|f| format!("{f}\n    in: {}", p.query)),
-        );
-    }
+    let (reads, wrong) = unbounded_reads_of(&plans);
     assert!(reads >= 5, "the checks read webhook_events ({reads} reads)");
     assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
 }
