@@ -388,6 +388,17 @@ async fn a_handshake_signed_with_the_previous_secret_is_answered_with_it(pool: P
     assert!(events(&app.pool).await.is_empty());
 }
 
+/// An app with one source of `scheme`, under `id`, signing with `secret`.
+async fn one_source(pool: PgPool, id: &str, scheme: Scheme, secret: &str) -> TestApp {
+    let secret_ref = format!("secret/{id}");
+    TestApp::new(
+        pool,
+        &[source(id, TENANT, scheme, &secret_ref)],
+        SecretStore::memory([(secret_ref.clone(), SecretSet::new(secret, None))]),
+    )
+    .await
+}
+
 /// A provider that batches (HubSpot: a JSON array of up to 100 events a request) is stored a
 /// request at a time, as `docs/providers.md` says for every entry with `batch`: one event under
 /// the first element's id, every element in its payload. HubSpot counts its attempts inside
@@ -395,12 +406,7 @@ async fn a_handshake_signed_with_the_previous_secret_is_answered_with_it(pool: P
 /// a digest conflict, counted and recorded, not a duplicate.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: PgPool) {
-    let sources = [source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot")];
-    let secrets = SecretStore::memory([(
-        "secret/hubspot".to_owned(),
-        SecretSet::new("hubspot-client-secret", None),
-    )]);
-    let app = TestApp::new(pool, &sources, secrets).await;
+    let app = one_source(pool, "hubspot", Scheme::Hubspot, "hubspot-client-secret").await;
     let batch = |attempt: u32| -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!([
             {"eventId": 101, "subscriptionType": "contact.creation", "objectId": 7, "attemptNumber": attempt},
@@ -485,12 +491,7 @@ async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(p
     let adyen = Scheme::Adyen.provider();
     let vector = &adyen.vectors[0];
     assert!(vector.valid);
-    let sources = [source("adyen", TENANT, Scheme::Adyen, "secret/adyen")];
-    let secrets = SecretStore::memory([(
-        "secret/adyen".to_owned(),
-        SecretSet::new(vector.secret.clone(), None),
-    )]);
-    let app = TestApp::new(pool, &sources, secrets).await;
+    let app = one_source(pool, "adyen", Scheme::Adyen, &vector.secret).await;
     let body = vector.body.clone().unwrap();
     let reply = app
         .post("adyen", http::HeaderMap::new(), body.as_bytes())
@@ -558,17 +559,7 @@ async fn an_adyen_notification_changed_outside_its_signature_is_the_same_event(p
 /// without an offset) is stored.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn woocommerces_unsigned_ping_is_answered_and_its_events_are_stored(pool: PgPool) {
-    let sources = [source(
-        "woo",
-        TENANT,
-        Scheme::Woocommerce,
-        "secret/woocommerce",
-    )];
-    let secrets = SecretStore::memory([(
-        "secret/woocommerce".to_owned(),
-        SecretSet::new("woo-secret", None),
-    )]);
-    let app = TestApp::new(pool, &sources, secrets).await;
+    let app = one_source(pool, "woo", Scheme::Woocommerce, "woo-secret").await;
     let mut ping = http::HeaderMap::new();
     set(
         &mut ping,
