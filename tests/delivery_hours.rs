@@ -510,3 +510,114 @@ async fn time_moved_by_part_of_an_hour_counts_no_event_twice(pool: PgPool) {
     fill(&pool).await;
     assert_eq!(rollup(&pool).await, truth(&pool).await);
 }
+
+/// Per source, `hookctl status`'s events, duplicates and conflicts of the last day, beside the
+/// same figures aggregated from `webhook_events` now; read again should an hour begin between
+/// the two (the day starts at the hour a day ago).
+async fn status_beside_the_events(
+    pool: &PgPool,
+) -> (Vec<(String, [i64; 3])>, Vec<(String, [i64; 3])>) {
+    loop {
+        let hour = || async {
+            sqlx::query_scalar::<_, String>("SELECT date_trunc('hour', now())::text")
+                .fetch_one(pool)
+                .await
+                .unwrap()
+        };
+        let before = hour().await;
+        let report = shared::status::report(pool, &Default::default())
+            .await
+            .unwrap();
+        let truth: Vec<(String, i64, i64, i64)> = sqlx::query_as(
+            "SELECT s.source_id, count(e.source_id), COALESCE(sum(e.delivery_count - 1), 0)::int8, \
+                    COALESCE(sum(e.conflict_count), 0)::int8 \
+             FROM sources AS s LEFT JOIN webhook_events AS e ON e.source_id = s.source_id \
+              AND e.first_received_at >= date_trunc('hour', now() - interval '1 day') \
+             GROUP BY s.source_id ORDER BY s.source_id",
+        )
+        .fetch_all(pool)
+        .await
+        .unwrap();
+        if hour().await != before {
+            continue;
+        }
+        let status = report
+            .sources
+            .iter()
+            .map(|s| {
+                let a = &s.activity;
+                (
+                    a.source_id.clone(),
+                    [
+                        a.events_last_day,
+                        a.duplicates_last_day,
+                        a.conflicts_last_day,
+                    ],
+                )
+            })
+            .collect();
+        let truth = truth
+            .into_iter()
+            .map(|(s, a, b, c)| (s, [a, b, c]))
+            .collect();
+        return (status, truth);
+    }
+}
+
+/// `hookctl status` reads the last day's figures from the rollup where it has computed the hour
+/// and from `webhook_events` where it has not (issue 26): before any run, once filled, events
+/// received since the last run, and a redelivery of an older event once the rollup has run again.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn status_counts_the_last_day_as_the_events_hold_before_and_after_the_rollup_runs(
+    pool: PgPool,
+) {
+    history(&pool).await;
+    let (status, truth) = status_beside_the_events(&pool).await;
+    assert!(
+        truth
+            .iter()
+            .any(|(_, f)| f[0] > 50 && f[1] > 0 && f[2] > 0),
+        "{truth:?}"
+    );
+    assert_eq!(status, truth, "before the rollup's first run");
+
+    fill(&pool).await;
+    let (status, truth) = status_beside_the_events(&pool).await;
+    assert_eq!(status, truth, "the rollup filled");
+
+    // Since the last run: five new stripe events, and an older event delivered again with
+    // another payload.
+    sqlx::query(
+        "INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload_sha256, verified_with, \
+             received_at, first_received_at, last_seen_at, status, processed_at) \
+         SELECT $1, 'stripe-new-' || i, 'stripe', 'ping', sha256(convert_to('new' || i, 'UTF8')), 'current', \
+                now(), now(), now(), 'processed', now() FROM generate_series(1, 5) AS i",
+    )
+    .bind(TENANT)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let redelivered = sqlx::query(
+        "UPDATE webhook_events SET delivery_count = delivery_count + 1, conflict_count = conflict_count + 1, \
+             last_seen_at = now() \
+         WHERE (tenant_id, external_id) = (SELECT tenant_id, external_id FROM webhook_events \
+             WHERE source_id = 'github' AND first_received_at < now() - interval '5 hours' \
+             ORDER BY first_received_at DESC LIMIT 1)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    assert_eq!(redelivered.rows_affected(), 1);
+    let (status, truth) = status_beside_the_events(&pool).await;
+    let events =
+        |v: &[(String, [i64; 3])]| v.iter().map(|(s, f)| (s.clone(), f[0])).collect::<Vec<_>>();
+    assert_eq!(
+        events(&status),
+        events(&truth),
+        "events received since the last run"
+    );
+
+    delivery_hours::roll(&pool).await.unwrap();
+    let (status, truth) = status_beside_the_events(&pool).await;
+    assert_eq!(status, truth, "the redelivery, once the rollup ran again");
+}
