@@ -130,29 +130,29 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     // One range of the first_received_at index per hour, each aggregated on its own (LATERAL):
     // as a plain join, the planner costed a table larger than effective_cache_size (20 M rows,
     // 23 GB) as cheaper to scan whole than to read an hour's range per element of the array,
-    // whose length it cannot see (tests/scale_plans.rs).
+    // whose length it cannot see (tests/scale_plans.rs). Each hour is recorded computed at this
+    // statement's start, in the same statement: `hookctl status` counts an hour's events from
+    // that instant on from webhook_events ([`super::webhook_events::activity_by_source`]), and
+    // every event received before it and committed by then is in the figures.
     sqlx::query(
-        "INSERT INTO delivery_hours (source_id, hour, events, redeliveries, conflicts, backfilled, \
-             retried, provider_retries) \
-         SELECT a.source_id, h.hour, a.events, a.redeliveries, a.conflicts, a.backfilled, \
-                a.retried, a.provider_retries \
-         FROM unnest($1::timestamptz[]) AS h(hour) \
-         CROSS JOIN LATERAL ( \
-             SELECT e.source_id, count(*) AS events, sum(e.delivery_count - 1) AS redeliveries, \
-                    sum(e.conflict_count) AS conflicts, \
-                    count(*) FILTER (WHERE e.verified_with = 'provider_api') AS backfilled, \
-                    count(*) FILTER (WHERE e.attempts > 1) AS retried, \
-                    sum(e.provider_retries) AS provider_retries \
-             FROM webhook_events AS e \
-             WHERE e.first_received_at >= h.hour AND e.first_received_at < h.hour + interval '1 hour' \
-             GROUP BY e.source_id) AS a",
-    )
-    .bind(&hours)
-    .execute(&mut *tx)
-    .await?;
-    sqlx::query(
-        "INSERT INTO delivery_hours_computed (hour, computed_at) \
-         SELECT h, now() FROM unnest($1::timestamptz[]) AS h",
+        "WITH figures AS ( \
+             INSERT INTO delivery_hours (source_id, hour, events, redeliveries, conflicts, backfilled, \
+                 retried, provider_retries) \
+             SELECT a.source_id, h.hour, a.events, a.redeliveries, a.conflicts, a.backfilled, \
+                    a.retried, a.provider_retries \
+             FROM unnest($1::timestamptz[]) AS h(hour) \
+             CROSS JOIN LATERAL ( \
+                 SELECT e.source_id, count(*) AS events, sum(e.delivery_count - 1) AS redeliveries, \
+                        sum(e.conflict_count) AS conflicts, \
+                        count(*) FILTER (WHERE e.verified_with = 'provider_api') AS backfilled, \
+                        count(*) FILTER (WHERE e.attempts > 1) AS retried, \
+                        sum(e.provider_retries) AS provider_retries \
+                 FROM webhook_events AS e \
+                 WHERE e.first_received_at >= h.hour AND e.first_received_at < h.hour + interval '1 hour' \
+                 GROUP BY e.source_id) AS a \
+             RETURNING 1) \
+         INSERT INTO delivery_hours_computed (hour, computed_at) \
+         SELECT h, statement_timestamp() FROM unnest($1::timestamptz[]) AS h",
     )
     .bind(&hours)
     .execute(&mut *tx)
