@@ -191,10 +191,14 @@ pub async fn counts(
     executor: impl PgExecutor<'_>,
     overdue_seconds: f64,
 ) -> Result<OutboxCounts, StoreError> {
-    const SQL: &str = "SELECT count(*) FILTER (WHERE status = 'pending') AS pending, \
-                count(*) FILTER (WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1)) AS overdue, \
-                count(*) FILTER (WHERE status = 'failed') AS failed \
-         FROM outbox WHERE status IN ('pending', 'failed')";
+    // Each state counted on its own, so each count reads the partial index that holds only it
+    // (`outbox_undelivered`, `outbox_failed`): one filter over both states matched neither and
+    // read the whole outbox, delivered messages and all (tests/scale_plans.rs).
+    const SQL: &str = "SELECT p.pending, p.overdue, \
+                (SELECT count(*) FROM outbox WHERE status = 'failed') AS failed \
+         FROM (SELECT count(*) AS pending, \
+                      count(*) FILTER (WHERE created_at < now() - make_interval(secs => $1)) AS overdue \
+               FROM outbox WHERE status = 'pending') AS p";
     Ok(sqlx::query_as(SQL)
         .bind(overdue_seconds)
         .fetch_one(executor)
