@@ -574,9 +574,7 @@ async fn status_counts_the_last_day_as_the_events_hold_before_and_after_the_roll
     history(&pool).await;
     let (status, truth) = status_beside_the_events(&pool).await;
     assert!(
-        truth
-            .iter()
-            .any(|(_, f)| f[0] > 50 && f[1] > 0 && f[2] > 0),
+        truth.iter().any(|(_, f)| f[0] > 50 && f[1] > 0 && f[2] > 0),
         "{truth:?}"
     );
     assert_eq!(status, truth, "before the rollup's first run");
