@@ -1527,3 +1527,91 @@ async fn status_counts_young_gaps_in_grace_while_the_buffer_holds_deliveries(
     assert_eq!(gaps(&status.json()), (0, 1, None), "{}", status.stdout);
     assert_eq!(status.code, Some(0), "{}", status.stdout);
 }
+
+/// `hookctl serve --sources` applies the file as `sources apply` does, guard included: a source
+/// with stored events whose event id would be read another way is refused. The refusal names a
+/// command that takes the change (`serve` has no flag of its own for it), and once that command
+/// ran, `serve` starts with the same file.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn serve_refusing_a_changed_event_id_names_the_command_that_takes_it(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    db.deliver("evt_stored").await;
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("sources.toml");
+    std::fs::write(
+        &file,
+        "[[source]]\nid = 'pay'\ntenant = 'acme'\nscheme = 'stripe'\nsecret_ref = 'local/pay'\n\
+         [source.fields]\nexternal_id = 'json:/data/object/id'\nentity_version = 'json:/data/object/version'\n",
+    )
+    .unwrap();
+    let file = file.to_str().unwrap();
+    let secrets = dir.path().join("secrets.toml");
+    std::fs::write(
+        &secrets,
+        format!("[secrets.\"local/pay\"]\ncurrent = \"{SECRET}\"\n"),
+    )
+    .unwrap();
+    let secrets = secrets.to_str().unwrap();
+    let port = || {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let serve = |port: u16| {
+        let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookctl"));
+        command
+            .args([
+                "serve",
+                "--listen",
+                &format!("127.0.0.1:{port}"),
+                "--sources",
+                file,
+                "--secrets-file",
+                secrets,
+            ])
+            .env("DATABASE_URL", &db.url)
+            .env_remove("RUST_LOG")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true);
+        command
+    };
+
+    let refused = tokio::time::timeout(std::time::Duration::from_secs(60), serve(port()).output())
+        .await
+        .expect("serve stops at the refusal")
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "{stderr}");
+    assert!(
+        stderr.contains("would store every redelivery of those events again")
+            && stderr.contains("hookctl sources apply --change-event-ids"),
+        "{stderr}"
+    );
+
+    let taken = db
+        .hookctl(&["sources", "apply", "--change-event-ids", file])
+        .await;
+    assert_eq!(taken.code, Some(0), "{taken:?}");
+
+    let port = port();
+    let mut running = serve(port).spawn().unwrap();
+    let give_up = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .is_err()
+    {
+        if let Some(status) = running.try_wait().unwrap() {
+            let mut stderr = String::new();
+            tokio::io::AsyncReadExt::read_to_string(running.stderr.as_mut().unwrap(), &mut stderr)
+                .await
+                .unwrap();
+            panic!("serve exited ({status}) after the change was taken: {stderr}");
+        }
+        assert!(std::time::Instant::now() < give_up, "serve did not listen");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    running.kill().await.unwrap();
+}
