@@ -659,7 +659,7 @@ pub enum ApplyError {
         "source {source_id} has stored events under ids read from {stored}; reading them from \
          {applied} would store every redelivery of those events again as a new event. To keep \
          the stored ids, set external_id = \"{stored}\" in its [source.fields]; to take the new \
-         ones anyway, apply with --change-event-ids"
+         ones anyway, apply the file with hookctl sources apply --change-event-ids <file>"
     )]
     EventIdChanged {
         source_id: String,
