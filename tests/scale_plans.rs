@@ -85,6 +85,19 @@ async fn explaining(pool: &PgPool) -> (PgPool, Notices, tracing::subscriber::Def
     (explaining, notices, guard)
 }
 
+/// [`explaining`], each plan with the rows its nodes really returned (auto_explain's
+/// `log_analyze`).
+async fn explaining_analyzed(
+    pool: &PgPool,
+) -> (PgPool, Notices, tracing::subscriber::DefaultGuard) {
+    let (explaining, notices, guard) = explaining(pool).await;
+    sqlx::query("SET auto_explain.log_analyze = on")
+        .execute(&explaining)
+        .await
+        .unwrap();
+    (explaining, notices, guard)
+}
+
 fn explained(notices: &Notices) -> Vec<Explained> {
     notices
         .0
@@ -304,11 +317,7 @@ async fn status_reads_the_rows_of_the_last_day_only_where_the_rollup_has_not_cou
     .await
     .unwrap();
 
-    let (explaining, notices, _guard) = explaining(&pool).await;
-    sqlx::query("SET auto_explain.log_analyze = on")
-        .execute(&explaining)
-        .await
-        .unwrap();
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
     let report = shared::status::report(&explaining, &Default::default())
         .await
         .unwrap();
@@ -431,11 +440,7 @@ async fn the_payload_purge_reads_webhook_events_from_its_cursor(pool: PgPool) {
     .unwrap();
     const LIMIT: i64 = 1000;
 
-    let (explaining, notices, _guard) = explaining(&pool).await;
-    sqlx::query("SET auto_explain.log_analyze = on")
-        .execute(&explaining)
-        .await
-        .unwrap();
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
     let batch = shared::store::retention::purge_payloads(&explaining, 7.0 * 24.0 * 3600.0, LIMIT)
         .await
         .unwrap();
@@ -478,11 +483,7 @@ async fn the_identity_purge_lag_check_reads_one_row_of_the_time_index(pool: PgPo
         .find(|c| c.name == "identity_purge_lag_seconds")
         .unwrap();
 
-    let (explaining, notices, _guard) = explaining(&pool).await;
-    sqlx::query("SET auto_explain.log_analyze = on")
-        .execute(&explaining)
-        .await
-        .unwrap();
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
     let lag = shared::store::anomaly::measure(&explaining, check)
         .await
         .unwrap()
