@@ -465,6 +465,19 @@ pub struct Vector {
     pub valid: bool,
 }
 
+impl Vector {
+    /// The body as the request carries it: `body` as text, or `body_base64` decoded (exactly
+    /// one is set, and it decodes: [`super::load`] refuses an entry otherwise).
+    pub fn body_bytes(&self) -> Result<Vec<u8>, base64::DecodeError> {
+        use base64::Engine as _;
+        match (&self.body, &self.body_base64) {
+            (Some(text), _) => Ok(text.as_bytes().to_vec()),
+            (None, Some(b64)) => base64::engine::general_purpose::STANDARD.decode(b64),
+            (None, None) => Ok(Vec::new()),
+        }
+    }
+}
+
 fn post() -> String {
     "POST".into()
 }

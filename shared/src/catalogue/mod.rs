@@ -144,6 +144,12 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
                 "exactly one of body and body_base64",
             ));
         }
+        if let Err(e) = vector.body_bytes() {
+            return Err(spec_error(
+                format!("vectors[{i}].body_base64"),
+                format!("not standard base64: {e}"),
+            ));
+        }
     }
     Ok(provider)
 }
@@ -657,6 +663,11 @@ mod tests {
                 base.replace("name = \"github\"", "name = \"gitlab\""),
                 "name",
             ),
+            // A vector body given as base64 that does not decode (here: JSON text).
+            (
+                base.replacen("\nbody = ", "\nbody_base64 = ", 1),
+                "vectors[0].body_base64",
+            ),
         ];
         for (text, field) in cases {
             let err = load("github", &text).unwrap_err();
@@ -714,7 +725,6 @@ mod tests {
 
     /// A vector's headers and body, as the request carries them.
     fn delivered(v: &Vector) -> (http::HeaderMap, Vec<u8>) {
-        use base64::Engine as _;
         let headers = v
             .headers
             .iter()
@@ -725,14 +735,7 @@ mod tests {
                 )
             })
             .collect();
-        let body = match (&v.body, &v.body_base64) {
-            (Some(text), _) => text.as_bytes().to_vec(),
-            (None, Some(b64)) => base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .unwrap(),
-            (None, None) => Vec::new(),
-        };
-        (headers, body)
+        (headers, v.body_bytes().unwrap())
     }
 
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the
