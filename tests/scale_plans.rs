@@ -335,13 +335,11 @@ async fn status_reads_the_rows_of_the_last_day_only_where_the_rollup_has_not_cou
     .unwrap();
     assert_eq!(day, truth, "the last day's events, every source");
 
-    let plans = explained(&notices);
-    let activity = plans
-        .iter()
-        .find(|p| p.query.contains("last_received_at"))
-        .expect("status's per-source activity was explained");
-    let mut reads = Vec::new();
-    event_reads(&activity.plan, &mut reads);
+    let reads = event_reads_in(
+        &explained(&notices),
+        "last_received_at",
+        "status's per-source activity",
+    );
     // Rows of the table itself: every node but the index-only ones.
     let heap: f64 = reads
         .iter()
@@ -425,6 +423,18 @@ fn event_reads(plan: &serde_json::Value, out: &mut Vec<(String, f64)>) {
     }
 }
 
+/// The reads of `webhook_events`, with their rows, in the plan of the one statement of `plans`
+/// whose text holds `statement` (`what` names it in the failure).
+fn event_reads_in(plans: &[Explained], statement: &str, what: &str) -> Vec<(String, f64)> {
+    let plan = plans
+        .iter()
+        .find(|p| p.query.contains(statement))
+        .unwrap_or_else(|| panic!("{what} was explained ({} plans)", plans.len()));
+    let mut reads = Vec::new();
+    event_reads(&plan.plan, &mut reads);
+    reads
+}
+
 /// Retention's payload purge resumes where its cursor stopped: a batch reads the events from the
 /// cursor on, not every event from the oldest kept (three weeks of them at the default horizons,
 /// 180 M rows at 100 events/s) to filter out those before it.
@@ -447,13 +457,11 @@ async fn the_payload_purge_reads_webhook_events_from_its_cursor(pool: PgPool) {
     drop(_guard);
     assert_eq!(batch.examined, LIMIT as u64, "{batch:?}");
 
-    let plans = explained(&notices);
-    let purge = plans
-        .iter()
-        .find(|p| p.query.contains("retention_cursors"))
-        .expect("the payload purge was explained");
-    let mut reads = Vec::new();
-    event_reads(&purge.plan, &mut reads);
+    let reads = event_reads_in(
+        &explained(&notices),
+        "retention_cursors",
+        "the payload purge",
+    );
     assert!(!reads.is_empty(), "the purge read webhook_events");
     let walked: Vec<_> = reads
         .iter()
