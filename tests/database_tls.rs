@@ -130,6 +130,18 @@ async fn migrate_ingest_and_the_drain_work_over_verify_full() {
         event(&pool, TENANT, "evt_tls_1").await.unwrap().status,
         "processed"
     );
+
+    // The verdict over the same connection: its per-source activity is one simple query
+    // (`SET LOCAL jit = off` and the statement) under the functions' session settings.
+    let report = shared::status::report(&pool, &Default::default())
+        .await
+        .unwrap();
+    let stripe = report
+        .sources
+        .iter()
+        .find(|s| s.activity.source_id == "stripe")
+        .unwrap();
+    assert_eq!(stripe.activity.events_last_day, 1);
 }
 
 /// Whether the TCP socket of this process bound to local `port` has TCP_NODELAY set; `None`
