@@ -17,6 +17,8 @@ use shared::secrets::SecretSet;
 use shared::sources::{self, Source};
 use shared::store::anomaly::source_flow;
 use shared::store::delivery_hours::{self, FILL_HOURS_PER_RUN};
+use shared::store::webhook_events::{self, DeliveryOutcome, NewEvent};
+use shared::store::{dead_letters, event_queue};
 use sqlx::PgPool;
 
 /// (source, hour as text) → (events, redeliveries, conflicts, backfilled, retried, provider retries)
@@ -212,10 +214,23 @@ async fn the_first_run_reads_what_the_view_holds_and_the_rest_fills_a_day_a_run(
     assert_eq!(rollup(&pool).await, view(&pool).await);
     assert_eq!(rollup(&pool).await, truth(&pool).await);
 
-    // Filled, a run computes the last day only.
+    // Filled, a run computes only the hours with events received since the margin before
+    // their last computation: the hour (or two) of the fixture's newest events, 12 and 15
+    // minutes old. Nothing of the rest of the last day is read again.
+    let recent: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM delivery_hours_computed AS c WHERE EXISTS (SELECT 1 FROM webhook_events AS e \
+             WHERE e.first_received_at >= greatest(c.hour, c.computed_at - make_interval(secs => $1::int)) \
+               AND e.first_received_at < c.hour + interval '1 hour')",
+    )
+    .bind(delivery_hours::NEW_EVENTS_MARGIN_SECONDS)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert!((1..=2).contains(&recent), "{recent}");
     let steady = delivery_hours::roll(&pool).await.unwrap();
-    assert!((25..=26).contains(&steady.hours), "{steady:?}");
+    assert_eq!(steady.hours, recent as u64, "{steady:?}");
     assert_eq!(steady.missing, 0);
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
     // Nothing of the events older than 29 days (the history starts 31 days ago).
     let old: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM delivery_hours WHERE hour < date_trunc('hour', now() - interval '29 days')",
@@ -265,6 +280,11 @@ fn buffered(d: &Delivery, delivery_id: &str, received_at_micros: i64) -> Buffere
 
 /// The buffer's consumer files `id`, received at `received_at` (seconds since the epoch).
 async fn file_late(pool: &PgPool, id: &str, received_at: i64) {
+    file_delivery_late(pool, id, id, received_at).await
+}
+
+/// The same for event `id` delivered as `delivery_id` (the buffer files each delivery once).
+async fn file_delivery_late(pool: &PgPool, id: &str, delivery_id: &str, received_at: i64) {
     let d = delivery(
         Scheme::Stripe,
         &secret_of(Scheme::Stripe),
@@ -273,8 +293,8 @@ async fn file_late(pool: &PgPool, id: &str, received_at: i64) {
         json!({}),
     );
     let message = Message {
-        message_id: format!("m-{id}"),
-        delivery: Ok(buffered(&d, id, received_at * 1_000_000)),
+        message_id: format!("m-{delivery_id}"),
+        delivery: Ok(buffered(&d, delivery_id, received_at * 1_000_000)),
     };
     let filed = filing::file_batch(pool, &[message]).await.unwrap();
     assert!(matches!(filed[..], [Filed::Stored(_)]), "{filed:?}");
@@ -366,8 +386,9 @@ async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flo
     assert_eq!(rollup(&pool).await, truth(&pool).await);
     assert_eq!(rollup(&pool).await, view(&pool).await);
 
-    // A delivery of the last hour marks nothing: the last day is computed by every run.
-    file_late(&pool, "evt_recent", now() - 20 * 60).await;
+    // A delivery received within MARK_AFTER_SECONDS marks nothing: its hour has events
+    // received since the margin before its last computation, and is computed again for them.
+    file_late(&pool, "evt_recent", now() - 60).await;
     let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
         .fetch_one(&pool)
         .await
@@ -375,6 +396,122 @@ async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flo
     assert_eq!(marks, 0);
     delivery_hours::roll(&pool).await.unwrap();
     assert_eq!(rollup(&pool).await, truth(&pool).await);
+    // One received 20 minutes ago is marked: the rollup may have computed its hour for good.
+    file_late(&pool, "evt_older", now() - 20 * 60).await;
+    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(marks, 1);
+    delivery_hours::roll(&pool).await.unwrap();
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+}
+
+/// Pending events received `hours_ago`, each with its queue row, tried `attempts` times before.
+async fn pending_events(pool: &PgPool, ids: &[&str], hours_ago: i32, attempts: i32) {
+    sqlx::query(
+        "WITH e AS (INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, payload, payload_sha256, \
+             verified_with, received_at, first_received_at, last_seen_at, status, attempts) \
+         SELECT $1, id, 'stripe', 'ping', '{}', sha256(convert_to(id, 'UTF8')), 'current', t, t, t, 'pending', $4 \
+         FROM unnest($2::text[]) AS id, LATERAL (SELECT now() - make_interval(hours => $3) AS t) AS at \
+         RETURNING tenant_id, external_id, first_received_at) \
+         INSERT INTO event_queue (tenant_id, external_id, ready_at, enqueued_at) \
+         SELECT tenant_id, external_id, first_received_at, first_received_at FROM e",
+    )
+    .bind(TENANT)
+    .bind(ids)
+    .bind(hours_ago)
+    .bind(attempts)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Filled, the rollup computes again only the hours whose figures changed (issue 26), and
+/// counts each change, whichever writer made it: a redelivery of an older event through ingest,
+/// a retry and the completion after it through the drain's statements, a dead-lettering that
+/// takes `attempts` to 2. Before each run the rollup differs from the events (so the change is
+/// one the rollup has to see); after it, they agree, and the run computed the changed hour and
+/// at most the hours of the newest events.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_rollup_computes_again_only_the_hours_that_changed_and_counts_every_change(
+    pool: PgPool,
+) {
+    history(&pool).await;
+    pending_events(&pool, &["retried-later"], 3, 0).await;
+    pending_events(&pool, &["buried"], 4, 1).await;
+    fill(&pool).await;
+    // The fixture's newest events are under 15 minutes old: their hours are computed again
+    // while they are within the margin. Every run below computes at most those and one more.
+    let newest = 2;
+    let steady = delivery_hours::roll(&pool).await.unwrap();
+    assert!(steady.hours <= newest, "{steady:?}");
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+
+    let ran = |what: &'static str, marks: u64| {
+        let pool = pool.clone();
+        async move {
+            assert_ne!(
+                rollup(&pool).await,
+                truth(&pool).await,
+                "{what}: not yet counted"
+            );
+            let rolled = delivery_hours::roll(&pool).await.unwrap();
+            assert_eq!(rolled.marks, marks, "{what}: {rolled:?}");
+            assert!(rolled.hours <= newest + 1, "{what}: {rolled:?}");
+            assert_eq!(rollup(&pool).await, truth(&pool).await, "{what}");
+        }
+    };
+
+    // A redelivery of a 5-hour-old event, with another body: a conflict.
+    let outcome = redeliver_with_another_body(&pool, "github", "5 hours").await;
+    assert_eq!(outcome, DeliveryOutcome::Conflict);
+    ran("the redelivery", 1).await;
+
+    // A first failure: attempts 0 to 1, not yet retried in the figures. The run after it
+    // marks the hour of the event waiting for its next try.
+    let tenants = vec![TENANT.to_owned()];
+    let retried = event_queue::retry_later(
+        &pool,
+        &tenants,
+        &["retried-later".to_owned()],
+        &[0],
+        &["try again".to_owned()],
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried, 1);
+    delivery_hours::roll(&pool).await.unwrap();
+    assert_eq!(rollup(&pool).await, truth(&pool).await);
+    // Its completion takes attempts to 2 in the drain's complete, which marks nothing: the
+    // mark the last run left for it makes the next run count it.
+    let completed =
+        event_queue::complete(&pool, &tenants, &["retried-later".to_owned()], &["nothing"])
+            .await
+            .unwrap();
+    assert_eq!(completed, 1);
+    ran("the completion after a retry", 1).await;
+
+    // Dead-lettered after its second try: attempts 1 to 2.
+    let buried = dead_letters::bury(
+        &pool,
+        &tenants,
+        &["buried".to_owned()],
+        &["refused".to_owned()],
+        &["fatal"],
+    )
+    .await
+    .unwrap();
+    assert_eq!(buried, 1);
+    ran("the dead-lettering", 1).await;
+
+    // The buffer's consumer files a delivery received 3 hours ago (marked as late), then the
+    // same event again, received 2 hours ago: the second repeats a stored event of 3 hours ago
+    // (marked by the batch statement) and is late itself (marked by the consumer).
+    file_late(&pool, "filed-twice", now() - 3 * 3600).await;
+    ran("a late filing", 1).await;
+    file_delivery_late(&pool, "filed-twice", "filed-twice-again", now() - 2 * 3600).await;
+    ran("a late filing of a stored event", 2).await;
 }
 
 /// Every timestamp of the rollup's tables and of the events moves `interval` into the past, as
@@ -564,6 +701,42 @@ async fn status_beside_the_events(
     }
 }
 
+/// The newest event of `source` received more than `older_than` ago, delivered again with
+/// another body through ingest's statement; what ingest made of it.
+async fn redeliver_with_another_body(
+    pool: &PgPool,
+    source: &str,
+    older_than: &str,
+) -> DeliveryOutcome {
+    let (external_id, event_type): (String, String) = sqlx::query_as(
+        "SELECT external_id, event_type FROM webhook_events \
+         WHERE source_id = $1 AND first_received_at < now() - $2::interval \
+         ORDER BY first_received_at DESC LIMIT 1",
+    )
+    .bind(source)
+    .bind(older_than)
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let event = NewEvent {
+        tenant_id: TENANT,
+        external_id: &external_id,
+        source_id: source,
+        event_type: &event_type,
+        entity_id: None,
+        entity_version: None,
+        version_tiebreak: None,
+        sequence: None,
+        payload: b"{\"another\":\"body\"}",
+        payload_sha256: [7; 32],
+        headers: json!({}),
+        verified_with: "current",
+        provider_retries: 0,
+        id_outside_signature: false,
+    };
+    webhook_events::upsert(pool, &event).await.unwrap().outcome
+}
+
 /// `hookctl status` reads the last day's figures from the rollup where it has computed the hour
 /// and from `webhook_events` where it has not (issue 26): before any run, once filled, events
 /// received since the last run, and a redelivery of an older event once the rollup has run again.
@@ -595,17 +768,8 @@ async fn status_counts_the_last_day_as_the_events_hold_before_and_after_the_roll
     .execute(&pool)
     .await
     .unwrap();
-    let redelivered = sqlx::query(
-        "UPDATE webhook_events SET delivery_count = delivery_count + 1, conflict_count = conflict_count + 1, \
-             last_seen_at = now() \
-         WHERE (tenant_id, external_id) = (SELECT tenant_id, external_id FROM webhook_events \
-             WHERE source_id = 'github' AND first_received_at < now() - interval '5 hours' \
-             ORDER BY first_received_at DESC LIMIT 1)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    assert_eq!(redelivered.rows_affected(), 1);
+    let redelivered = redeliver_with_another_body(&pool, "github", "5 hours").await;
+    assert_eq!(redelivered, DeliveryOutcome::Conflict);
     let (status, truth) = status_beside_the_events(&pool).await;
     let events =
         |v: &[(String, [i64; 3])]| v.iter().map(|(s, f)| (s.clone(), f[0])).collect::<Vec<_>>();
@@ -618,4 +782,30 @@ async fn status_counts_the_last_day_as_the_events_hold_before_and_after_the_roll
     delivery_hours::roll(&pool).await.unwrap();
     let (status, truth) = status_beside_the_events(&pool).await;
     assert_eq!(status, truth, "the redelivery, once the rollup ran again");
+}
+
+// Ingest's two statements write the rollup's MARK_AFTER_SECONDS as an interval literal (the
+// pgbench scripts run the same text with the same parameters), and the functions' longest
+// writer that marks by age (the buffer's consumer: 30 s in template.yaml) stays well inside the
+// rollup's margin for new events. Checked when this file compiles.
+const _: () = {
+    assert!(delivery_hours::MARK_AFTER_SECONDS == 5 * 60);
+    assert!(
+        delivery_hours::MARK_AFTER_SECONDS + 5 * 60 <= delivery_hours::NEW_EVENTS_MARGIN_SECONDS
+    );
+};
+
+/// Ingest's two statements mark a repeated event older than the rollup's `MARK_AFTER_SECONDS`.
+#[test]
+fn ingest_marks_repeated_events_after_the_rollups_own_interval() {
+    for sql in [
+        webhook_events::upsert_sql(),
+        webhook_events::upsert_batch_sql(),
+    ] {
+        assert!(
+            sql.contains("INSERT INTO delivery_hours_dirty (source_id, hour)\n    SELECT")
+                && sql.contains("AND j.first_received_at < now() - interval '5 minutes'"),
+            "{sql}"
+        );
+    }
 }

@@ -253,8 +253,9 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
         })
         .collect();
     let stored = webhook_events::upsert_batch(&mut tx, &events).await?;
-    // A delivery received over an hour ago lands in an hour the anomaly rollup may hold as
-    // final: marked in this transaction, so the mark is seen with the event.
+    // A delivery received over MARK_AFTER_SECONDS ago lands in an hour the anomaly rollup may
+    // not compute again unmarked: marked in this transaction, so the mark is seen with the
+    // event. (A repeated event's own hour is marked by the batch statement.)
     let late: Vec<(&str, chrono::DateTime<chrono::Utc>)> = ready
         .iter()
         .filter(|(c, _, _)| delivery_hours::may_be_late(c.received_at))

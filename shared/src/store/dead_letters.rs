@@ -7,7 +7,8 @@ use super::StoreError;
 
 /// Dead-letters events in one statement: each leaves the queue, its event row says
 /// `dead_lettered`, and a dead letter keeps its payload, headers, error and attempts. Only a
-/// pending event can be dead-lettered: a processed one never is.
+/// pending event can be dead-lettered: a processed one never is. An event whose `attempts` this
+/// takes to 2 has its hour marked for the anomaly rollup (see [`super::delivery_hours`]).
 pub async fn bury(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -27,7 +28,10 @@ pub async fn bury(
              FROM dequeued \
              WHERE e.tenant_id = dequeued.tenant_id AND e.external_id = dequeued.external_id AND e.status = 'pending' \
              RETURNING e.tenant_id, e.external_id, e.source_id, e.event_type, e.payload, e.headers, e.attempts, \
-                 dequeued.error, dequeued.reason) \
+                 e.first_received_at, dequeued.error, dequeued.reason), \
+         counted_retried AS ( \
+             INSERT INTO delivery_hours_dirty (source_id, hour) \
+             SELECT DISTINCT source_id, date_trunc('hour', first_received_at) FROM marked WHERE attempts = 2) \
          INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts) \
          SELECT tenant_id, external_id, source_id, event_type, payload, headers, error, reason, attempts FROM marked";
     if ids.is_empty() {
@@ -134,7 +138,8 @@ pub async fn claim_for_replay(
 }
 
 /// After a replay processed the event: the letter is closed as `replayed` and its event is
-/// `processed`, with what its handler expects reconciliation to find, in one statement.
+/// `processed`, with what its handler expects reconciliation to find, in one statement (which
+/// marks the event's hour for the anomaly rollup when it takes `attempts` to 2).
 pub async fn mark_replayed(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
@@ -143,10 +148,14 @@ pub async fn mark_replayed(
     const SQL: &str = "WITH letter AS ( \
              UPDATE dead_letters SET status = 'replayed', replayed_at = statement_timestamp(), \
                  replay_count = replay_count + 1, updated_at = statement_timestamp() \
-             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
-         UPDATE webhook_events AS e SET status = 'processed', processed_at = statement_timestamp(), \
-             attempts = e.attempts + 1, last_error = NULL, expects = $2 \
-         FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
+             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id), \
+         replayed AS ( \
+             UPDATE webhook_events AS e SET status = 'processed', processed_at = statement_timestamp(), \
+                 attempts = e.attempts + 1, last_error = NULL, expects = $2 \
+             FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id \
+             RETURNING e.source_id, e.first_received_at, e.attempts) \
+         INSERT INTO delivery_hours_dirty (source_id, hour) \
+         SELECT source_id, date_trunc('hour', first_received_at) FROM replayed WHERE attempts = 2";
     sqlx::query(SQL)
         .bind(dead_letter_id)
         .bind(expects)
@@ -165,9 +174,13 @@ pub async fn record_failed_replay(
     const SQL: &str = "WITH letter AS ( \
              UPDATE dead_letters SET error = $2, replay_count = replay_count + 1, \
                  attempts = attempts + 1, updated_at = now() \
-             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id) \
-         UPDATE webhook_events AS e SET attempts = e.attempts + 1, last_error = $2 \
-         FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id";
+             WHERE dead_letter_id = $1 RETURNING tenant_id, external_id), \
+         failed AS ( \
+             UPDATE webhook_events AS e SET attempts = e.attempts + 1, last_error = $2 \
+             FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id \
+             RETURNING e.source_id, e.first_received_at, e.attempts) \
+         INSERT INTO delivery_hours_dirty (source_id, hour) \
+         SELECT source_id, date_trunc('hour', first_received_at) FROM failed WHERE attempts = 2";
     sqlx::query(SQL)
         .bind(dead_letter_id)
         .bind(error)

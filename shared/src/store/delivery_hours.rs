@@ -2,31 +2,42 @@
 //! first receipt: events, redeliveries, conflicts, backfilled, retried and provider retries,
 //! the figures the materialized view `delivery_hourly` has. Kept by the anomaly pass
 //! ([`roll`]) instead of re-aggregating 29 days on every run: each run computes again only the
-//! hours that can still change, so its cost follows a day's traffic, not the history kept.
+//! hours whose figures changed since it computed them, so a run reads what changed since the
+//! last one, not a day of traffic and not the history kept.
 //!
-//! Which hours can change, and who says so:
+//! An hour is computed again when, and only when:
 //!
-//! - The last day's (from the hour a day ago to the current one): redeliveries, conflicts,
-//!   drain retries and provider retries land on an event's hour whenever they happen, and the
-//!   checks read every figure of the last day. Computed again by every run.
-//! - An older hour: the checks read only its `events` (a source's flow against the same hour in
-//!   its own weeks), which changes only when an event received then is stored or deleted late:
-//!   the buffer's consumer filing a delivery with its received time ([`mark_late`], in the
-//!   filing's transaction), retention purging identities younger than the rollup's 29 days (in
-//!   its own statement). Each marks the hour in `delivery_hours_dirty`; the next run takes the
-//!   marks and the hour is computed again. Ingest's direct path stores with `now()`: it never
-//!   writes an older hour, and its statement is unchanged.
-//! - An hour computed at least [`FINAL_AFTER_HOURS`] after it began is final (`computed_at`
-//!   in `delivery_hours_computed`): no delivery it can still receive is unmarked. One computed
-//!   earlier (the first runs, or a run missed for over a day) is not, and is computed again.
+//! - it has events received since [`NEW_EVENTS_MARGIN_SECONDS`] before its last computation (new
+//!   events, found on the `first_received_at` index). The margin covers a delivery whose
+//!   statement began before the computation and committed after it: its receipt time is its
+//!   statement's `now()`, before the computation, yet the computation did not see it.
+//! - a writer marked it in `delivery_hours_dirty`, in the transaction of its change: a change
+//!   to an event received more than [`MARK_AFTER_SECONDS`] before the writer's statement (earlier ones
+//!   are within the margin above). Who marks:
+//!   - ingest's statement (both paths), when a delivery repeats a stored event (`delivery_count`,
+//!     `conflict_count`, `provider_retries`, and when it takes the payload `verified_with`);
+//!   - the buffer's consumer, when it files a delivery with its received time ([`mark_late`]);
+//!   - the drain's retries and dead-lettering, and a dead letter's replay, when they take an
+//!     event's `attempts` to 2 (the rollup counts `attempts > 1` as retried);
+//!   - retention, when it deletes events the rollup still keeps.
+//! - an event of that hour waits in the queue to be tried again (the queue row's `ready_at`
+//!   was moved past its `enqueued_at` by a retry): its completion will take `attempts` to 2 in
+//!   the drain's `complete`, which does not mark. Each run marks the hours of such events for
+//!   the next run, so their completion is counted at the latest one run after it.
+//! - it was never computed: after deploy, a rollback to a previous build (below), or a run
+//!   missed for over 29 days.
+//!
+//! So [`MARK_AFTER_SECONDS`] plus the longest a writer's transaction runs must stay under
+//! [`NEW_EVENTS_MARGIN_SECONDS`]: the functions' statement and idle-in-transaction timeouts keep a
+//! transaction to minutes.
 //!
 //! The first runs after deploy find the rollup empty. Each run computes the hours the checks
 //! read this run (the last day, and the four past weeks' same hours that source flow compares
 //! with), so every check reads complete figures from the first run; the other hours of the 29
 //! days are filled [`FILL_HOURS_PER_RUN`] a run, newest first. A previous build rolled back to
-//! refreshes `delivery_hourly` and files without marking: the run after it sees the refresh
-//! time it did not write and forgets every hour older than the last day, which are filled again
-//! the same way. Hours older than 29 days are deleted.
+//! refreshes `delivery_hourly` and neither marks nor keeps the rollup: the run after it sees
+//! the refresh time it did not write and forgets every hour, which are filled again the same
+//! way. Hours older than 29 days are deleted.
 
 use sqlx::{PgExecutor, PgPool};
 
@@ -37,8 +48,15 @@ pub const DAYS: i64 = 29;
 /// Hours of the 29 days that are neither of the last day nor compared with this run computed
 /// per run while they are missing (after deploy, a rollback or an outage): a day a run.
 pub const FILL_HOURS_PER_RUN: i64 = 24;
-/// An hour computed at least this long after it began is final.
-pub const FINAL_AFTER_HOURS: i64 = 3;
+/// An hour is computed again when it has events received since this long before its last
+/// computation (in seconds): a delivery whose statement began up to this long before a
+/// computation and committed after it is still counted.
+pub const NEW_EVENTS_MARGIN_SECONDS: i64 = 15 * 60;
+/// A writer that changes an event received more than this long before its statement (in
+/// seconds) marks the event's hour; a change to a younger event is found by
+/// [`NEW_EVENTS_MARGIN_SECONDS`]. Written into ingest's statements as `interval '5 minutes'`
+/// (`tests/delivery_hours.rs` holds the two together).
+pub const MARK_AFTER_SECONDS: i64 = 5 * 60;
 /// Transaction-level advisory lock: one run at a time changes the rollup.
 const LOCK_KEY: i64 = 2_646_413_290_551_842_119;
 
@@ -65,11 +83,10 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
         .await?;
 
     // A previous build refreshed delivery_hourly since this build's last run (or this is the
-    // first run after deploy): its consumer filed without marking.
+    // first run after deploy): its writers changed hours without marking them.
     let forgotten = sqlx::query(
         "DELETE FROM delivery_hours_computed \
-         WHERE hour < date_trunc('hour', now() - interval '1 day') \
-           AND (SELECT rolled_at FROM delivery_hours_state) IS DISTINCT FROM \
+         WHERE (SELECT rolled_at FROM delivery_hours_state) IS DISTINCT FROM \
                (SELECT refreshed_at FROM view_refreshes WHERE view_name = 'delivery_hourly')",
     )
     .execute(&mut *tx)
@@ -85,6 +102,23 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     .fetch_one(&mut *tx)
     .await?;
 
+    // Events waiting to be tried again: their completion takes `attempts` to 2 without a mark,
+    // so their hours are marked for the next run, as long as they wait. The queue row of an
+    // event a retry moved has `ready_at` past `enqueued_at` (ingest and reconcile enqueue with
+    // both at `now()`); each such row's event is looked up by its key.
+    sqlx::query(
+        "INSERT INTO delivery_hours_dirty (source_id, hour) \
+         SELECT DISTINCT e.source_id, date_trunc('hour', e.first_received_at) \
+         FROM event_queue AS q \
+         CROSS JOIN LATERAL (SELECT e.source_id, e.first_received_at FROM webhook_events AS e \
+             WHERE e.tenant_id = q.tenant_id AND e.external_id = q.external_id LIMIT 1) AS e \
+         WHERE q.ready_at > q.enqueued_at \
+           AND e.first_received_at >= date_trunc('hour', now() - make_interval(days => $1::int))",
+    )
+    .bind(DAYS)
+    .execute(&mut *tx)
+    .await?;
+
     for sql in [
         "DELETE FROM delivery_hours WHERE hour < date_trunc('hour', now() - make_interval(days => $1::int))",
         "DELETE FROM delivery_hours_computed WHERE hour < date_trunc('hour', now() - make_interval(days => $1::int))",
@@ -92,28 +126,36 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
         sqlx::query(sql).bind(DAYS).execute(&mut *tx).await?;
     }
 
-    // The last day's hours; the hours source flow compares the last complete one with (and
-    // the next ones, should the hour turn before it reads them) when not final; and up to
-    // FILL_HOURS_PER_RUN other hours that are not final, newest first.
+    // Hours never computed (or forgotten) that the checks read this run: the last day's, and
+    // the hours source flow compares the last complete one with (and the next ones, should the
+    // hour turn before it reads them); every hour with events received since the margin
+    // before its computation; and up to FILL_HOURS_PER_RUN other hours never computed, newest
+    // first. Marked hours were forgotten above. An hour computed long enough after it ended
+    // has no such events: its range of the index is empty, and not read.
     let (hours, missing): (Vec<chrono::DateTime<chrono::Utc>>, i64) = sqlx::query_as(
         "WITH hours AS ( \
-             SELECT h, h >= date_trunc('hour', now() - interval '1 day') AS live, \
-                    h IN (SELECT date_trunc('hour', now()) - make_interval(hours => k) - make_interval(weeks => w) \
-                          FROM generate_series(1, 4) AS w, generate_series(0, 1) AS k) AS compared, \
-                    c.computed_at IS NOT NULL AND c.computed_at >= h + make_interval(hours => $3::int) AS final \
+             SELECT h, c.computed_at IS NOT NULL AS computed, \
+                    h >= date_trunc('hour', now() - interval '1 day') \
+                    OR h IN (SELECT date_trunc('hour', now()) - make_interval(hours => k) - make_interval(weeks => w) \
+                             FROM generate_series(1, 4) AS w, generate_series(0, 1) AS k) AS read_now, \
+                    CASE WHEN c.computed_at - make_interval(secs => $3::int) < h + interval '1 hour' \
+                         THEN EXISTS (SELECT 1 FROM webhook_events AS e \
+                                      WHERE e.first_received_at >= greatest(h, c.computed_at - make_interval(secs => $3::int)) \
+                                        AND e.first_received_at < h + interval '1 hour') \
+                         ELSE false END AS new_events \
              FROM generate_series(date_trunc('hour', now() - make_interval(days => $1::int)), \
                                   date_trunc('hour', now()), interval '1 hour') AS h \
              LEFT JOIN delivery_hours_computed AS c ON c.hour = h), \
          chosen AS ( \
-             SELECT h FROM hours WHERE live OR (compared AND NOT final) \
+             SELECT h FROM hours WHERE (NOT computed AND read_now) OR new_events \
              UNION ALL \
-             (SELECT h FROM hours WHERE NOT live AND NOT compared AND NOT final ORDER BY h DESC LIMIT $2)) \
+             (SELECT h FROM hours WHERE NOT computed AND NOT read_now ORDER BY h DESC LIMIT $2)) \
          SELECT COALESCE((SELECT array_agg(h ORDER BY h) FROM chosen), '{}'), \
-                (SELECT count(*) FROM hours WHERE NOT live AND NOT final AND h NOT IN (SELECT h FROM chosen))",
+                (SELECT count(*) FROM hours WHERE NOT computed AND h NOT IN (SELECT h FROM chosen))",
     )
     .bind(DAYS)
     .bind(FILL_HOURS_PER_RUN)
-    .bind(FINAL_AFTER_HOURS)
+    .bind(NEW_EVENTS_MARGIN_SECONDS)
     .fetch_one(&mut *tx)
     .await?;
 
@@ -180,10 +222,10 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     })
 }
 
-/// Marks the hours of deliveries stored late: received (`received_at`) more than an hour before
-/// this statement, when their hour may already be final. Call it in the transaction that stores
-/// them, so the mark is seen exactly when the events are. Deliveries of the last hour and those
-/// older than the rollup's days mark nothing.
+/// Marks the hours of deliveries stored late: received (`received_at`) more than
+/// [`MARK_AFTER_SECONDS`] before this statement, when their hour may already be computed for
+/// good. Call it in the transaction that stores them, so the mark is seen exactly when the
+/// events are. Younger deliveries, and those older than the rollup's days, mark nothing.
 pub async fn mark_late(
     executor: impl PgExecutor<'_>,
     deliveries: &[(&str, chrono::DateTime<chrono::Utc>)],
@@ -194,19 +236,21 @@ pub async fn mark_late(
         "INSERT INTO delivery_hours_dirty (source_id, hour) \
          SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at) \
          FROM unnest($1::text[], $2::timestamptz[]) AS m(source_id, received_at) \
-         WHERE m.received_at < now() - interval '1 hour' \
+         WHERE m.received_at < now() - make_interval(secs => $4::int) \
            AND m.received_at >= date_trunc('hour', now() - make_interval(days => $3::int))",
     )
     .bind(sources)
     .bind(received)
     .bind(DAYS)
+    .bind(MARK_AFTER_SECONDS)
     .execute(executor)
     .await?
     .rows_affected())
 }
 
 /// Whether [`mark_late`] can mark anything for a delivery received at `received_at`, judged by
-/// this process's clock with half an hour to spare (the statement judges by the database's).
+/// this process's clock with a margin of half [`MARK_AFTER_SECONDS`] (the statement judges by
+/// the database's).
 pub fn may_be_late(received_at: chrono::DateTime<chrono::Utc>) -> bool {
-    received_at < chrono::Utc::now() - chrono::TimeDelta::minutes(30)
+    received_at < chrono::Utc::now() - chrono::TimeDelta::seconds(MARK_AFTER_SECONDS / 2)
 }

@@ -95,7 +95,9 @@ pub async fn dequeue(
         .rows_affected())
 }
 
-/// Schedules retries: each event's next attempt after its own delay, its error recorded.
+/// Schedules retries: each event's next attempt after its own delay, its error recorded. An
+/// event whose `attempts` this takes to 2 now counts as retried: its hour is marked for the
+/// anomaly rollup (see [`super::delivery_hours`]).
 pub async fn retry_later(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -109,23 +111,29 @@ pub async fn retry_later(
          requeued AS ( \
              UPDATE event_queue AS q SET ready_at = now() + make_interval(secs => r.delay_ms / 1000.0) \
              FROM r WHERE q.tenant_id = r.tenant_id AND q.external_id = r.external_id \
-             RETURNING q.tenant_id, q.external_id, q.ready_at, r.error) \
-         UPDATE webhook_events AS e \
-         SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = requeued.error \
-         FROM requeued \
-         WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id \
-           AND e.status = 'pending'";
+             RETURNING q.tenant_id, q.external_id, q.ready_at, r.error), \
+         retried AS ( \
+             UPDATE webhook_events AS e \
+             SET attempts = e.attempts + 1, next_attempt_at = requeued.ready_at, last_error = requeued.error \
+             FROM requeued \
+             WHERE e.tenant_id = requeued.tenant_id AND e.external_id = requeued.external_id \
+               AND e.status = 'pending' \
+             RETURNING e.source_id, e.first_received_at, e.attempts), \
+         counted_retried AS ( \
+             INSERT INTO delivery_hours_dirty (source_id, hour) \
+             SELECT DISTINCT source_id, date_trunc('hour', first_received_at) FROM retried WHERE attempts = 2) \
+         SELECT count(*) FROM retried";
     if ids.is_empty() {
         return Ok(0);
     }
-    Ok(sqlx::query(SQL)
+    let retried: i64 = sqlx::query_scalar(SQL)
         .bind(tenants)
         .bind(ids)
         .bind(delays_ms)
         .bind(errors)
-        .execute(executor)
-        .await?
-        .rows_affected())
+        .fetch_one(executor)
+        .await?;
+    Ok(retried as u64)
 }
 
 /// How many events wait, and how old the oldest ready one is (seconds).

@@ -126,7 +126,10 @@ pub enum UpsertError {
 /// Anomalies are one row per (source, kind, event id, delivered digest), counted
 /// (`seen_count`, `last_seen_at`) and keeping the delivered bytes once: a body posted a
 /// hundred times is one row, not a hundred megabytes. They, the claim, and for a new event its
-/// place in `event_queue`, are written by data-modifying CTEs of the same statement.
+/// place in `event_queue`, are written by data-modifying CTEs of the same statement. So is,
+/// for a delivery that repeats an event received more than five minutes before
+/// ([`super::delivery_hours::MARK_AFTER_SECONDS`]), the mark that makes the anomaly rollup
+/// count its hour again (`delivery_hours_dirty`; [`super::delivery_hours`] says why).
 const UPSERT: &str = r#"
 WITH claim AS (
     INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
@@ -187,7 +190,7 @@ WITH claim AS (
                                     THEN 'duplicate'
                                     ELSE 'conflict' END AS outcome) AS c) AS k)
     RETURNING source_id, last_delivery_outcome, delivery_count, status, payload_sha256,
-              superseded_sha256
+              superseded_sha256, first_received_at
 ), judged AS (
     SELECT d.*, d.source_id = $3 AS ours, r.replay_of,
            CASE WHEN d.source_id <> $3
@@ -257,6 +260,11 @@ WITH claim AS (
     INSERT INTO event_queue (tenant_id, external_id)
     SELECT $1, $2 FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
+), repeated AS (
+    INSERT INTO delivery_hours_dirty (source_id, hour)
+    SELECT j.source_id, date_trunc('hour', j.first_received_at) FROM judged AS j
+    WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
+      AND j.first_received_at < now() - interval '5 minutes'
 )
 SELECT outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery,
        CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
@@ -375,13 +383,13 @@ WITH input AS (
                                     THEN 'duplicate'
                                     ELSE 'conflict' END AS outcome) AS c) AS k)
     RETURNING tenant_id, external_id, source_id, last_delivery_outcome, delivery_count, status,
-              payload_sha256, superseded_sha256
+              payload_sha256, superseded_sha256, first_received_at
 ), judged AS (
     SELECT r.ord, r.tenant_id, r.external_id, r.source_id AS delivered_source,
            r.payload_sha256 AS delivered_sha256, r.payload AS delivered_payload,
            r.headers AS delivered_headers, r.outside, r.received_at, r.replay_of,
            d.source_id, d.last_delivery_outcome, d.delivery_count, d.status, d.payload_sha256,
-           d.superseded_sha256, d.source_id = r.source_id AS ours,
+           d.superseded_sha256, d.first_received_at, d.source_id = r.source_id AS ours,
            CASE WHEN d.source_id <> r.source_id
                 THEN CASE WHEN d.payload_sha256 = r.payload_sha256 THEN 'duplicate'
                           ELSE 'conflict' END
@@ -457,6 +465,11 @@ WITH input AS (
     INSERT INTO event_queue (tenant_id, external_id)
     SELECT j.tenant_id, j.external_id FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
+), repeated AS (
+    INSERT INTO delivery_hours_dirty (source_id, hour)
+    SELECT DISTINCT j.source_id, date_trunc('hour', j.first_received_at) FROM judged AS j
+    WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
+      AND j.first_received_at < now() - interval '5 minutes'
 )
 SELECT ord, outcome, delivery_count, status, payload_sha256 = delivered_sha256 AS holds_delivery,
        CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
@@ -782,8 +795,8 @@ pub struct SourceActivity {
 /// - The last hour's events are counted on the same index, per source, without the table.
 /// - The last day's events, duplicates and conflicts are the hourly rollup's
 ///   (`delivery_hours`, see [`super::delivery_hours`]) for each hour it has computed, as of the
-///   statement that computed it (the anomaly pass computes the last day's hours on every run),
-///   plus the events received in that hour since; an hour it has not computed is read from
+///   statement that computed it (the anomaly pass computes an hour again when it has new
+///   events or a writer marked it), plus the events received in that hour since; an hour it has not computed is read from
 ///   `webhook_events` whole. So the table is read for what came since the pass last ran, not
 ///   for the day. The hours are counted by an integer series, whose 25 rows the planner knows
 ///   (over a series of timestamps it assumed 1000 and costed the statement for a 40th of the
