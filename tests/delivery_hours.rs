@@ -300,6 +300,14 @@ async fn file_delivery_late(pool: &PgPool, id: &str, delivery_id: &str, received
     assert!(matches!(filed[..], [Filed::Stored(_)]), "{filed:?}");
 }
 
+/// Hours marked for the rollup's next run.
+async fn marks_waiting(pool: &PgPool) -> i64 {
+    sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
 async fn stripe_events_at(pool: &PgPool, hour: i64) -> i64 {
     sqlx::query_scalar(
         "SELECT COALESCE((SELECT events FROM delivery_hours WHERE source_id = 'stripe' \
@@ -356,11 +364,7 @@ async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flo
     // with the times ingest received them: two weeks before the judged hour, and ten days ago.
     file_late(&pool, "evt_late_1", two_weeks_before + 25 * 60).await;
     file_late(&pool, "evt_late_2", ten_days_ago + 5 * 60).await;
-    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(marks, 2);
+    assert_eq!(marks_waiting(&pool).await, 2);
     // Both hours were final: until the next run, the rollup still has them as they were.
     assert_eq!(stripe_events_at(&pool, two_weeks_before).await, 20);
     assert_eq!(stripe_events_at(&pool, ten_days_ago).await, 0);
@@ -370,11 +374,7 @@ async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flo
         .unwrap();
     assert_eq!(stripe_events_at(&pool, two_weeks_before).await, 21);
     assert_eq!(stripe_events_at(&pool, ten_days_ago).await, 1);
-    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(marks, 0);
+    assert_eq!(marks_waiting(&pool).await, 0);
     let detail: String = sqlx::query_scalar(
         "SELECT detail FROM anomaly_results WHERE run_id = $1 AND check_name = 'source_spike' AND subject = 'stripe'",
     )
@@ -389,20 +389,12 @@ async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flo
     // A delivery received within MARK_AFTER_SECONDS marks nothing: its hour has events
     // received since the margin before its last computation, and is computed again for them.
     file_late(&pool, "evt_recent", now() - 60).await;
-    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(marks, 0);
+    assert_eq!(marks_waiting(&pool).await, 0);
     delivery_hours::roll(&pool).await.unwrap();
     assert_eq!(rollup(&pool).await, truth(&pool).await);
     // One received 20 minutes ago is marked: the rollup may have computed its hour for good.
     file_late(&pool, "evt_older", now() - 20 * 60).await;
-    let marks: i64 = sqlx::query_scalar("SELECT count(*) FROM delivery_hours_dirty")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-    assert_eq!(marks, 1);
+    assert_eq!(marks_waiting(&pool).await, 1);
     delivery_hours::roll(&pool).await.unwrap();
     assert_eq!(rollup(&pool).await, truth(&pool).await);
 }
