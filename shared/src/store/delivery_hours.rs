@@ -63,9 +63,10 @@ const LOCK_KEY: i64 = 2_646_413_290_551_842_119;
 /// What one run did to the rollup.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Rolled {
-    /// Hours computed from `webhook_events` (the last day's among them).
+    /// Hours computed from `webhook_events`: those with new events, marked, or never computed.
     pub hours: u64,
-    /// Marks taken (late deliveries, purged events), each making its hour computed again.
+    /// Marks taken (repeated or late deliveries, retries, purged events, events waiting for a
+    /// retry), each making its hour computed again.
     pub marks: u64,
     /// Hours forgotten because a previous build ran since this one last did.
     pub forgotten: u64,
