@@ -796,12 +796,12 @@ pub struct SourceActivity {
 /// - The last day's events, duplicates and conflicts are the hourly rollup's
 ///   (`delivery_hours`, see [`super::delivery_hours`]) for each hour it has computed, as of the
 ///   statement that computed it (the anomaly pass computes an hour again when it has new
-///   events or a writer marked it), plus the events received in that hour since; an hour it has not computed is read from
-///   `webhook_events` whole. So the table is read for what came since the pass last ran, not
-///   for the day. The hours are counted by an integer series, whose 25 rows the planner knows
-///   (over a series of timestamps it assumed 1000 and costed the statement for a 40th of the
-///   table). A later delivery of an event already counted (a duplicate, a conflict) shows
-///   from the pass's next run.
+///   events or a writer marked it), plus the events received in that hour since; an hour it
+///   has not computed is read from `webhook_events` whole. So the table is read for what came
+///   since the pass last ran, not for the day. The hours are counted by an integer series,
+///   whose 25 rows the planner knows (over a series of timestamps it assumed 1000 and costed
+///   the statement for a 40th of the table). A later delivery of an event already counted (a
+///   duplicate, a conflict) shows from the pass's next run.
 /// - Held events are found from their `replayed_body` anomalies (few), each event by its key.
 pub async fn activity_by_source(
     executor: impl PgExecutor<'_>,
