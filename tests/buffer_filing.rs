@@ -6,10 +6,9 @@ use std::collections::BTreeMap;
 use http::HeaderMap;
 use pipeline_tests::*;
 use serde_json::json;
+use shared::buffer::BufferedDelivery;
 use shared::buffer::filing::{self, Filed, Message};
-use shared::buffer::{BufferedDelivery, ENVELOPE_VERSION, Envelope};
 use shared::domain::Scheme;
-use shared::secrets::SecretSet;
 use shared::sources::{self, Source};
 use shared::store::webhook_events::{self, BatchedEvent, DeliveryOutcome, PROVIDER_API};
 use sqlx::{Connection, Executor, PgPool};
@@ -29,8 +28,7 @@ fn find_source(id: &str) -> Source {
         .unwrap()
 }
 
-/// A delivery as ingest would buffer it: verified (which secret, which headers it signs), its
-/// kept headers, its received time.
+/// A delivery to the source `source_id` as ingest would buffer it.
 fn buffered(
     source_id: &str,
     headers: &HeaderMap,
@@ -38,39 +36,13 @@ fn buffered(
     delivery_id: &str,
     received_at_micros: i64,
 ) -> BufferedDelivery {
-    let source = find_source(source_id);
-    let verified = shared::signature::verify(
-        source.scheme,
+    pipeline_tests::buffered(
+        &find_source(source_id),
         headers,
         body,
-        &SecretSet::new(secret_of(source.scheme), None),
-        source.tolerance,
-        now(),
+        delivery_id,
+        received_at_micros,
     )
-    .expect("a signed test delivery");
-    let kept: BTreeMap<String, String> = shared::ingest::kept_headers(&source, headers)
-        .as_object()
-        .unwrap()
-        .iter()
-        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-        .collect();
-    let signed_headers = kept
-        .keys()
-        .filter(|h| verified.signs_header(h))
-        .cloned()
-        .collect();
-    BufferedDelivery {
-        envelope: Envelope {
-            v: ENVELOPE_VERSION,
-            delivery_id: delivery_id.to_owned(),
-            source_id: source_id.to_owned(),
-            received_at_micros,
-            verified_with: verified.secret.as_str().to_owned(),
-            headers: kept,
-            signed_headers,
-        },
-        body: body.to_vec(),
-    }
 }
 
 fn message(d: BufferedDelivery) -> Message {

@@ -2,7 +2,7 @@
 //! would (signed requests through the Lambda handler, or HTTP to the local runner), and read
 //! back what an operator would query.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -865,5 +865,69 @@ pub mod lambda {
     pub fn url_of(pool: &sqlx::PgPool) -> String {
         use sqlx::ConnectOptions;
         pool.connect_options().to_url_lossy().to_string()
+    }
+}
+
+/// A delivery to `source` as ingest would buffer it for the consumer: verified (which secret,
+/// which headers it signs), its kept headers, its received time.
+pub fn buffered(
+    source: &Source,
+    headers: &HeaderMap,
+    body: &[u8],
+    delivery_id: &str,
+    received_at_micros: i64,
+) -> shared::buffer::BufferedDelivery {
+    let verified = shared::signature::verify(
+        source.scheme,
+        headers,
+        body,
+        &SecretSet::new(secret_of(source.scheme), None),
+        source.tolerance,
+        now(),
+    )
+    .expect("a signed test delivery");
+    let kept: BTreeMap<String, String> = shared::ingest::kept_headers(source, headers)
+        .as_object()
+        .unwrap()
+        .iter()
+        .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+        .collect();
+    let signed_headers = kept
+        .keys()
+        .filter(|h| verified.signs_header(h))
+        .cloned()
+        .collect();
+    shared::buffer::BufferedDelivery {
+        envelope: shared::buffer::Envelope {
+            v: shared::buffer::ENVELOPE_VERSION,
+            delivery_id: delivery_id.to_owned(),
+            source_id: source.source_id.as_str().to_owned(),
+            received_at_micros,
+            verified_with: verified.secret.as_str().to_owned(),
+            headers: kept,
+            signed_headers,
+        },
+        body: body.to_vec(),
+    }
+}
+
+/// Every timestamp of the events, of their sources and of the anomaly pass's rollups
+/// (`delivery_hours`, `recent_changes`) moves `interval` into the past, as if that much time had
+/// gone by.
+pub async fn age(pool: &PgPool, interval: &str) {
+    for sql in [
+        "UPDATE webhook_events SET received_at = received_at - $1::interval, \
+             first_received_at = first_received_at - $1::interval, last_seen_at = last_seen_at - $1::interval, \
+             processed_at = processed_at - $1::interval",
+        "UPDATE sources SET created_at = created_at - $1::interval",
+        "UPDATE delivery_hours SET hour = hour - $1::interval",
+        "UPDATE delivery_hours_computed SET hour = hour - $1::interval, computed_at = computed_at - $1::interval",
+        "UPDATE delivery_hours_state SET rolled_at = rolled_at - $1::interval",
+        "UPDATE view_refreshes SET refreshed_at = refreshed_at - $1::interval",
+        "UPDATE recent_changes SET first_received_at = first_received_at - $1::interval, \
+             previous_at = previous_at - $1::interval, before_previous_at = before_previous_at - $1::interval",
+        "UPDATE recent_changes_state SET read_at = read_at - $1::interval",
+    ] {
+        sqlx::query(sql).bind(interval).execute(pool).await.unwrap();
     }
 }

@@ -255,9 +255,11 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
     check(
         "semantic_duplicates_last_day",
         "integrity",
-        "SELECT count(*)::float8 FROM (SELECT 1 FROM webhook_events WHERE first_received_at > now() - interval '1 day' \
-           AND entity_id IS NOT NULL AND entity_version IS NOT NULL \
-           GROUP BY tenant_id, source_id, event_type, entity_id, entity_version, version_tiebreak HAVING count(*) > 1) AS same_change",
+        // Changes (tenant, source, event type, entity, version, tie-break) with two or more
+        // events first received in the last day, as of the pass's rollup: each such change's
+        // second event in the day, kept by the rollup (super::recent_changes says how).
+        "SELECT count(*)::float8 FROM recent_changes WHERE previous_at > now() - interval '1 day' \
+           AND (before_previous_at IS NULL OR before_previous_at <= now() - interval '1 day')",
         ZERO.0,
         ZERO.1,
     ),

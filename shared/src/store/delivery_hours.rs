@@ -72,6 +72,9 @@ pub struct Rolled {
     pub forgotten: u64,
     /// Hours still missing from the 29 days after this run.
     pub missing: u64,
+    /// Events whose change was read again for `semantic_duplicates_last_day`
+    /// ([`super::recent_changes`]): those received since the last run, or since a marked hour.
+    pub changes: u64,
 }
 
 /// Brings the rollup up to date, in one transaction (readers see the previous state until it
@@ -94,14 +97,15 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     .await?
     .rows_affected();
 
-    let marks: i64 = sqlx::query_scalar(
-        "WITH taken AS (DELETE FROM delivery_hours_dirty RETURNING hour), \
+    let (marks, rereads_from): (i64, Option<chrono::DateTime<chrono::Utc>>) = sqlx::query_as(
+        "WITH taken AS (DELETE FROM delivery_hours_dirty RETURNING hour, rereads_changes), \
               unfinal AS (DELETE FROM delivery_hours_computed AS c \
                           USING (SELECT DISTINCT hour FROM taken) AS t WHERE c.hour = t.hour) \
-         SELECT count(*) FROM taken",
+         SELECT count(*), min(hour) FILTER (WHERE rereads_changes) FROM taken",
     )
     .fetch_one(&mut *tx)
     .await?;
+    let changes_since = super::recent_changes::since(&mut tx, rereads_from).await?;
 
     // Events waiting to be tried again: their completion takes `attempts` to 2 without a mark,
     // so their hours are marked for the next run, as long as they wait. The queue row of an
@@ -214,12 +218,14 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     )
     .execute(&mut *tx)
     .await?;
+    let changes = super::recent_changes::reread(&mut tx, changes_since).await?;
     tx.commit().await?;
     Ok(Rolled {
         hours: hours.len() as u64,
         marks: marks as u64,
         forgotten,
         missing: missing as u64,
+        changes,
     })
 }
 
@@ -234,8 +240,8 @@ pub async fn mark_late(
     let (sources, received): (Vec<&str>, Vec<chrono::DateTime<chrono::Utc>>) =
         deliveries.iter().copied().unzip();
     Ok(sqlx::query(
-        "INSERT INTO delivery_hours_dirty (source_id, hour) \
-         SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at) \
+        "INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes) \
+         SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at), true \
          FROM unnest($1::text[], $2::timestamptz[]) AS m(source_id, received_at) \
          WHERE m.received_at < now() - make_interval(secs => $4::int) \
            AND m.received_at >= date_trunc('hour', now() - make_interval(days => $3::int))",

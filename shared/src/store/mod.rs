@@ -17,6 +17,7 @@ pub mod operator_actions;
 pub mod orders;
 pub mod outbox;
 pub mod outbox_routes;
+pub mod recent_changes;
 pub mod reconcile;
 pub mod retention;
 pub mod schema;

@@ -261,8 +261,10 @@ WITH claim AS (
     SELECT $1, $2 FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
 ), repeated AS (
-    INSERT INTO delivery_hours_dirty (source_id, hour)
-    SELECT j.source_id, date_trunc('hour', j.first_received_at) FROM judged AS j
+    INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
+    SELECT j.source_id, date_trunc('hour', j.first_received_at),
+           j.last_delivery_outcome = 'conflict' AND j.payload_sha256 = $9
+    FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
       AND j.first_received_at < now() - interval '5 minutes'
 )
@@ -466,10 +468,13 @@ WITH input AS (
     SELECT j.tenant_id, j.external_id FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
 ), repeated AS (
-    INSERT INTO delivery_hours_dirty (source_id, hour)
-    SELECT DISTINCT j.source_id, date_trunc('hour', j.first_received_at) FROM judged AS j
+    INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
+    SELECT j.source_id, date_trunc('hour', j.first_received_at),
+           bool_or(j.last_delivery_outcome = 'conflict' AND j.payload_sha256 = j.delivered_sha256)
+    FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
       AND j.first_received_at < now() - interval '5 minutes'
+    GROUP BY 1, 2
 )
 SELECT ord, outcome, delivery_count, status, payload_sha256 = delivered_sha256 AS holds_delivery,
        CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
