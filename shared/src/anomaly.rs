@@ -1,7 +1,8 @@
 //! The anomaly checks: more than thirty measurements of the pipeline, each with an expected
 //! range, in five families (latency, referential, integrity, flow, machinery). A run brings the
-//! hourly delivery figures up to date ([`delivery_hours::roll`]: the hours that changed, not
-//! the 29 days), refreshes the materialized view `processing_latency`
+//! hourly delivery figures and the last day's changes up to date ([`delivery_hours::roll`]: the
+//! hours and events that changed, not the 29 days), refreshes the materialized view
+//! `processing_latency`
 //! `CONCURRENTLY`, measures every check, stores every result in
 //! `anomaly_results` and publishes them as metrics; the alarm on `AnomalyBreaches` notifies
 //! on-call and invokes reconciliation (for every breach but those in [`ON_CALL_ONLY`]).

@@ -77,7 +77,8 @@ pub struct Rolled {
     pub changes: u64,
 }
 
-/// Brings the rollup up to date, in one transaction (readers see the previous state until it
+/// Brings the rollup up to date, and with it the last day's changes
+/// ([`super::recent_changes`]), in one transaction (readers see the previous state until it
 /// commits), and records it as `delivery_hourly`'s refresh in `view_refreshes`.
 pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     let mut tx = pool.begin().await?;

@@ -11,9 +11,9 @@
 //! the change's events in the day. So the check counts such rows, from the partial index of
 //! the rows that have a previous event at all.
 //!
-//! A run reads again the events first received since [`super::delivery_hours::NEW_EVENTS_MARGIN_SECONDS`]
-//! before its last run, and their previous events: an event's previous ones are earlier, so
-//! reading again from an instant on is complete. It reads from an earlier hour when a writer
+//! A run reads again the events first received since [`NEW_EVENTS_MARGIN_SECONDS`] before its
+//! last run, and their previous events: an event's previous ones are earlier, so reading again
+//! from an instant on is complete. It reads from an earlier hour when a writer
 //! marked that hour with `rereads_changes`: the buffer's consumer filing an event late, or
 //! ingest giving a pending event received over five minutes before another entity version (a
 //! conflicting delivery that took the newer payload). It reads the whole day when its last
