@@ -263,3 +263,79 @@ async fn the_check_counts_what_grouping_the_day_counts_and_a_run_reads_what_came
         before = grouped;
     }
 }
+
+/// A previous build ran since this build's last run (rolled back, then forward): its ingest
+/// gave an event of the last day another entity version without marking it, and its anomaly
+/// run either refreshed the old view (a build before the rollup) or rolled without keeping
+/// `recent_changes` (a build before it). The next run reads the whole day again.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_previous_builds_run_makes_the_next_read_the_whole_day(pool: PgPool) {
+    sources::apply(&pool, &sources_for_every_scheme())
+        .await
+        .unwrap();
+    let change =
+        |entity: &str, version| ("shopify", "orders/create", entity.to_owned(), version, None);
+    for (n, hours) in [(1, 9), (2, 8), (3, 7), (4, 6)] {
+        stored(&pool, &format!("a-{n}"), &change("a", 1), hours * 3600 + 90).await;
+        stored(&pool, &format!("b-{n}"), &change("b", 1), hours * 3600 + 90).await;
+    }
+    let (check, grouped) = counted(&pool).await;
+    assert_eq!((check, grouped), (2.0, 2.0));
+
+    for previous_build in [
+        "REFRESH MATERIALIZED VIEW CONCURRENTLY delivery_hourly",
+        "UPDATE delivery_hours_state SET rolled_at = now()",
+    ] {
+        // Its ingest moves a change's events to versions of their own, one per event.
+        let moved = if previous_build.starts_with("REFRESH") {
+            "a"
+        } else {
+            "b"
+        };
+        sqlx::query(
+            "UPDATE webhook_events SET entity_version = 100 + right(external_id, 1)::int \
+             WHERE tenant_id = $1 AND entity_id = $2",
+        )
+        .bind(TENANT)
+        .bind(moved)
+        .execute(&pool)
+        .await
+        .unwrap();
+        // Its run, in one transaction: the refresh time is its rollup's where it has one.
+        let mut run = pool.begin().await.unwrap();
+        sqlx::query(previous_build)
+            .execute(&mut *run)
+            .await
+            .unwrap();
+        sqlx::query(
+            "INSERT INTO view_refreshes (view_name, refreshed_at) VALUES ('delivery_hourly', now()) \
+             ON CONFLICT (view_name) DO UPDATE SET refreshed_at = EXCLUDED.refreshed_at",
+        )
+        .execute(&mut *run)
+        .await
+        .unwrap();
+        run.commit().await.unwrap();
+
+        let rolled = delivery_hours::roll(&pool).await.unwrap();
+        let day: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM webhook_events WHERE entity_id IS NOT NULL \
+             AND first_received_at >= now() - interval '1 day 15 minutes'",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(
+            rolled.changes, day as u64,
+            "{previous_build}: the whole day"
+        );
+        let (check, grouped) = counted(&pool).await;
+        assert_eq!(check, grouped, "after {previous_build}");
+    }
+    assert_eq!(
+        sqlx::query_scalar::<_, f64>(GROUPED)
+            .fetch_one(&pool)
+            .await
+            .unwrap(),
+        0.0
+    );
+}

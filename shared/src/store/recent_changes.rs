@@ -17,7 +17,7 @@
 //! marked that hour with `rereads_changes`: the buffer's consumer filing an event late, or
 //! ingest giving a pending event received over five minutes before another entity version (a
 //! conflicting delivery that took the newer payload). It reads the whole day when its last
-//! read was not the rollup's last run (first run, a previous build rolled since).
+//! read was not the last anomaly run (its first run, or a previous build ran since).
 //!
 //! An event's previous events are looked up among the rows kept, which reach a day and the
 //! margin back: one received earlier is outside the day for every later run, as if it had none.
@@ -90,16 +90,16 @@ pub async fn reread(
 }
 
 /// When to read the changes again from, on this run: [`NEW_EVENTS_MARGIN_SECONDS`] before the
-/// last read, if it was the rollup's last run and that was this build's (else `None`: the
-/// whole day), or the earliest hour marked `rereads_changes` if earlier.
+/// last read, if it was the last run of the anomaly pass of any build (whose every run records
+/// its refresh of `delivery_hourly`, the rollup's under that name; else `None`: the whole day),
+/// or the earliest hour marked `rereads_changes` if earlier.
 pub async fn since(
     conn: &mut PgConnection,
     earliest_mark: Option<DateTime<Utc>>,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
     let last: Option<DateTime<Utc>> = sqlx::query_scalar(
         "SELECT r.read_at - make_interval(secs => $1::int) FROM recent_changes_state AS r \
-         WHERE r.read_at = (SELECT rolled_at FROM delivery_hours_state) \
-           AND r.read_at = (SELECT refreshed_at FROM view_refreshes WHERE view_name = 'delivery_hourly')",
+         WHERE r.read_at = (SELECT refreshed_at FROM view_refreshes WHERE view_name = 'delivery_hourly')",
     )
     .bind(NEW_EVENTS_MARGIN_SECONDS)
     .fetch_optional(&mut *conn)
