@@ -44,13 +44,26 @@ pub async fn reread(
     .bind(since)
     .fetch_one(&mut *conn)
     .await?;
-    sqlx::query(
-        "DELETE FROM recent_changes WHERE first_received_at < $1 OR first_received_at >= $2",
-    )
-    .bind(kept_from)
-    .bind(from)
-    .execute(&mut *conn)
-    .await?;
+    // The planner cannot see how few rows these ranges hold (the table turns over a day's
+    // events a day, its statistics lag): with both ranges in one statement it scanned the
+    // table whole (37 ms of 170 000 rows at the 5 M fill, for 70 rows), and its estimates put
+    // the statements past the JIT's threshold. Each range is a statement of its own, JIT off
+    // for the rest of the rollup's transaction (this runs last in it).
+    sqlx::query("SET LOCAL jit = off")
+        .execute(&mut *conn)
+        .await?;
+    for (sql, at) in [
+        (
+            "DELETE FROM recent_changes WHERE first_received_at < $1",
+            kept_from,
+        ),
+        (
+            "DELETE FROM recent_changes WHERE first_received_at >= $1",
+            from,
+        ),
+    ] {
+        sqlx::query(sql).bind(at).execute(&mut *conn).await?;
+    }
     let read = sqlx::query(
         "INSERT INTO recent_changes (tenant_id, external_id, change, first_received_at) \
          SELECT e.tenant_id, e.external_id, \
