@@ -106,7 +106,8 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     )
     .fetch_one(&mut *tx)
     .await?;
-    let changes_since = super::recent_changes::since(&mut tx, rereads_from).await?;
+    let changes_since =
+        super::recent_changes::since(&mut tx, rereads_from, NEW_EVENTS_MARGIN_SECONDS).await?;
 
     // Events waiting to be tried again: their completion takes `attempts` to 2 without a mark,
     // so their hours are marked for the next run, as long as they wait. The queue row of an
@@ -219,7 +220,8 @@ pub async fn roll(pool: &PgPool) -> Result<Rolled, StoreError> {
     )
     .execute(&mut *tx)
     .await?;
-    let changes = super::recent_changes::reread(&mut tx, changes_since).await?;
+    let changes =
+        super::recent_changes::reread(&mut tx, changes_since, NEW_EVENTS_MARGIN_SECONDS).await?;
     tx.commit().await?;
     Ok(Rolled {
         hours: hours.len() as u64,

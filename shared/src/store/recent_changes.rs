@@ -3,7 +3,7 @@
 //! type, entity, version and tie-break, the key the check groups by, as one row value in
 //! text), when it was first received, and when the latest and the one before the latest
 //! earlier event of the same change were. Kept by the anomaly pass in the rollup's transaction
-//! ([`super::delivery_hours::roll`]), so the check counts from a few rows instead of grouping a
+//! (`delivery_hours::roll`, which calls this module), so the check counts from a few rows instead of grouping a
 //! day of `webhook_events` on every run.
 //!
 //! A change has two or more events first received in the last day exactly when one of them has
@@ -11,7 +11,7 @@
 //! the change's events in the day. So the check counts such rows, from the partial index of
 //! the rows that have a previous event at all.
 //!
-//! A run reads again the events first received since [`NEW_EVENTS_MARGIN_SECONDS`] before its
+//! A run reads again the events first received since the rollup's margin (15 minutes) before its
 //! last run, and their previous events: an event's previous ones are earlier, so reading again
 //! from an instant on is complete. It reads from an earlier hour when a writer
 //! marked that hour with `rereads_changes`: the buffer's consumer filing an event late, or
@@ -26,21 +26,22 @@ use chrono::{DateTime, Utc};
 use sqlx::PgConnection;
 
 use super::StoreError;
-use super::delivery_hours::NEW_EVENTS_MARGIN_SECONDS;
 
 /// Reads the changes of the events first received since `since` again (`None`: since a day and
-/// the margin ago, as the oldest kept), with their previous events, and forgets the rows older
-/// than the day and the margin. Returns the events read. Call it in the rollup's transaction.
+/// `margin_seconds` ago, as the oldest kept), with their previous events, and forgets the rows
+/// older than the day and the margin. Returns the events read. Call it in the rollup's
+/// transaction, with the rollup's margin for new events.
 pub async fn reread(
     conn: &mut PgConnection,
     since: Option<DateTime<Utc>>,
+    margin_seconds: i64,
 ) -> Result<u64, StoreError> {
     // The oldest instant kept, and where this run reads from (GREATEST ignores a NULL `since`).
     let (kept_from, from): (DateTime<Utc>, DateTime<Utc>) = sqlx::query_as(
         "SELECT k, GREATEST($2::timestamptz, k) \
          FROM (SELECT now() - interval '1 day' - make_interval(secs => $1::int) AS k) AS kept",
     )
-    .bind(NEW_EVENTS_MARGIN_SECONDS)
+    .bind(margin_seconds)
     .bind(since)
     .fetch_one(&mut *conn)
     .await?;
@@ -102,19 +103,20 @@ pub async fn reread(
     Ok(read)
 }
 
-/// When to read the changes again from, on this run: [`NEW_EVENTS_MARGIN_SECONDS`] before the
+/// When to read the changes again from, on this run: `margin_seconds` before the
 /// last read, if it was the last run of the anomaly pass of any build (whose every run records
 /// its refresh of `delivery_hourly`, the rollup's under that name; else `None`: the whole day),
 /// or the earliest hour marked `rereads_changes` if earlier.
 pub async fn since(
     conn: &mut PgConnection,
     earliest_mark: Option<DateTime<Utc>>,
+    margin_seconds: i64,
 ) -> Result<Option<DateTime<Utc>>, StoreError> {
     let last: Option<DateTime<Utc>> = sqlx::query_scalar(
         "SELECT r.read_at - make_interval(secs => $1::int) FROM recent_changes_state AS r \
          WHERE r.read_at = (SELECT refreshed_at FROM view_refreshes WHERE view_name = 'delivery_hourly')",
     )
-    .bind(NEW_EVENTS_MARGIN_SECONDS)
+    .bind(margin_seconds)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(last.map(|last| earliest_mark.map_or(last, |mark| mark.min(last))))
