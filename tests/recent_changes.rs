@@ -221,6 +221,25 @@ async fn the_check_counts_what_grouping_the_day_counts_and_a_run_reads_what_came
     assert_eq!(grouped, before - 1.0);
     assert_eq!(check, grouped, "after the batch statement took a conflict");
 
+    // A provider's plain redelivery of x-2 (received 2 hours ago, same body) marks its hour for
+    // the rollup's figures, not for the changes: the next run reads what came since the margin
+    // before its last run, not the two hours since x-2.
+    let again = webhook_events::upsert(&pool, &event("x-2", &pair("x"), b"x-2", sha(b"x-2")))
+        .await
+        .unwrap();
+    assert_eq!(again.outcome, DeliveryOutcome::Duplicate);
+    let since_margin: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_events WHERE entity_id IS NOT NULL \
+         AND first_received_at >= (SELECT read_at FROM recent_changes_state) - make_interval(secs => $1::int)",
+    )
+    .bind(NEW_EVENTS_MARGIN_SECONDS)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let rolled = delivery_hours::roll(&pool).await.unwrap();
+    assert_eq!(rolled.marks, 1, "{rolled:?}");
+    assert_eq!(rolled.changes, since_margin as u64, "{rolled:?}");
+
     // The buffer files two deliveries of one change 6 and 5 hours late (an outage of the
     // database): a duplicated change in the past of the last run.
     let before = grouped;
@@ -261,6 +280,20 @@ async fn the_check_counts_what_grouping_the_day_counts_and_a_run_reads_what_came
         assert!(grouped < before, "{step}: some change left the day");
         assert_eq!(check, grouped, "after {step}");
         before = grouped;
+        // The table keeps the last day and the margin, whatever the history: a row per keyed
+        // event received since, none older.
+        let (kept, keyed): (i64, i64) = sqlx::query_as(
+            "SELECT (SELECT count(*) FROM recent_changes), \
+                    (SELECT count(*) FROM webhook_events WHERE entity_id IS NOT NULL \
+                     AND entity_version IS NOT NULL \
+                     AND first_received_at >= (SELECT read_at FROM recent_changes_state) \
+                         - interval '1 day' - make_interval(secs => $1::int))",
+        )
+        .bind(NEW_EVENTS_MARGIN_SECONDS)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert_eq!(kept, keyed, "after {step}: the day and the margin kept");
     }
 }
 
