@@ -544,3 +544,69 @@ async fn the_anomaly_checks_read_webhook_events_only_through_bounding_indexes(po
     assert!(reads >= 5, "the checks read webhook_events ({reads} reads)");
     assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
 }
+
+/// The two statements of the anomaly pass that read a day of webhook_events until issue 26's
+/// last step: the consistency sweep reads at most its window of the time index, from its
+/// cursor on (where the whole-day checks read the day, about 6 900 events here and 8.6 M a day
+/// at 100 events/s), and `processing_latency`'s refresh reads the drain's recorded completions,
+/// not webhook_events at all.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_consistency_sweep_reads_its_window_and_the_latency_view_no_event(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    const WINDOW: i64 = 1000;
+
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
+    shared::store::anomaly::refresh_views(&explaining)
+        .await
+        .unwrap();
+    let first = shared::store::consistency_sweep::sweep(&explaining, WINDOW)
+        .await
+        .unwrap();
+    let second = shared::store::consistency_sweep::sweep(&explaining, WINDOW)
+        .await
+        .unwrap();
+    drop(_guard);
+    assert_eq!((first.events, second.events), (WINDOW, WINDOW));
+    assert!(first.new_cycle && !second.new_cycle && first.through < second.from);
+    let latency: i64 = sqlx::query_scalar("SELECT events FROM processing_latency")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert!(
+        latency > 0,
+        "the fill's completions of the last hour: {latency}"
+    );
+
+    let plans = explained(&notices);
+    let refresh = plans
+        .iter()
+        .filter(|p| p.query.contains("processing_completions"))
+        .collect::<Vec<_>>();
+    assert!(!refresh.is_empty(), "the view's refresh was explained");
+    for p in refresh {
+        let mut reads = Vec::new();
+        event_reads(&p.plan, &mut reads);
+        assert!(reads.is_empty(), "{reads:?}\n    in: {}", p.query);
+    }
+    let windows: Vec<&Explained> = plans
+        .iter()
+        .filter(|p| p.query.contains("WITH w AS MATERIALIZED"))
+        .collect();
+    assert_eq!(windows.len(), 2, "both windows were explained");
+    for p in windows {
+        let (mut count, mut wrong) = (0, Vec::new());
+        unbounded_reads(&p.plan, &mut count, &mut wrong);
+        assert!(
+            count >= 1 && wrong.is_empty(),
+            "{wrong:?}\n    in: {}",
+            p.query
+        );
+        let mut reads = Vec::new();
+        event_reads(&p.plan, &mut reads);
+        let rows: f64 = reads.iter().map(|(_, rows)| rows).sum();
+        assert!(
+            rows <= (WINDOW + 1) as f64,
+            "a window of {WINDOW} read {rows} rows of webhook_events: {reads:?}"
+        );
+    }
+}

@@ -2,10 +2,11 @@
 //! range, in five families (latency, referential, integrity, flow, machinery). A run brings the
 //! hourly delivery figures and the last day's changes up to date ([`delivery_hours::roll`]: the
 //! hours and events that changed, not the 29 days), refreshes the materialized view
-//! `processing_latency`
-//! `CONCURRENTLY`, measures every check, stores every result in
-//! `anomaly_results` and publishes them as metrics; the alarm on `AnomalyBreaches` notifies
-//! on-call and invokes reconciliation (for every breach but those in [`ON_CALL_ONLY`]).
+//! `processing_latency` `CONCURRENTLY` (over the latencies the drain recorded in the last
+//! hour), sweeps a bounded window of the last day's events for the two consistency checks
+//! ([`consistency_sweep`]), measures every check, stores every result in `anomaly_results` and
+//! publishes them as metrics; the alarm on `AnomalyBreaches` notifies on-call and invokes
+//! reconciliation (for every breach but those in [`ON_CALL_ONLY`]).
 //!
 //! Fixed thresholds suit most checks; flow per source would either nag or miss with one, so each
 //! source's last complete hour is judged against the same hour of the week in its own history
@@ -29,6 +30,7 @@ use crate::buffer::{BufferQueue, BufferReading};
 use crate::maintenance::{self, RunCounts};
 use crate::store::StoreError;
 use crate::store::anomaly::{self, CheckResult, GlobalCheck, SourceFlow};
+use crate::store::consistency_sweep::{self, Swept};
 use crate::store::delivery_hours;
 
 #[derive(Debug, Clone)]
@@ -39,6 +41,9 @@ pub struct AnomalySettings {
     pub silence_min_baseline: f64,
     /// A source needs this many weeks of history before its flow is judged.
     pub min_weeks: i64,
+    /// Events of the last day the consistency sweep examines per run, at most (see
+    /// [`consistency_sweep`]).
+    pub sweep_window_events: i64,
 }
 
 impl Default for AnomalySettings {
@@ -47,6 +52,7 @@ impl Default for AnomalySettings {
             ranges: HashMap::new(),
             silence_min_baseline: 5.0,
             min_weeks: 2,
+            sweep_window_events: 50_000,
         }
     }
 }
@@ -179,8 +185,14 @@ async fn measure_all(
     let rolled = delivery_hours::roll(pool).await?;
     tracing::debug!(?rolled, "delivery hours rolled up");
     anomaly::refresh_views(pool).await?;
+    let swept = consistency_sweep::sweep(pool, settings.sweep_window_events).await?;
+    tracing::debug!(?swept, "the last day's events swept");
     for check in anomaly::GLOBAL_CHECKS {
-        results.push(judge(check, anomaly::measure(pool, check).await?, settings));
+        let mut result = judge(check, anomaly::measure(pool, check).await?, settings);
+        if SWEPT_CHECKS.contains(&check.name) {
+            result.detail = swept_detail(&swept);
+        }
+        results.push(result);
     }
     // The judged hour is the last complete one: it ended at the top of this hour.
     let judged_hour_end = chrono::Utc::now()
@@ -205,6 +217,31 @@ async fn measure_all(
         });
     }
     Ok(results)
+}
+
+/// The checks counted by the sweep of the last day's events, a window per run.
+const SWEPT_CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without_projection"];
+
+/// What a swept check's value covers: the window's events, and where the sweep's cycle stands.
+fn swept_detail(swept: &Swept) -> String {
+    let window = match (swept.from, swept.through) {
+        (Some(from), Some(through)) => format!(
+            "of the {} events first received from {} to {}",
+            swept.events,
+            from.format("%Y-%m-%d %H:%M:%S"),
+            through.format("%Y-%m-%d %H:%M:%S")
+        ),
+        _ => "of no event (none received since the sweep's last window)".to_owned(),
+    };
+    let cycle = if swept.reached_present {
+        "the sweep reached the newest event; the next run starts again from a day ago"
+    } else {
+        "the sweep continues from here at the next run"
+    };
+    format!(
+        "{window}, in the sweep of the last day started {}: {cycle}",
+        swept.cycle_started_at.format("%Y-%m-%d %H:%M:%S")
+    )
 }
 
 /// Why silence is not judged now: the buffer may hold deliveries of the judged hour (any

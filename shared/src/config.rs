@@ -413,6 +413,9 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             silence_min_baseline: self
                 .parsed("ANOMALY_SILENCE_MIN_BASELINE", d.silence_min_baseline)?,
             min_weeks: self.parsed("ANOMALY_MIN_WEEKS", d.min_weeks)?,
+            sweep_window_events: self
+                .parsed("ANOMALY_SWEEP_WINDOW_EVENTS", d.sweep_window_events)?
+                .max(1),
             ..d
         })
     }

@@ -911,8 +911,8 @@ pub fn buffered(
     }
 }
 
-/// Every timestamp of the events, of their sources and of the anomaly pass's rollups
-/// (`delivery_hours`, `recent_changes`) moves `interval` into the past, as if that much time had
+/// Every timestamp of the events, of their sources and of what the anomaly pass keeps
+/// (`delivery_hours`, `recent_changes`, the drain's completions, the consistency sweep) moves `interval` into the past, as if that much time had
 /// gone by.
 pub async fn age(pool: &PgPool, interval: &str) {
     for sql in [
@@ -927,6 +927,10 @@ pub async fn age(pool: &PgPool, interval: &str) {
         "UPDATE recent_changes SET first_received_at = first_received_at - $1::interval, \
              previous_at = previous_at - $1::interval, before_previous_at = before_previous_at - $1::interval",
         "UPDATE recent_changes_state SET read_at = read_at - $1::interval",
+        "UPDATE processing_completions SET completed_at = completed_at - $1::interval",
+        "UPDATE consistency_sweep SET through_at = through_at - $1::interval, \
+             cycle_started_at = cycle_started_at - $1::interval, swept_at = swept_at - $1::interval, \
+             window_from = window_from - $1::interval",
     ] {
         sqlx::query(sql).bind(interval).execute(pool).await.unwrap();
     }

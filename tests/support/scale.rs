@@ -2,8 +2,9 @@
 //! for the scale benchmark and the plan tests (issue 26): processed events inserted in time
 //! order, spread evenly over 29 days, 1 KiB payloads for the last 7 (older ones purged), three
 //! busy sources and four quiet ones (three that stopped 20 days ago, one that never sent);
-//! entities, delivered outbox rows, open dead letters, tombstones and gap watermarks beside
-//! them, and a fixed backlog of pending events in the queue.
+//! entities, delivered outbox rows, open dead letters, tombstones, gap watermarks and the
+//! drain's record of its last two hours' completions beside them, and a fixed backlog of
+//! pending events in the queue.
 
 use sqlx::PgPool;
 
@@ -20,7 +21,7 @@ pub const DEAD_LETTERS: i64 = 100;
 /// Fills an empty, migrated database with `rows` processed events (plus [`BACKLOG`] pending and
 /// [`DEAD_LETTERS`] dead-lettered ones) and analyzes it.
 pub async fn fill(pool: &PgPool, rows: i64) {
-    let statements: [&str; 9] = [
+    let statements: [&str; 10] = [
         "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, external_id_from, event_type_from, created_at) \
          SELECT s, 'scale', 'stripe', 'scale', 'json:/id', 'json:/type', now() - interval '60 days' \
          FROM unnest(ARRAY['busy-1','busy-2','busy-3','quiet-1','quiet-2','quiet-3','quiet-4']) AS s",
@@ -66,6 +67,13 @@ pub async fn fill(pool: &PgPool, rows: i64) {
                 now() - interval '29 days' + interval '29 days' * i / $1, \
                 now() - interval '29 days' + interval '29 days' * i / $1 + interval '1 second' \
          FROM generate_series(10, $1, 10) AS i",
+        // The drain's record of the last two hours' completions (what the anomaly pass keeps),
+        // one row per 100 events, as its batches write them.
+        "INSERT INTO processing_completions (completed_at, seconds) \
+         SELECT max(processed_at), array_agg(EXTRACT(EPOCH FROM processed_at - received_at)::float8) \
+         FROM (SELECT processed_at, received_at, row_number() OVER (ORDER BY first_received_at) AS n \
+               FROM webhook_events WHERE first_received_at > now() - interval '2 hours' AND status = 'processed') AS p \
+         GROUP BY n / 100",
         "INSERT INTO tombstones (tenant_id, external_id, source_id, reason, created_by) \
          SELECT 'scale', 'gone_' || i, 'busy-' || (1 + i % 3), 'never sent', 'backfill' FROM generate_series(1, 1000) AS i",
         "INSERT INTO gap_watermarks (source_id, contiguous_through, examined_through) \

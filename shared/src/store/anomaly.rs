@@ -129,22 +129,19 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // Issue 26: these two are counted by the anomaly run's sweep of the last day's events, a
+    // bounded window per run (super::consistency_sweep says how): what its latest window found.
     check(
         "pending_without_queue_row",
         "referential",
-        "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
-         AND e.status = 'pending' AND NOT EXISTS \
-         (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id)",
+        "SELECT pending_without_queue_row::float8 FROM consistency_sweep",
         ZERO.0,
         ZERO.1,
     ),
     check(
         "processed_without_projection",
         "referential",
-        "SELECT count(*)::float8 FROM webhook_events AS e WHERE e.first_received_at > now() - interval '1 day' \
-         AND e.status = 'processed' AND e.expects = 'projection' AND NOT EXISTS \
-         (SELECT 1 FROM entities AS x WHERE x.tenant_id = e.tenant_id AND x.entity_id = e.entity_id \
-            AND x.entity_type = regexp_replace(e.event_type, '[./][^./]*$', '') AND x.version >= e.entity_version)",
+        "SELECT processed_without_projection::float8 FROM consistency_sweep",
         ZERO.0,
         ZERO.1,
     ),
@@ -461,6 +458,10 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
 /// runs. The `outbox-delivery-delayed` alarm in template.yaml has the same threshold.
 pub const OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS: f64 = 240.0;
 
+/// How long the drain's recorded latencies are kept: the view reads the last hour's, and a
+/// second hour leaves the rows a late refresh may still need.
+pub const COMPLETIONS_KEPT_SECONDS: f64 = 2.0 * 3600.0;
+
 pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, StoreError> {
     Ok(sqlx::query_scalar::<_, Option<f64>>(check.sql)
         .fetch_optional(pool)
@@ -471,7 +472,17 @@ pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, 
 /// Refreshes the checks' view without blocking its readers, and records when. The hourly
 /// delivery figures are a rollup kept by [`super::delivery_hours::roll`], which records its own
 /// refresh under the view's old name, `delivery_hourly`.
+///
+/// `processing_latency` reads the latencies the drain recorded in `processing_completions`
+/// over the last hour ([`super::event_queue::complete`]); rows older than
+/// [`COMPLETIONS_KEPT_SECONDS`] are forgotten here first, a range of its time index.
 pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
+    sqlx::query(
+        "DELETE FROM processing_completions WHERE completed_at < now() - make_interval(secs => $1)",
+    )
+    .bind(COMPLETIONS_KEPT_SECONDS)
+    .execute(pool)
+    .await?;
     sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency")
         .execute(pool)
         .await?;

@@ -139,7 +139,9 @@ pub async fn claim_for_replay(
 
 /// After a replay processed the event: the letter is closed as `replayed` and its event is
 /// `processed`, with what its handler expects reconciliation to find, in one statement (which
-/// marks the event's hour for the anomaly rollup when it takes `attempts` to 2).
+/// marks the event's hour for the anomaly rollup when it takes `attempts` to 2, and records
+/// its received → processed latency as the drain's completions do: a replay of an event first
+/// received over a day ago is not pipeline latency, and never counted).
 pub async fn mark_replayed(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
@@ -153,7 +155,12 @@ pub async fn mark_replayed(
              UPDATE webhook_events AS e SET status = 'processed', processed_at = statement_timestamp(), \
                  attempts = e.attempts + 1, last_error = NULL, expects = $2 \
              FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id \
-             RETURNING e.source_id, e.first_received_at, e.attempts) \
+             RETURNING e.source_id, e.first_received_at, e.attempts, \
+                 EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
+         recorded AS ( \
+             INSERT INTO processing_completions (completed_at, seconds) \
+             SELECT statement_timestamp(), array_agg(seconds) FROM replayed \
+             WHERE first_received_at >= statement_timestamp() - interval '1 day' HAVING count(*) > 0) \
          INSERT INTO delivery_hours_dirty (source_id, hour) \
          SELECT source_id, date_trunc('hour', first_received_at) FROM replayed WHERE attempts = 2";
     sqlx::query(SQL)

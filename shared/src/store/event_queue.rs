@@ -46,7 +46,9 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
 /// Marks events processed and removes them from the queue, in one statement, recording what
 /// each event's handler expects reconciliation to find (`webhook_events.expects`).
 /// `processed_at` is this statement's time: after the claim, so never before the payload it
-/// processed was received.
+/// processed was received. The same statement records the events' received → processed
+/// latencies, one `processing_completions` row, for the anomaly pass's `processing_latency`:
+/// those of events first received in the last day, as the view always counted.
 pub async fn complete(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
@@ -58,22 +60,29 @@ pub async fn complete(
          done AS ( \
              DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
-             RETURNING q.tenant_id, q.external_id, d.expects) \
-         UPDATE webhook_events AS e \
-         SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
-             expects = done.expects \
-         FROM done \
-         WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending'";
+             RETURNING q.tenant_id, q.external_id, d.expects), \
+         processed AS ( \
+             UPDATE webhook_events AS e \
+             SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
+                 expects = done.expects \
+             FROM done \
+             WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending' \
+             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
+         recorded AS ( \
+             INSERT INTO processing_completions (completed_at, seconds) \
+             SELECT statement_timestamp(), array_agg(seconds) FROM processed \
+             WHERE first_received_at >= statement_timestamp() - interval '1 day' HAVING count(*) > 0) \
+         SELECT count(*) FROM processed";
     if ids.is_empty() {
         return Ok(0);
     }
-    Ok(sqlx::query(SQL)
+    let processed: i64 = sqlx::query_scalar(SQL)
         .bind(tenants)
         .bind(ids)
         .bind(expects)
-        .execute(executor)
-        .await?
-        .rows_affected())
+        .fetch_one(executor)
+        .await?;
+    Ok(processed as u64)
 }
 
 /// Removes repairs from the queue: their events stay exactly as they were.

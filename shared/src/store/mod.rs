@@ -4,6 +4,7 @@
 pub mod advisory_locks;
 pub mod anomaly;
 pub mod buffer_receipts;
+pub mod consistency_sweep;
 pub mod dead_letters;
 pub mod delivery_hours;
 pub mod entities;
