@@ -262,11 +262,15 @@ fn index_target(statement: &str) -> Option<(String, bool)> {
     Some((table.trim_matches('"').to_owned(), concurrently))
 }
 
+/// The tables and materialized views a migration creates: an index on one of them locks only a
+/// relation no other session can see before the migration commits.
 fn created_tables(statements: &[String]) -> Vec<String> {
     statements
         .iter()
         .filter_map(|s| {
-            let rest = s.strip_prefix("create table ")?;
+            let rest = s
+                .strip_prefix("create table ")
+                .or_else(|| s.strip_prefix("create materialized view "))?;
             let rest = rest.strip_prefix("if not exists ").unwrap_or(rest);
             rest.split(' ')
                 .next()
@@ -423,6 +427,7 @@ fn the_rules_tell_a_long_lock_from_a_short_one() {
         "VACUUM FULL webhook_events;",
         "CLUSTER webhook_events USING webhook_events_pkey;",
         "REINDEX TABLE webhook_events;",
+        "CREATE MATERIALIZED VIEW w AS SELECT 1 AS key;\nCREATE UNIQUE INDEX v_key ON v (key);",
     ];
     for sql in bad {
         assert!(!broken_rules(sql).is_empty(), "passed: {sql}");
@@ -431,6 +436,7 @@ fn the_rules_tell_a_long_lock_from_a_short_one() {
         "-- no-transaction\nCREATE INDEX CONCURRENTLY IF NOT EXISTS webhook_events_by_type ON webhook_events (event_type);",
         "-- no-transaction\n-- Why: ...\nCREATE UNIQUE INDEX CONCURRENTLY u ON outbox (a) WHERE status = 'pending';",
         "CREATE TABLE t (a text PRIMARY KEY, b text CHECK (b <> ''));\nCREATE INDEX t_b ON t (b);",
+        "DROP MATERIALIZED VIEW v;\nCREATE MATERIALIZED VIEW v AS SELECT 1 AS key;\nCREATE UNIQUE INDEX v_key ON v (key);",
         "ALTER TABLE webhook_events ADD COLUMN note text;",
         "ALTER TABLE webhook_events ADD COLUMN seen timestamptz NOT NULL DEFAULT now();",
         "ALTER TABLE outbox ADD CONSTRAINT outbox_n CHECK (n > 0) NOT VALID;",
