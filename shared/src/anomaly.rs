@@ -226,12 +226,13 @@ const SWEPT_CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without
 fn swept_detail(swept: &Swept) -> String {
     let window = match (swept.from, swept.through) {
         (Some(from), Some(through)) => format!(
-            "of the {} events first received from {} to {}",
+            "of the {} events first received from {} to {} UTC",
             swept.events,
             from.format("%Y-%m-%d %H:%M:%S"),
             through.format("%Y-%m-%d %H:%M:%S")
         ),
-        _ => "of no event (none received since the sweep's last window)".to_owned(),
+        _ if swept.new_cycle => "of no event: none was first received in the last day".to_owned(),
+        _ => "of no event: none was first received after the sweep's last window".to_owned(),
     };
     let cycle = if swept.reached_present {
         "the sweep reached the newest event; the next run starts again from a day ago"
@@ -239,7 +240,7 @@ fn swept_detail(swept: &Swept) -> String {
         "the sweep continues from here at the next run"
     };
     format!(
-        "{window}, in the sweep of the last day started {}: {cycle}",
+        "{window}, in the sweep of the last day started {} UTC: {cycle}",
         swept.cycle_started_at.format("%Y-%m-%d %H:%M:%S")
     )
 }
