@@ -186,7 +186,8 @@ async fn run_drainers(
 
 /// The drain's own writes with nothing else: pgbench claiming 100 queued events and, in one
 /// statement per batch, writing what the drain writes for them (the versioned entity, its
-/// outbox row, the queue row deleted, the event marked processed). No Rust, no round trips, no
+/// outbox row, the queue row deleted, the event marked processed, the batch's latencies
+/// recorded for the anomaly pass). No Rust, no round trips, no
 /// savepoints, no planning per batch, no anomaly or lock-ordering pass: a floor under the
 /// drain's cost on the same tables and backlog, run just before the drainers.
 async fn same_writes_in_sql(
@@ -220,9 +221,12 @@ async fn same_writes_in_sql(
             ON CONFLICT (tenant_id, external_id, action) DO NOTHING), \
         done AS (DELETE FROM event_queue AS q USING c \
             WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id RETURNING q.tenant_id, q.external_id) \
-        UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, \
+        processed AS (UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, \
             last_error = NULL, expects = 'projection' \
-        FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending';\n\
+            FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending' \
+            RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds) \
+        INSERT INTO processing_completions (completed_at, seconds) SELECT now(), array_agg(seconds) FROM processed \
+            WHERE first_received_at >= now() - interval '1 day' HAVING count(*) > 0;\n\
         COMMIT;\n";
     benchmarks::pgbench_tps(options, clients, seconds, script);
     let after = queued().await;
