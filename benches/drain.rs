@@ -220,7 +220,7 @@ async fn same_writes_in_sql(
                 encode(sha256(convert_to(tenant_id || '/' || last_event_id, 'UTF8')), 'hex') FROM applied \
             ON CONFLICT (tenant_id, external_id, action) DO NOTHING), \
         done AS (DELETE FROM event_queue AS q USING c \
-            WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id RETURNING q.tenant_id, q.external_id) \
+            WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id RETURNING q.tenant_id, q.external_id), \
         processed AS (UPDATE webhook_events AS e SET status = 'processed', processed_at = now(), attempts = e.attempts + 1, \
             last_error = NULL, expects = 'projection' \
             FROM done WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending' \
