@@ -395,11 +395,7 @@ async fn a_fatal_failure_is_dead_lettered_at_once(pool: PgPool) {
 async fn replay_after_a_fix_processes_once_and_a_second_replay_is_a_no_op(pool: PgPool) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
-    let mut handler = Instrumented::new(Arc::new(EntityProjection));
-    handler.poison = vec!["flaky".into()];
-    let handler = Arc::new(handler);
-    let registry = registry_with(handler.clone());
-    let drainer = drainer(&pool, registry.clone());
+    let (handler, registry, drainer) = poisoned_drain(&pool, "flaky");
     deliver(&app, entity_event("r-1", "flaky", 1, "thing.updated")).await;
     deliver(&app, entity_event("r-2", "steady", 1, "thing.updated")).await;
     drain_all(&drainer, &pool, Duration::from_secs(10)).await;

@@ -4,14 +4,12 @@
 //! letter's replay counts like a drain's completion, and the records are forgotten after two
 //! hours, so the table holds two hours of batches on day 60.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::StatusCode;
 use pipeline_tests::drain::*;
 use pipeline_tests::*;
 use shared::anomaly::{self, AnomalySettings};
-use shared::effects::entity::EntityProjection;
 use shared::store::dead_letters::ReplayFilter;
 use sqlx::PgPool;
 
@@ -68,11 +66,7 @@ async fn the_latency_percentiles_are_the_events_own_and_two_hours_of_records_are
 ) {
     let app = app(pool.clone()).await;
     create_application_log(&pool).await;
-    let mut handler = Instrumented::new(Arc::new(EntityProjection));
-    handler.poison = vec!["flaky".into()];
-    let handler = Arc::new(handler);
-    let registry = registry_with(handler.clone());
-    let drainer = drainer(&pool, registry.clone());
+    let (handler, registry, drainer) = poisoned_drain(&pool, "flaky");
 
     // 30 events received 0 to 29 minutes ago (as if each had waited that long), and one that
     // fails into a dead letter; drained in batches of the drain's size.

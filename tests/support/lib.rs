@@ -548,6 +548,20 @@ pub mod drain {
         }
     }
 
+    /// The entity projection, instrumented, failing for good on `poisoned`'s events until its
+    /// `broken` flag is cleared; the registry around it, and a drainer with [`fast_settings`].
+    pub fn poisoned_drain(
+        pool: &PgPool,
+        poisoned: &str,
+    ) -> (Arc<Instrumented>, Arc<EffectRegistry>, Drainer) {
+        let mut handler = Instrumented::new(Arc::new(shared::effects::entity::EntityProjection));
+        handler.poison = vec![poisoned.into()];
+        let handler = Arc::new(handler);
+        let registry = registry_with(handler.clone());
+        let drainer = drainer(pool, registry.clone());
+        (handler, registry, drainer)
+    }
+
     /// The standard registry with its fallback wrapped in `instrumented`.
     pub fn registry_with(instrumented: Arc<Instrumented>) -> Arc<EffectRegistry> {
         let mut registry = EffectRegistry::new(instrumented);
