@@ -46,10 +46,6 @@ const PASSES: [&str; 11] = [
     "old view refresh",
 ];
 
-/// The anomaly checks whose statements read the last day of `webhook_events` until stop 38:
-/// they read what the sweep's window found.
-const DAY_READING_CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without_projection"];
-
 async fn timed<T, F: std::future::Future<Output = T>>(f: F) -> Duration {
     let start = Instant::now();
     f.await;
@@ -85,11 +81,11 @@ async fn passes(pool: &PgPool) -> Vec<Duration> {
         timed(async {
             let checks: Vec<_> = shared::store::anomaly::GLOBAL_CHECKS
                 .iter()
-                .filter(|c| DAY_READING_CHECKS.contains(&c.name))
+                .filter(|c| shared::store::consistency_sweep::CHECKS.contains(&c.name))
                 .collect();
             assert_eq!(
                 checks.len(),
-                DAY_READING_CHECKS.len(),
+                shared::store::consistency_sweep::CHECKS.len(),
                 "a check was renamed"
             );
             shared::store::anomaly::refresh_views(pool).await.unwrap();

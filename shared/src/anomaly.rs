@@ -189,7 +189,7 @@ async fn measure_all(
     tracing::debug!(?swept, "the last day's events swept");
     for check in anomaly::GLOBAL_CHECKS {
         let mut result = judge(check, anomaly::measure(pool, check).await?, settings);
-        if SWEPT_CHECKS.contains(&check.name) {
+        if consistency_sweep::CHECKS.contains(&check.name) {
             result.detail = swept_detail(&swept);
         }
         results.push(result);
@@ -218,9 +218,6 @@ async fn measure_all(
     }
     Ok(results)
 }
-
-/// The checks counted by the sweep of the last day's events, a window per run.
-const SWEPT_CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without_projection"];
 
 /// What a swept check's value covers: the window's events, and where the sweep's cycle stands.
 fn swept_detail(swept: &Swept) -> String {

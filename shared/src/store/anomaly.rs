@@ -458,10 +458,6 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
 /// runs. The `outbox-delivery-delayed` alarm in template.yaml has the same threshold.
 pub const OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS: f64 = 240.0;
 
-/// How long the drain's recorded latencies are kept: the view reads the last hour's, and a
-/// second hour leaves the rows a late refresh may still need.
-pub const COMPLETIONS_KEPT_SECONDS: f64 = 2.0 * 3600.0;
-
 pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, StoreError> {
     Ok(sqlx::query_scalar::<_, Option<f64>>(check.sql)
         .fetch_optional(pool)
@@ -474,15 +470,9 @@ pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, 
 /// refresh under the view's old name, `delivery_hourly`.
 ///
 /// `processing_latency` reads the latencies the drain recorded in `processing_completions`
-/// over the last hour ([`super::event_queue::complete`]); rows older than
-/// [`COMPLETIONS_KEPT_SECONDS`] are forgotten here first, a range of its time index.
+/// over the last hour ([`super::processing_completions`]); older rows are forgotten here first.
 pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
-    sqlx::query(
-        "DELETE FROM processing_completions WHERE completed_at < now() - make_interval(secs => $1)",
-    )
-    .bind(COMPLETIONS_KEPT_SECONDS)
-    .execute(pool)
-    .await?;
+    super::processing_completions::forget_old(pool).await?;
     sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency")
         .execute(pool)
         .await?;

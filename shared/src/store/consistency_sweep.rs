@@ -16,6 +16,9 @@ use sqlx::PgPool;
 
 use super::StoreError;
 
+/// The anomaly checks that read what the latest window found.
+pub const CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without_projection"];
+
 /// What one run's window examined and found.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Swept {
@@ -36,11 +39,11 @@ pub struct Swept {
 
 #[derive(sqlx::FromRow)]
 struct State {
-    through_at: DateTime<Utc>,
-    through_tenant_id: String,
-    through_external_id: String,
-    cycle_started_at: DateTime<Utc>,
-    reached_present: bool,
+    through_at: Option<DateTime<Utc>>,
+    through_tenant_id: Option<String>,
+    through_external_id: Option<String>,
+    cycle_started_at: Option<DateTime<Utc>>,
+    reached_present: Option<bool>,
     day_ago: DateTime<Utc>,
     now: DateTime<Utc>,
 }
@@ -59,30 +62,25 @@ struct Window {
 /// Examines the next window of at most `window_events` events and records where the sweep
 /// stands and what the window found (`consistency_sweep`, which the two checks read).
 pub async fn sweep(pool: &PgPool, window_events: i64) -> Result<Swept, StoreError> {
-    let state: Option<State> = sqlx::query_as(
-        "SELECT through_at, through_tenant_id, through_external_id, cycle_started_at, \
-                reached_present, now() - interval '1 day' AS day_ago, now() AS now \
-         FROM consistency_sweep",
+    // The clock, and where the sweep stands (none before its first run).
+    let state: State = sqlx::query_as(
+        "SELECT s.through_at, s.through_tenant_id, s.through_external_id, s.cycle_started_at, \
+                s.reached_present, now() - interval '1 day' AS day_ago, now() AS now \
+         FROM (SELECT 1) AS one LEFT JOIN consistency_sweep AS s ON true",
     )
-    .fetch_optional(pool)
+    .fetch_one(pool)
     .await?;
-    let (day_ago, now) = match &state {
-        Some(s) => (s.day_ago, s.now),
-        None => {
-            sqlx::query_as("SELECT now() - interval '1 day', now()")
-                .fetch_one(pool)
-                .await?
-        }
-    };
+    let (day_ago, now) = (state.day_ago, state.now);
     // Where this window starts: after the last examined event, or a day ago for a new cycle.
     let (after_at, after_tenant, after_id, cycle_started_at, new_cycle) = match state {
-        Some(s) if !s.reached_present && s.through_at >= s.day_ago => (
-            s.through_at,
-            s.through_tenant_id,
-            s.through_external_id,
-            s.cycle_started_at,
-            false,
-        ),
+        State {
+            through_at: Some(at),
+            through_tenant_id: Some(tenant),
+            through_external_id: Some(id),
+            cycle_started_at: Some(started),
+            reached_present: Some(false),
+            ..
+        } if at >= day_ago => (at, tenant, id, started, false),
         _ => (day_ago, String::new(), String::new(), now, true),
     };
     // Each check as the whole-day statement had it, over the window's events. The window is

@@ -140,14 +140,15 @@ pub async fn claim_for_replay(
 /// After a replay processed the event: the letter is closed as `replayed` and its event is
 /// `processed`, with what its handler expects reconciliation to find, in one statement (which
 /// marks the event's hour for the anomaly rollup when it takes `attempts` to 2, and records
-/// its received → processed latency as the drain's completions do: a replay of an event first
-/// received over a day ago is not pipeline latency, and never counted).
+/// its received → processed latency as the drain's completions do,
+/// [`super::processing_completions`]).
 pub async fn mark_replayed(
     executor: impl PgExecutor<'_>,
     dead_letter_id: i64,
     expects: &str,
 ) -> Result<(), StoreError> {
-    const SQL: &str = "WITH letter AS ( \
+    const SQL: &str = concat!(
+        "WITH letter AS ( \
              UPDATE dead_letters SET status = 'replayed', replayed_at = statement_timestamp(), \
                  replay_count = replay_count + 1, updated_at = statement_timestamp() \
              WHERE dead_letter_id = $1 RETURNING tenant_id, external_id), \
@@ -157,12 +158,12 @@ pub async fn mark_replayed(
              FROM letter WHERE e.tenant_id = letter.tenant_id AND e.external_id = letter.external_id \
              RETURNING e.source_id, e.first_received_at, e.attempts, \
                  EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
-         recorded AS ( \
-             INSERT INTO processing_completions (completed_at, seconds) \
-             SELECT statement_timestamp(), array_agg(seconds) FROM replayed \
-             WHERE first_received_at >= statement_timestamp() - interval '1 day' HAVING count(*) > 0) \
+         recorded AS (",
+        super::processing_completions::record_latencies!("replayed"),
+        ") \
          INSERT INTO delivery_hours_dirty (source_id, hour) \
-         SELECT source_id, date_trunc('hour', first_received_at) FROM replayed WHERE attempts = 2";
+         SELECT source_id, date_trunc('hour', first_received_at) FROM replayed WHERE attempts = 2"
+    );
     sqlx::query(SQL)
         .bind(dead_letter_id)
         .bind(expects)

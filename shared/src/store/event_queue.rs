@@ -47,15 +47,15 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
 /// each event's handler expects reconciliation to find (`webhook_events.expects`).
 /// `processed_at` is this statement's time: after the claim, so never before the payload it
 /// processed was received. The same statement records the events' received → processed
-/// latencies, one `processing_completions` row, for the anomaly pass's `processing_latency`:
-/// those of events first received in the last day, as the view always counted.
+/// latencies ([`super::processing_completions`]), for the anomaly pass's `processing_latency`.
 pub async fn complete(
     executor: impl PgExecutor<'_>,
     tenants: &[String],
     ids: &[String],
     expects: &[&str],
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "WITH d AS ( \
+    const SQL: &str = concat!(
+        "WITH d AS ( \
              SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), \
          done AS ( \
              DELETE FROM event_queue AS q USING d \
@@ -68,11 +68,11 @@ pub async fn complete(
              FROM done \
              WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending' \
              RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
-         recorded AS ( \
-             INSERT INTO processing_completions (completed_at, seconds) \
-             SELECT statement_timestamp(), array_agg(seconds) FROM processed \
-             WHERE first_received_at >= statement_timestamp() - interval '1 day' HAVING count(*) > 0) \
-         SELECT count(*) FROM processed";
+         recorded AS (",
+        super::processing_completions::record_latencies!("processed"),
+        ") \
+         SELECT count(*) FROM processed"
+    );
     if ids.is_empty() {
         return Ok(0);
     }

@@ -18,6 +18,7 @@ pub mod operator_actions;
 pub mod orders;
 pub mod outbox;
 pub mod outbox_routes;
+pub mod processing_completions;
 pub mod recent_changes;
 pub mod reconcile;
 pub mod retention;
