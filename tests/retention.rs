@@ -268,3 +268,41 @@ async fn a_cursor_a_previous_build_moved_skips_no_event_at_its_instant(pool: PgP
 
     assert_eq!(run.payloads_purged, 5, "{run:?}");
 }
+
+/// The drain records its latencies in `processing_completions`, a row per batch, and the
+/// anomaly pass forgets them after two hours. With the anomaly function stopped (disabled,
+/// failing) the table would grow a row a batch until it ran again, about 3 600 an hour at 100
+/// events/s: retention forgets them too, in its bounded batches, and keeps the last two hours'.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn latency_records_past_two_hours_are_purged_without_the_anomaly_pass(pool: PgPool) {
+    // 25 records of the three days the anomaly pass did not run, 3 of the last hour.
+    sqlx::query(
+        "INSERT INTO processing_completions (completed_at, seconds) \
+         SELECT now() - interval '3 hours' - make_interval(hours => i), ARRAY[0.2, 0.3]::float8[] \
+         FROM generate_series(0, 24) AS i \
+         UNION ALL \
+         SELECT now() - make_interval(mins => 10 * i), ARRAY[0.1]::float8[] FROM generate_series(1, 3) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let run = run_with_time_to_spare(&pool).await;
+
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM processing_completions WHERE completed_at < now() - interval '2 hours'"
+        )
+        .await,
+        0,
+        "every record past two hours is purged, in batches of 10: {run:?}"
+    );
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM processing_completions").await,
+        3,
+        "the last hour's records are kept: {run:?}"
+    );
+    assert_eq!(run.latency_records_purged, 25, "{run:?}");
+    assert!(run.cut_short.is_empty(), "{run:?}");
+}

@@ -20,6 +20,10 @@
 //! default, and only then purged. A row is the digest, the source and the first event's id,
 //! about 150 bytes with its key: a million such deliveries a day kept 400 days is about 60 GB,
 //! ten thousand a day is 600 MB. Shorten `RETENTION_REPLAY_SECONDS` if that is not cheap.
+//!
+//! The drain's latency records (`processing_completions`, a row per batch) are forgotten after
+//! the two hours the anomaly pass reads, which forgets them too: a stopped anomaly function
+//! does not make the table grow.
 
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -28,7 +32,7 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::maintenance::{self, RunCounts};
-use crate::store::{StoreError, buffer_receipts, retention};
+use crate::store::{StoreError, buffer_receipts, processing_completions, retention};
 
 /// Stripe retries for up to three days, Shopify two, Standard Webhooks senders about a day:
 /// identity must outlive the longest of them with a margin.
@@ -108,6 +112,10 @@ pub struct RetentionOutcome {
     /// message), past which no copy of them can arrive.
     #[serde(default)]
     pub buffer_receipts_purged: u64,
+    /// The drain's latency records (`processing_completions`) past the two hours the anomaly
+    /// pass reads: it forgets them too, but the table's size must not depend on its schedule.
+    #[serde(default)]
+    pub latency_records_purged: u64,
     /// The purges the run's time ran out on before a batch came back short: what is still past
     /// their horizons waits for the next run. Empty when the run caught up.
     #[serde(default)]
@@ -190,6 +198,7 @@ pub async fn run_until(
         + o.closed_dead_letters_purged
         + o.signed_bodies_purged
         + o.buffer_receipts_purged
+        + o.latency_records_purged
         > 0
     {
         tracing::info!(
@@ -200,6 +209,7 @@ pub async fn run_until(
             closed_dead_letters_purged = o.closed_dead_letters_purged,
             signed_bodies_purged = o.signed_bodies_purged,
             buffer_receipts_purged = o.buffer_receipts_purged,
+            latency_records_purged = o.latency_records_purged,
             "retention pass finished"
         );
     } else {
@@ -219,10 +229,11 @@ enum Purge {
     History,
     SignedBodies,
     BufferReceipts,
+    LatencyRecords,
 }
 
 impl Purge {
-    const ALL: [Purge; 7] = [
+    const ALL: [Purge; 8] = [
         Purge::AwaitedPayloads,
         Purge::Payloads,
         Purge::DeadLetterPayloads,
@@ -230,6 +241,7 @@ impl Purge {
         Purge::History,
         Purge::SignedBodies,
         Purge::BufferReceipts,
+        Purge::LatencyRecords,
     ];
 
     fn name(self) -> &'static str {
@@ -241,6 +253,7 @@ impl Purge {
             Purge::History => "history",
             Purge::SignedBodies => "signed_bodies",
             Purge::BufferReceipts => "buffer_receipts",
+            Purge::LatencyRecords => "latency_records",
         }
     }
 
@@ -302,6 +315,11 @@ impl Purge {
                 )
                 .await?;
                 outcome.buffer_receipts_purged += n;
+                full(n)
+            }
+            Purge::LatencyRecords => {
+                let n = processing_completions::forget_old(pool, limit).await?;
+                outcome.latency_records_purged += n;
                 full(n)
             }
         })

@@ -472,7 +472,11 @@ pub async fn measure(pool: &PgPool, check: &GlobalCheck) -> Result<Option<f64>, 
 /// `processing_latency` reads the latencies the drain recorded in `processing_completions`
 /// over the last hour ([`super::processing_completions`]); older rows are forgotten here first.
 pub async fn refresh_views(pool: &PgPool) -> Result<(), StoreError> {
-    super::processing_completions::forget_old(pool).await?;
+    super::processing_completions::forget_old(
+        pool,
+        super::processing_completions::ANOMALY_RUN_FORGETS_AT_MOST,
+    )
+    .await?;
     sqlx::query("REFRESH MATERIALIZED VIEW CONCURRENTLY processing_latency")
         .execute(pool)
         .await?;
