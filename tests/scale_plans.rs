@@ -547,7 +547,7 @@ async fn the_anomaly_checks_read_webhook_events_only_through_bounding_indexes(po
 
 /// The two statements of the anomaly pass that read a day of webhook_events until issue 26's
 /// last step: the consistency sweep reads at most its window of the time index, from its
-/// cursor on (where the whole-day checks read the day, about 6 900 events here and 8.6 M a day
+/// cursor back (where the whole-day checks read the day, about 6 900 events here and 8.6 M a day
 /// at 100 events/s), and `processing_latency`'s refresh reads the drain's recorded completions,
 /// not webhook_events at all.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
@@ -567,7 +567,7 @@ async fn the_consistency_sweep_reads_its_window_and_the_latency_view_no_event(po
         .unwrap();
     drop(_guard);
     assert_eq!((first.events, second.events), (WINDOW, WINDOW));
-    assert!(first.new_cycle && !second.new_cycle && first.through < second.from);
+    assert!(first.new_cycle && !second.new_cycle && second.through < first.from);
     let latency: i64 = sqlx::query_scalar("SELECT events FROM processing_latency")
         .fetch_one(&pool)
         .await

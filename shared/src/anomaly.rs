@@ -219,25 +219,29 @@ async fn measure_all(
     Ok(results)
 }
 
-/// What a swept check's value covers: the window's events, and where the sweep's cycle stands.
+/// What a swept check's value counts, and what this run's sweep examined.
 fn swept_detail(swept: &Swept) -> String {
     let window = match (swept.from, swept.through) {
         (Some(from), Some(through)) => format!(
-            "of the {} events first received from {} to {} UTC",
+            "the {} events first received from {} to {} UTC",
             swept.events,
             from.format("%Y-%m-%d %H:%M:%S"),
             through.format("%Y-%m-%d %H:%M:%S")
         ),
-        _ if swept.new_cycle => "of no event: none was first received in the last day".to_owned(),
-        _ => "of no event: none was first received after the sweep's last window".to_owned(),
+        _ if swept.new_cycle => "no event: none was first received in the last day".to_owned(),
+        _ => "no event: none in the day is older than the last window's".to_owned(),
     };
-    let cycle = if swept.reached_present {
-        "the sweep reached the newest event; the next run starts again from a day ago"
+    let cycle = if swept.cycle_ended {
+        "the cycle reached the day's oldest event; the next run starts again from the newest"
     } else {
-        "the sweep continues from here at the next run"
+        "the cycle goes on from here at the next run"
     };
     format!(
-        "{window}, in the sweep of the last day started {} UTC: {cycle}",
+        "events of the last day the sweep found faulty and has not found repaired since; this run \
+         checked {} of them again ({} repaired or a day old) and examined {window}, newest first, \
+         in the cycle started {} UTC: {cycle}",
+        swept.rechecked,
+        swept.dropped,
         swept.cycle_started_at.format("%Y-%m-%d %H:%M:%S")
     )
 }

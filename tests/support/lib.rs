@@ -945,6 +945,8 @@ pub async fn age(pool: &PgPool, interval: &str) {
         "UPDATE consistency_sweep SET through_at = through_at - $1::interval, \
              cycle_started_at = cycle_started_at - $1::interval, swept_at = swept_at - $1::interval, \
              window_from = window_from - $1::interval",
+        "UPDATE consistency_findings SET first_received_at = first_received_at - $1::interval, \
+             found_at = found_at - $1::interval, checked_at = checked_at - $1::interval",
     ] {
         sqlx::query(sql).bind(interval).execute(pool).await.unwrap();
     }

@@ -130,18 +130,19 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.1,
     ),
     // Issue 26: these two are counted by the anomaly run's sweep of the last day's events, a
-    // bounded window per run (super::consistency_sweep says how): what its latest window found.
+    // bounded window per run (super::consistency_sweep says how): the faulty events it found
+    // and has not found repaired since.
     check(
         "pending_without_queue_row",
         "referential",
-        "SELECT pending_without_queue_row::float8 FROM consistency_sweep",
+        super::consistency_sweep::COUNT_PENDING_WITHOUT_QUEUE_ROW,
         ZERO.0,
         ZERO.1,
     ),
     check(
         "processed_without_projection",
         "referential",
-        "SELECT processed_without_projection::float8 FROM consistency_sweep",
+        super::consistency_sweep::COUNT_PROCESSED_WITHOUT_PROJECTION,
         ZERO.0,
         ZERO.1,
     ),
