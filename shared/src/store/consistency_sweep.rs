@@ -10,9 +10,10 @@
 //! a day holds fewer events than a window every run examines the whole day, as the checks did
 //! before the sweep. Walking against the day's edge, a cycle of the default 50 000 events per
 //! five-minute run takes about 86 400 / (50 000 / r + 300) runs at r events a second: 9 hours
-//! at 100, 40 minutes at 10. Every event of the day is examined at least once before it leaves
-//! the day while a cycle takes at most 12 hours (up to 166 events a second, a window per five
-//! minutes); above that, part of each day is examined by the newest-first windows only.
+//! at 100, 80 minutes at 10. Every event of the day is examined at least once before it leaves
+//! the day while a cycle takes at most 12 hours: while the last 12 hours hold at most 144
+//! windows (166 events a second on average over them, at the default); above that, part of
+//! each day is examined by no cycle.
 //!
 //! Each run first checks again up to `window_events` kept findings, least recently checked
 //! first, and drops those repaired or no longer of the last day, so what the checks count is
