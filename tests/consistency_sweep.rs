@@ -272,4 +272,9 @@ async fn a_fault_the_sweep_found_stays_counted_until_it_is_repaired_or_a_day_old
     .unwrap();
     assert_eq!(whole_day(&pool).await, (0, 0));
     assert_eq!(both_checks(&pool, &small).await, (0.0, 0.0));
+    assert_eq!(
+        findings(&pool).await,
+        Vec::<(String, String)>::new(),
+        "the findings a day old are dropped, not only left uncounted"
+    );
 }

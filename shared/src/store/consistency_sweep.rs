@@ -30,10 +30,18 @@ use super::StoreError;
 pub const CHECKS: [&str; 2] = ["pending_without_queue_row", "processed_without_projection"];
 
 /// The findings of the last day still faulty when last checked, for each check.
-pub const COUNT_PENDING_WITHOUT_QUEUE_ROW: &str = "SELECT count(*)::float8 FROM consistency_findings \
-     WHERE check_name = 'pending_without_queue_row' AND first_received_at >= now() - interval '1 day'";
-pub const COUNT_PROCESSED_WITHOUT_PROJECTION: &str = "SELECT count(*)::float8 FROM consistency_findings \
-     WHERE check_name = 'processed_without_projection' AND first_received_at >= now() - interval '1 day'";
+macro_rules! count_findings {
+    ($check:literal) => {
+        concat!(
+            "SELECT count(*)::float8 FROM consistency_findings WHERE check_name = '",
+            $check,
+            "' AND first_received_at >= now() - interval '1 day'"
+        )
+    };
+}
+pub const COUNT_PENDING_WITHOUT_QUEUE_ROW: &str = count_findings!("pending_without_queue_row");
+pub const COUNT_PROCESSED_WITHOUT_PROJECTION: &str =
+    count_findings!("processed_without_projection");
 
 /// Each check's fault, over the event row `e` (columns `tenant_id`, `external_id`, `status`,
 /// `expects`, `event_type`, `entity_id`, `entity_version`): one text for the window and for
