@@ -623,3 +623,53 @@ async fn the_consistency_sweep_reads_its_window_and_the_latency_view_no_event(po
         );
     }
 }
+
+/// Gap detection (the backfill's look at a sequence source's new ground) reads `webhook_events`
+/// through the sequence index, the source and the window bounding it: a window of 10 000
+/// numbers reads at most 10 000 events, and finds the fill's missing numbers in it (every
+/// 1000th), whatever the source has stored below its watermark.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn gap_detection_reads_its_window_of_the_sequence_index(pool: PgPool) {
+    use pipeline_tests::scale::SEQUENCE_SOURCE;
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    const WINDOW: i64 = 10_000;
+    let highest: i64 = sqlx::query_scalar(
+        "SELECT max(provider_sequence) FROM webhook_events WHERE source_id = $1",
+    )
+    .bind(SEQUENCE_SOURCE)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let from = highest - WINDOW;
+    sqlx::query(
+        "UPDATE gap_watermarks SET contiguous_through = $2, examined_through = $2 WHERE source_id = $1",
+    )
+    .bind(SEQUENCE_SOURCE)
+    .bind(from)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let sources = shared::sources::list(&pool).await.unwrap();
+    let source = sources
+        .iter()
+        .find(|s| s.source_id.as_str() == SEQUENCE_SOURCE)
+        .unwrap();
+
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
+    let new = shared::backfill::detect_sequence_gaps(&explaining, source, "evt_{seq}", WINDOW, 1)
+        .await
+        .unwrap();
+    drop(_guard);
+    let missing = (from + 1..=highest).filter(|n| n % 1000 == 7).count() as u64;
+    assert_eq!(new, missing, "the window's missing numbers are candidates");
+
+    let plans = explained(&notices);
+    let (count, wrong) = unbounded_reads_of(&plans);
+    assert!(count >= 1, "gap detection read webhook_events");
+    assert!(wrong.is_empty(), "unbounded reads:\n{}", wrong.join("\n"));
+    let reads = event_reads_in(&plans, "lead(provider_sequence)", "the sequence window");
+    assert!(
+        !reads.is_empty() && reads.iter().all(|(_, rows)| *rows <= WINDOW as f64),
+        "a window of {WINDOW} numbers read more events: {reads:?}"
+    );
+}
