@@ -5,9 +5,12 @@
 //! Prints each pass's median time at each size and the ratio of the largest size's median to
 //! the smallest's (issue 26's goal: within 1.5x), then each pass's fastest and slowest run.
 //!
-//! Every size is filled first; then each pass runs `BENCH_SCALE_REPEATS` times (default 5) on
-//! every size in turn (1M, 5M, 20M, 1M, 5M, …), so that a busy minute of the machine falls on
-//! all sizes alike instead of on one column. Passes that change what they measure run once:
+//! Each size has a database of its own, filled, timed and dropped before the next is filled,
+//! so it has the machine's memory to itself as a deployed database has its server's (with all
+//! three kept, 31 GB against 24 GB of memory, the anomaly pass took 1.0 s at 20M where it took
+//! 0.27-0.30 s alone, and some runs at 1M and 5M took 5-7 s). Each pass runs `BENCH_SCALE_REPEATS` times
+//! (default 5) back to back and the median is taken, so one slow run (a busy second of the
+//! machine) does not decide a ratio. Passes that change what they measure run once:
 //! `status`'s first call (cold), retention's catch-up and the old view's refresh. The drain is
 //! of a fixed backlog, queued again (untimed) before each run, so it is the same work at every
 //! size and every run. Gap detection examines the same new ground (one default window of
@@ -19,7 +22,7 @@
 //! refreshed last, timed, for comparison.
 //!
 //! Run: `./scripts/bench scale` (needs DATABASE_URL with the right to create a database; a
-//! fresh database per size, all kept until the end; 5M is ~6 GB on disk, 20M ~23 GB).
+//! fresh database per size, dropped after; 5M is ~6 GB on disk, 20M ~23 GB).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -86,7 +89,6 @@ impl Pass {
 }
 
 struct Size {
-    rows: i64,
     db: benchmarks::BenchDatabase,
     drainer: Drainer,
     /// Events older than the payload horizon when retention's catch-up started: what its
@@ -290,7 +292,9 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5)
         .max(1);
-    let mut sizes = Vec::new();
+    // times[pass][size]: every run's time; sizes: what each size's runs need printed.
+    let mut times: Vec<Vec<Vec<Duration>>> = vec![Vec::new(); PASSES.len()];
+    let mut sizes: Vec<(i64, i64)> = Vec::new();
     for &rows in &rows {
         let db = benchmarks::BenchDatabase::create(&format!("bench_scale_{}k", rows / 1_000)).await;
         let start = Instant::now();
@@ -327,40 +331,36 @@ async fn main() {
             Arc::new(EffectRegistry::standard()),
             DrainSettings::default(),
         );
-        sizes.push(Size {
-            rows,
+        let mut size = Size {
             db,
             drainer,
             catch_up_events: 0,
-        });
-    }
-
-    // times[pass][size]: every run's time.
-    let mut times: Vec<Vec<Vec<Duration>>> = Vec::new();
-    for (pass, name) in PASSES {
-        let mut per_size = vec![Vec::new(); sizes.len()];
-        for run_number in 0..pass.runs(repeats) {
-            for (i, size) in sizes.iter_mut().enumerate() {
-                prepare(pass, size, run_number).await;
+        };
+        for ((pass, name), times) in PASSES.iter().zip(&mut times) {
+            let mut runs = Vec::new();
+            for run_number in 0..pass.runs(repeats) {
+                prepare(*pass, &mut size, run_number).await;
                 let start = Instant::now();
-                let said = run(pass, size).await;
-                per_size[i].push(start.elapsed());
+                let said = run(*pass, &mut size).await;
+                runs.push(start.elapsed());
                 if !said.is_empty() {
                     println!(
                         "  {} at {}, run {}: {said}",
                         name.trim(),
-                        label(size.rows),
+                        label(rows),
                         run_number + 1
                     );
                 }
             }
+            times.push(runs);
         }
-        times.push(per_size);
+        sizes.push((rows, size.catch_up_events));
+        size.db.drop().await;
     }
 
     print!("{:<22}", "pass (median ms)");
-    for size in &sizes {
-        print!(" {:>10}", label(size.rows));
+    for (rows, _) in &sizes {
+        print!(" {:>10}", label(*rows));
     }
     println!(" {:>17} {:>5}", "largest/smallest", "runs");
     for ((pass, name), per_size) in PASSES.iter().zip(&times) {
@@ -385,7 +385,7 @@ async fn main() {
     let per_row: Vec<f64> = sizes
         .iter()
         .zip(&times[catch_up])
-        .map(|(size, t)| ms(t[0]) * 1e3 / size.catch_up_events.max(1) as f64)
+        .map(|((_, walked), t)| ms(t[0]) * 1e3 / (*walked).max(1) as f64)
         .collect();
     for v in &per_row {
         print!(" {v:>10.2}");
@@ -396,8 +396,8 @@ async fn main() {
     );
     println!();
     print!("{:<22}", "fastest-slowest (ms)");
-    for size in &sizes {
-        print!(" {:>15}", label(size.rows));
+    for (rows, _) in &sizes {
+        print!(" {:>15}", label(*rows));
     }
     println!();
     for ((pass, name), per_size) in PASSES.iter().zip(&times) {
@@ -410,8 +410,5 @@ async fn main() {
             print!(" {:>15}", format!("{:.1}-{:.1}", ms(*lo), ms(*hi)));
         }
         println!();
-    }
-    for size in sizes {
-        size.db.drop().await;
     }
 }
