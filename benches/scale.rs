@@ -358,7 +358,12 @@ async fn main() {
             times.push(runs);
         }
         sizes.push((rows, size.catch_up_events));
-        size.db.drop().await;
+        // `BENCH_SCALE_KEEP=1` leaves each database for a look with psql (drop it after).
+        if std::env::var("BENCH_SCALE_KEEP").is_ok_and(|v| v == "1") {
+            println!("  kept: {}", size.db.url());
+        } else {
+            size.db.drop().await;
+        }
     }
 
     print!("{:<22}", "pass (median ms)");
