@@ -3,6 +3,9 @@
 //! copy of the queue table in the same run. Prints each minute's rate, the first minute beside
 //! the last (the drain must hold its rate: no decay from dead index entries), the ratio to the
 //! raw rate, and the ratio to the drain's own writes done in plain SQL on the same backlog.
+//! Each limit is measured twice, just before the drainers and just after, with the same
+//! ingestion running beside it as beside the drainers: the ratios are to the mean of the two,
+//! and both are printed, so a limit that moved during the run shows as a spread.
 //!
 //! Run: `./scripts/bench drain` (needs DATABASE_URL with the right to create a database).
 
@@ -108,6 +111,58 @@ fn product_pool(options: PgConnectOptions) -> PgPool {
     shared::store::lazy_pool(options, &settings)
 }
 
+/// The [`INGEST_PER_SECOND`] events a second that run beside the drainers, started for each
+/// limit's run too: every figure of a run is measured on a machine doing the same ingestion.
+struct IngestBeside {
+    stop: Arc<AtomicBool>,
+    task: tokio::task::JoinHandle<u64>,
+    /// The ingestion's own connection, also used to read the queue's depth.
+    pool: PgPool,
+}
+
+impl IngestBeside {
+    /// Starts ingesting events `<tag>-live-1`, `<tag>-live-2`, …
+    fn start(options: &PgConnectOptions, tag: &str) -> Self {
+        let pool = product_pool(options.clone());
+        let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
+        let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
+        let ingestor = Arc::new(Ingestor::new(
+            pool.clone(),
+            registry,
+            Arc::new(secrets),
+            IngestLimits {
+                max_body_bytes: 1 << 20,
+            },
+        ));
+        let stop = Arc::new(AtomicBool::new(false));
+        let task = tokio::spawn(ingest_steadily(ingestor, stop.clone(), tag.to_owned()));
+        Self { stop, task, pool }
+    }
+
+    async fn stop(self) -> u64 {
+        self.stop.store(true, Ordering::Relaxed);
+        self.task.await.unwrap()
+    }
+}
+
+/// pgbench's run of `script`, with the ingestion beside it; the events ingested meanwhile.
+async fn pgbench_beside_ingest(
+    options: &PgConnectOptions,
+    clients: usize,
+    seconds: u64,
+    script: &'static str,
+    tag: &str,
+) -> u64 {
+    let beside = IngestBeside::start(options, tag);
+    let bench_options = options.clone();
+    tokio::task::spawn_blocking(move || {
+        benchmarks::pgbench_tps(&bench_options, clients, seconds, script)
+    })
+    .await
+    .unwrap();
+    beside.stop().await
+}
+
 async fn run_drainers(
     options: &PgConnectOptions,
     drainers: usize,
@@ -140,21 +195,7 @@ async fn run_drainers(
             }
         }));
     }
-    let ingest_pool = product_pool(options.clone());
-    let registry = Arc::new(SourceRegistry::new(
-        ingest_pool.clone(),
-        Duration::from_secs(3600),
-    ));
-    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
-    let ingestor = Arc::new(Ingestor::new(
-        ingest_pool.clone(),
-        registry,
-        Arc::new(secrets),
-        IngestLimits {
-            max_body_bytes: 1 << 20,
-        },
-    ));
-    let ingest = tokio::spawn(ingest_steadily(ingestor, stop.clone(), tag.to_owned()));
+    let ingest = IngestBeside::start(options, tag);
 
     let mut per_minute = Vec::new();
     let mut last = 0;
@@ -164,7 +205,7 @@ async fn run_drainers(
         let now = processed.load(Ordering::Relaxed);
         let rate = (now - last) as f64 / start.elapsed().as_secs_f64();
         last = now;
-        let (waiting, _): (i64, f64) = shared::store::event_queue::backlog(&ingest_pool)
+        let (waiting, _): (i64, f64) = shared::store::event_queue::backlog(&ingest.pool)
             .await
             .unwrap();
         println!(
@@ -180,7 +221,7 @@ async fn run_drainers(
     for t in tasks {
         t.await.unwrap();
     }
-    ingest.await.unwrap();
+    ingest.stop().await;
     per_minute
 }
 
@@ -189,12 +230,14 @@ async fn run_drainers(
 /// outbox row, the queue row deleted, the event marked processed, the batch's latencies
 /// recorded for the anomaly pass). No Rust, no round trips, no
 /// savepoints, no planning per batch, no anomaly or lock-ordering pass: a floor under the
-/// drain's cost on the same tables and backlog, run just before the drainers.
+/// drain's cost on the same tables and backlog, run just before the drainers and just after,
+/// with the same ingestion beside it (`tag` names the events it ingests).
 async fn same_writes_in_sql(
     pool: &PgPool,
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
+    tag: &str,
 ) -> f64 {
     let queued = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM event_queue")
@@ -228,7 +271,9 @@ async fn same_writes_in_sql(
         INSERT INTO processing_completions (completed_at, seconds) SELECT now(), array_agg(seconds) FROM processed \
             WHERE first_received_at >= now() - interval '1 day' HAVING count(*) > 0;\n\
         COMMIT;\n";
-    benchmarks::pgbench_tps(options, clients, seconds, script);
+    // Each event ingested beside it is new and queued: claimed as the backlog is, and
+    // counted as the drainers' are.
+    let ingested = pgbench_beside_ingest(options, clients, seconds, script, tag).await;
     let after = queued().await;
     assert!(
         after > 0,
@@ -236,7 +281,7 @@ async fn same_writes_in_sql(
     );
     // The drainers start from a vacuumed queue, as they would without this run.
     exec(pool, "VACUUM ANALYZE event_queue".into()).await;
-    (before - after) as f64 / seconds as f64
+    (before + ingested as i64 - after) as f64 / seconds as f64
 }
 
 /// `webhook_events`' heap, TOAST and index bytes: what the run grew them by is printed.
@@ -250,13 +295,15 @@ async fn event_sizes(pool: &PgPool) -> (i64, i64, i64) {
     .unwrap()
 }
 
-/// The raw limit: pgbench claiming and completing 100-row batches on a copy of the queue table.
+/// The raw limit: pgbench claiming and completing 100-row batches on a copy of the queue table,
+/// with the same ingestion beside it (`tag` names the events it ingests).
 async fn raw_claim_and_complete(
     pool: &PgPool,
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
     rows: u64,
+    tag: &str,
 ) -> f64 {
     exec(pool, "DROP TABLE IF EXISTS queue_copy".into()).await;
     exec(pool, "CREATE TABLE queue_copy (LIKE event_queue INCLUDING ALL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0)".into()).await;
@@ -265,7 +312,7 @@ async fn raw_claim_and_complete(
     let script = "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() \
         ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED) \
         DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n";
-    benchmarks::pgbench_tps(options, clients, seconds, script);
+    pgbench_beside_ingest(options, clients, seconds, script, tag).await;
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_copy")
         .fetch_one(pool)
         .await
@@ -285,9 +332,9 @@ async fn main() {
     let backlog: u64 = std::env::var("BENCH_BACKLOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        // Enough that plain SQL for 30 s and then four drainers at ~10k events/s do not run
-        // the queue dry.
-        .unwrap_or(700_000 * minutes);
+        // Enough that plain SQL for 30 s before and after four drainers at ~10k events/s does
+        // not run the queue dry.
+        .unwrap_or(1_000_000 + 700_000 * minutes);
     let raw_seconds: u64 = 30;
     let db = benchmarks::BenchDatabase::create("bench_drain").await;
     let (pool, options) = (db.pool.clone(), db.options.clone());
@@ -309,17 +356,53 @@ async fn main() {
     for drainers in counts {
         let tag = format!("d{drainers}");
         prefill(&pool, backlog, &tag).await;
-        let sql = same_writes_in_sql(&pool, &options, drainers, raw_seconds).await;
+        // One client claimed up to about 45 000 rows/s here, two over 66 000: room for 30 s.
+        let raw_rows = 2_000_000 * drainers as u64;
+        let raw_before = raw_claim_and_complete(
+            &pool,
+            &options,
+            drainers,
+            raw_seconds,
+            raw_rows,
+            &format!("{tag}-raw-before"),
+        )
+        .await;
+        let sql_before = same_writes_in_sql(
+            &pool,
+            &options,
+            drainers,
+            raw_seconds,
+            &format!("{tag}-sql-before"),
+        )
+        .await;
         let sizes_before = event_sizes(&pool).await;
         let per_minute = run_drainers(&options, drainers, minutes, &tag).await;
         let sizes_after = event_sizes(&pool).await;
-        // One client claimed up to about 45 000 rows/s here, two over 66 000: room for 30 s.
-        let raw_rows = 2_000_000 * drainers as u64;
-        let raw = raw_claim_and_complete(&pool, &options, drainers, raw_seconds, raw_rows).await;
+        let sql_after = same_writes_in_sql(
+            &pool,
+            &options,
+            drainers,
+            raw_seconds,
+            &format!("{tag}-sql-after"),
+        )
+        .await;
+        let raw_after = raw_claim_and_complete(
+            &pool,
+            &options,
+            drainers,
+            raw_seconds,
+            raw_rows,
+            &format!("{tag}-raw-after"),
+        )
+        .await;
+        let (raw, sql) = (
+            (raw_before + raw_after) / 2.0,
+            (sql_before + sql_after) / 2.0,
+        );
         let mean = per_minute.iter().sum::<f64>() / per_minute.len() as f64;
         // Printed as each run ends too, so a later run that fails does not lose this one.
         println!(
-            "    drainers={drainers}: {mean:.0} events/s, raw {raw:.0} rows/s ({:.3}x), same writes in SQL {sql:.0} rows/s ({:.3}x)",
+            "    drainers={drainers}: {mean:.0} events/s, raw {raw_before:.0} before and {raw_after:.0} after, mean {raw:.0} rows/s ({:.3}x), same writes in SQL {sql_before:.0} before and {sql_after:.0} after, mean {sql:.0} rows/s ({:.3}x)",
             mean / raw,
             mean / sql
         );
@@ -356,7 +439,7 @@ async fn main() {
         );
     }
     println!(
-        "ratio: the drain to raw claim-and-complete (the queue alone); vs sql: the drain to the same writes done by one SQL statement per batch"
+        "ratio: the drain to raw claim-and-complete (the queue alone); vs sql: the drain to the same writes done by one SQL statement per batch; each limit the mean of its runs just before and just after the drainers, all with the same ingestion beside them"
     );
     println!();
     println!(
