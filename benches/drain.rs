@@ -62,6 +62,12 @@ async fn prefill(pool: &PgPool, n: u64, tag: &str) {
         ),
     )
     .await;
+    settle(pool).await;
+}
+
+/// The queue and the event rows vacuumed and analyzed: the state each limit's run and the
+/// drainers start from, so the runs before the drainers and after them start alike.
+async fn settle(pool: &PgPool) {
     exec(pool, "VACUUM ANALYZE event_queue".into()).await;
     exec(pool, "VACUUM ANALYZE webhook_events".into()).await;
 }
@@ -245,6 +251,9 @@ async fn same_writes_in_sql(
             .await
             .unwrap()
     };
+    // Started from vacuumed tables, as the run before the drainers is (after them the queue and
+    // the event rows hold the dead rows the drainers left).
+    settle(pool).await;
     let before = queued().await;
     let script = "BEGIN;\n\
         WITH c AS (SELECT q.tenant_id, q.external_id, e.entity_id, e.entity_version, e.payload, s.scheme \
