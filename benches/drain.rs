@@ -42,13 +42,24 @@ async fn exec(pool: &PgPool, sql: String) {
     pool.execute(sqlx::AssertSqlSafe(sql)).await.unwrap();
 }
 
-/// A clean slate and `n` queued entity events (version 1 of `n` distinct entities).
-async fn prefill(pool: &PgPool, n: u64, tag: &str) {
+/// A clean slate: no events, nothing queued.
+async fn clear(pool: &PgPool) {
     exec(
         pool,
         "TRUNCATE event_queue, outbox, entities, dead_letters, webhook_events".into(),
     )
     .await;
+}
+
+/// Queues more entity events (version 1 of as many distinct entities, ids `<tag>-1`, ...)
+/// until at least `depth` wait, then [`settle`]s: every limit's run and the drainers start on a
+/// backlog deep enough for them, however fast the run before them drained it.
+async fn fill_queue(pool: &PgPool, depth: u64, tag: &str) {
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM event_queue")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let n = depth.saturating_sub(queued as u64);
     exec(
         pool,
         format!(
@@ -73,7 +84,12 @@ async fn settle(pool: &PgPool) {
 }
 
 /// Ingests at a steady rate until `stop`, through the real ingest path.
-async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: String) -> u64 {
+async fn ingest_steadily(
+    ingestor: Arc<Ingestor>,
+    stop: Arc<AtomicBool>,
+    tag: String,
+    counted: Arc<AtomicU64>,
+) -> u64 {
     let mut sent = 0u64;
     let mut tick = tokio::time::interval(Duration::from_millis(1000 / 20));
     let at = shared::ingest::unix_now();
@@ -103,6 +119,7 @@ async fn ingest_steadily(ingestor: Arc<Ingestor>, stop: Arc<AtomicBool>, tag: St
                 })
                 .await
                 .unwrap();
+            counted.store(sent, Ordering::Relaxed);
         }
     }
     sent
@@ -122,6 +139,8 @@ fn product_pool(options: PgConnectOptions) -> PgPool {
 struct IngestBeside {
     stop: Arc<AtomicBool>,
     task: tokio::task::JoinHandle<u64>,
+    /// The events ingested so far.
+    sent: Arc<AtomicU64>,
     /// The ingestion's own connection, also used to read the queue's depth.
     pool: PgPool,
 }
@@ -141,8 +160,19 @@ impl IngestBeside {
             },
         ));
         let stop = Arc::new(AtomicBool::new(false));
-        let task = tokio::spawn(ingest_steadily(ingestor, stop.clone(), tag.to_owned()));
-        Self { stop, task, pool }
+        let sent = Arc::new(AtomicU64::new(0));
+        let task = tokio::spawn(ingest_steadily(
+            ingestor,
+            stop.clone(),
+            tag.to_owned(),
+            sent.clone(),
+        ));
+        Self {
+            stop,
+            task,
+            sent,
+            pool,
+        }
     }
 
     async fn stop(self) -> u64 {
@@ -217,9 +247,12 @@ async fn run_drainers(
         println!(
             "    drainers={drainers} minute {minute}: {rate:>8.0} events/s ({waiting} still queued)"
         );
+        // The drainers claim the oldest first: while the prefilled backlog lasts, every event
+        // ingested beside them is still queued, behind it.
+        let ingested = ingest.sent.load(Ordering::Relaxed);
         assert!(
-            waiting > 0,
-            "the queue ran dry: the rate measured ingestion, not the drain; prefill more"
+            waiting as u64 > ingested,
+            "the prefilled backlog ran out ({waiting} queued, {ingested} ingested meanwhile): the rate measured ingestion, not the drain; raise BENCH_BACKLOG"
         );
         per_minute.push(rate);
     }
@@ -237,13 +270,15 @@ async fn run_drainers(
 /// recorded for the anomaly pass). No Rust, no round trips, no
 /// savepoints, no planning per batch, no anomaly or lock-ordering pass: a floor under the
 /// drain's cost on the same tables and backlog, run just before the drainers and just after,
-/// with the same ingestion beside it (`tag` names the events it ingests).
+/// with the same ingestion beside it (`tag` names the events it ingests, `fill_tag` those it
+/// queues first).
 async fn same_writes_in_sql(
     pool: &PgPool,
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
     tag: &str,
+    fill_tag: &str,
 ) -> f64 {
     let queued = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM event_queue")
@@ -251,9 +286,10 @@ async fn same_writes_in_sql(
             .await
             .unwrap()
     };
-    // Started from vacuumed tables, as the run before the drainers is (after them the queue and
-    // the event rows hold the dead rows the drainers left).
-    settle(pool).await;
+    // Started on a backlog as deep as the run can drain, from vacuumed tables, after the
+    // drainers as before them (after them the queue and the event rows hold the dead rows the
+    // drainers left, and what is left of the backlog may be short).
+    fill_queue(pool, sql_depth(seconds), fill_tag).await;
     let before = queued().await;
     let script = "BEGIN;\n\
         WITH c AS (SELECT q.tenant_id, q.external_id, e.entity_id, e.entity_version, e.payload, s.scheme \
@@ -284,20 +320,32 @@ async fn same_writes_in_sql(
     // counted as the drainers' are.
     let ingested = pgbench_beside_ingest(options, clients, seconds, script, tag).await;
     let after = queued().await;
+    // The statement claims the oldest first: the events ingested beside it wait behind the
+    // backlog, so once it ran out fewer than they are left.
     assert!(
-        after > 0,
-        "the backlog ran dry under plain SQL: prefill more"
+        after > ingested as i64,
+        "the backlog ran out under plain SQL ({after} queued, {ingested} ingested meanwhile): raise sql_depth"
     );
     // The drainers start from a vacuumed queue, as they would without this run.
     exec(pool, "VACUUM ANALYZE event_queue".into()).await;
     (before + ingested as i64 - after) as f64 / seconds as f64
 }
 
+/// The backlog a plain-SQL run of `seconds` starts on: more than it drains at the 21 000-25 000
+/// rows/s one or two clients reached here.
+fn sql_depth(seconds: u64) -> u64 {
+    40_000 * seconds
+}
+
 /// `webhook_events`' heap, TOAST and index bytes: what the run grew them by is printed.
-async fn event_sizes(pool: &PgPool) -> (i64, i64, i64) {
+async fn event_sizes(pool: &PgPool) -> (i64, i64, i64, i64, i64) {
+    // The drainers' backends report their counts as they go idle or close.
+    tokio::time::sleep(Duration::from_secs(2)).await;
     sqlx::query_as(
         "SELECT pg_relation_size(c.oid), COALESCE(pg_total_relation_size(NULLIF(c.reltoastrelid, 0)), 0), \
-             pg_indexes_size(c.oid) FROM pg_class AS c WHERE c.oid = 'webhook_events'::regclass",
+             pg_indexes_size(c.oid), s.n_tup_upd, s.n_tup_hot_upd \
+         FROM pg_class AS c JOIN pg_stat_user_tables AS s ON s.relid = c.oid \
+         WHERE c.oid = 'webhook_events'::regclass",
     )
     .fetch_one(pool)
     .await
@@ -341,9 +389,9 @@ async fn main() {
     let backlog: u64 = std::env::var("BENCH_BACKLOG")
         .ok()
         .and_then(|s| s.parse().ok())
-        // Enough that plain SQL for 30 s before and after four drainers at ~10k events/s does
-        // not run the queue dry.
-        .unwrap_or(1_000_000 + 700_000 * minutes);
+        // What the drainers start on: more than they drain at 20 000 events/s (two drainers
+        // reached 14 000-17 600 here).
+        .unwrap_or(500_000 + 1_200_000 * minutes);
     let raw_seconds: u64 = 30;
     let db = benchmarks::BenchDatabase::create("bench_drain").await;
     let (pool, options) = (db.pool.clone(), db.options.clone());
@@ -364,7 +412,7 @@ async fn main() {
         .collect();
     for drainers in counts {
         let tag = format!("d{drainers}");
-        prefill(&pool, backlog, &tag).await;
+        clear(&pool).await;
         // One client claimed up to about 45 000 rows/s here, two over 66 000: room for 30 s.
         let raw_rows = 2_000_000 * drainers as u64;
         let raw_before = raw_claim_and_complete(
@@ -382,8 +430,13 @@ async fn main() {
             drainers,
             raw_seconds,
             &format!("{tag}-sql-before"),
+            &format!("b{drainers}"),
         )
         .await;
+        // Ids as long as the other fills' ("d1-123", "b1-123"): rows of one width, so as
+        // many fit on a page and have room there for their completions (with ten rows a page
+        // at fillfactor 50, ids a few bytes longer made 8.5% of completions leave the page).
+        fill_queue(&pool, backlog, &tag).await;
         let sizes_before = event_sizes(&pool).await;
         let per_minute = run_drainers(&options, drainers, minutes, &tag).await;
         let sizes_after = event_sizes(&pool).await;
@@ -393,6 +446,7 @@ async fn main() {
             drainers,
             raw_seconds,
             &format!("{tag}-sql-after"),
+            &format!("a{drainers}"),
         )
         .await;
         let raw_after = raw_claim_and_complete(
@@ -452,20 +506,23 @@ async fn main() {
     );
     println!();
     println!(
-        "webhook_events over each drainers run (MB, before -> after; the run also ingests {INGEST_PER_SECOND}/s):"
+        "webhook_events over each drainers run (MB, before -> after; the run also ingests {INGEST_PER_SECOND}/s), its rows updated and the share of them updated in place (HOT):"
     );
     println!(
-        "{:>8} {:>18} {:>18} {:>18}",
-        "drainers", "heap", "toast", "indexes"
+        "{:>8} {:>18} {:>18} {:>18} {:>10} {:>6}",
+        "drainers", "heap", "toast", "indexes", "updates", "HOT"
     );
     let mb = |b: i64| b as f64 / (1 << 20) as f64;
     for (drainers, _, _, _, _, before, after) in &rows {
         let show = |b: i64, a: i64| format!("{:.1} -> {:.1}", mb(b), mb(a));
+        let updates = after.3 - before.3;
+        let hot = (after.4 - before.4) as f64 / updates.max(1) as f64;
         println!(
-            "{drainers:>8} {:>18} {:>18} {:>18}",
+            "{drainers:>8} {:>18} {:>18} {:>18} {updates:>10} {:>5.1}%",
             show(before.0, after.0),
             show(before.1, after.1),
-            show(before.2, after.2)
+            show(before.2, after.2),
+            100.0 * hot
         );
     }
     db.drop().await;
