@@ -1,18 +1,21 @@
 //! The drain: turns queued events into trusted state, exactly once.
 //!
-//! A batch is one transaction: claim up to `batch_size` ready events (`FOR UPDATE SKIP
-//! LOCKED`, so concurrent drainers never wait on each other), apply the effects of each
-//! handler's events together, set-wise, then complete, reschedule and dead-letter the batch with
-//! one statement each, and commit. A drainer that dies mid-batch commits nothing; its rows unlock
+//! A batch is one transaction over up to `batch_size` ready events, claimed with `FOR UPDATE
+//! SKIP LOCKED` (so concurrent drainers never wait on each other), each handler's events
+//! applied together, set-wise. A drainer that dies mid-batch commits nothing; its rows unlock
 //! and are claimed again.
 //!
-//! Effects are applied first as one unit, with no savepoint: almost every batch succeeds whole,
-//! and a savepoint per group is a round trip and a subtransaction each that such a batch never
-//! uses. When any group fails, the batch is rolled back (nothing of it stays) and claimed again
-//! with a savepoint per group: a failing group is rolled back and split until each failing event
-//! stands alone, so one bad event never rolls back its batch. The drainer keeps its savepoints
-//! until a batch has no failure, so a run of poison events costs one wasted attempt, not one per
-//! batch.
+//! Almost every batch succeeds whole, so a batch is first taken as one: one statement claims
+//! it and completes it as if every event succeeds (queue rows deleted, events marked processed
+//! with what their handlers declare they expect, latencies recorded), then the effects are
+//! applied group by group with no savepoint, and the batch commits: one statement and one
+//! round trip a batch fewer than claiming and completing apart, and the completion finds its
+//! rows by the addresses the claim locked, not by key again. When any group fails, the batch is rolled back (its completions
+//! with it: nothing of it stays) and claimed again with a savepoint per group: a failing group
+//! is rolled back and split until each failing event stands alone, so one bad event never
+//! rolls back its batch, and the batch is finished with one statement each to complete,
+//! reschedule and dead-letter. The drainer keeps its savepoints until a batch has no failure,
+//! so a run of poison events costs one wasted attempt, not one per batch.
 //!
 //! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
 //! its effects, and whatever that does, the event row stays as it was (never retried, never
@@ -265,14 +268,91 @@ impl Drainer {
         conn: &mut PgConnection,
         isolation: Isolation,
     ) -> Result<Option<DrainOutcome>, StoreError> {
+        match isolation {
+            Isolation::Whole => self.whole_batch(conn).await,
+            Isolation::Savepoints => self.isolating_batch(conn).await.map(Some),
+        }
+    }
+
+    /// A batch that succeeds whole or not at all: claimed and completed in one statement (every
+    /// event assumed to succeed), its effects applied group by group with no savepoint; `None`
+    /// when any group failed and the transaction, completions and all, was rolled back.
+    async fn whole_batch(
+        &self,
+        conn: &mut PgConnection,
+    ) -> Result<Option<DrainOutcome>, StoreError> {
         let mut tx = conn.begin().await?;
-        let claimed = event_queue::claim(&mut tx, self.settings.batch_size).await?;
+        let declared = self.registry.declared_expectations();
+        let claimed =
+            event_queue::claim_completed(&mut tx, self.settings.batch_size, &declared).await?;
         if claimed.is_empty() {
             tx.rollback().await?;
             return Ok(Some(DrainOutcome {
                 batches: 1,
                 ..DrainOutcome::default()
             }));
+        }
+        let (claimed, recorded): (Vec<ClaimedEvent>, Vec<Option<String>>) =
+            claimed.into_iter().map(|c| (c.event, c.expects)).unzip();
+        let handlers: Vec<&dyn EffectHandler> = claimed
+            .iter()
+            .map(|event| self.registry.handler_for(event))
+            .collect();
+        for (handler, members) in groups(&handlers) {
+            if !apply_whole(&mut tx, handler, &claimed, members).await? {
+                tx.rollback().await?;
+                return Ok(None);
+            }
+        }
+        // What the claim could not record (a handler that declares nothing, or declares other
+        // than it answers), and the repairs, which leave their events as they were.
+        let mut unrecorded: (Vec<String>, Vec<String>, Vec<&'static str>) = Default::default();
+        let mut repaired: (Vec<String>, Vec<String>) = Default::default();
+        for ((event, recorded), handler) in claimed.iter().zip(&recorded).zip(&handlers) {
+            if event.repair {
+                repaired.0.push(event.tenant_id.clone());
+                repaired.1.push(event.external_id.clone());
+                continue;
+            }
+            let expects = handler.expects(event).as_str();
+            if recorded.as_deref() != Some(expects) {
+                unrecorded.0.push(event.tenant_id.clone());
+                unrecorded.1.push(event.external_id.clone());
+                unrecorded.2.push(expects);
+            }
+        }
+        let u = &unrecorded;
+        event_queue::record_expectations(&mut *tx, &u.0, &u.1, &u.2).await?;
+        unrepaired_losses::clear(&mut *tx, &repaired.0, &repaired.1).await?;
+        tx.commit().await?;
+
+        let mut outcome = DrainOutcome {
+            batches: 1,
+            claimed: claimed.len() as u64,
+            processed: claimed.len() as u64,
+            repairs: repaired.0.len() as u64,
+            ..DrainOutcome::default()
+        };
+        if self.vacuum_due(outcome.claimed) {
+            event_queue::vacuum(&mut *conn).await?;
+            outcome.vacuums = 1;
+        }
+        Ok(Some(outcome))
+    }
+
+    /// A batch applied under a savepoint per group, each failing group rolled back and split
+    /// until each failing event stands alone: the rest completes, the failing events are retried
+    /// or dead-lettered (repairs only leave the queue), and what is past the subtransaction
+    /// budget stays queued as it was.
+    async fn isolating_batch(&self, conn: &mut PgConnection) -> Result<DrainOutcome, StoreError> {
+        let mut tx = conn.begin().await?;
+        let claimed = event_queue::claim(&mut tx, self.settings.batch_size).await?;
+        if claimed.is_empty() {
+            tx.rollback().await?;
+            return Ok(DrainOutcome {
+                batches: 1,
+                ..DrainOutcome::default()
+            });
         }
         let mut verdicts: Vec<Option<Result<Effect, EffectError>>> =
             claimed.iter().map(|_| None).collect();
@@ -283,25 +363,15 @@ impl Drainer {
             .map(|event| self.registry.handler_for(event))
             .collect();
         for (handler, members) in groups(&handlers) {
-            match isolation {
-                Isolation::Whole => {
-                    if !apply_whole(&mut tx, handler, &claimed, members, &mut verdicts).await? {
-                        tx.rollback().await?;
-                        return Ok(None);
-                    }
-                }
-                Isolation::Savepoints => {
-                    apply_group(
-                        &mut tx,
-                        handler,
-                        &claimed,
-                        members,
-                        &mut verdicts,
-                        &mut kept,
-                    )
-                    .await?
-                }
-            }
+            apply_group(
+                &mut tx,
+                handler,
+                &claimed,
+                members,
+                &mut verdicts,
+                &mut kept,
+            )
+            .await?
         }
         let mut decisions = Decisions::default();
         let mut deferred = 0;
@@ -394,7 +464,7 @@ impl Drainer {
             event_queue::vacuum(&mut *conn).await?;
             outcome.vacuums = 1;
         }
-        Ok(Some(outcome))
+        Ok(outcome)
     }
 
     fn vacuum_due(&self, left: u64) -> bool {
@@ -429,15 +499,11 @@ async fn apply_whole(
     handler: &dyn EffectHandler,
     claimed: &[ClaimedEvent],
     members: Vec<usize>,
-    verdicts: &mut [Option<Result<Effect, EffectError>>],
 ) -> Result<bool, StoreError> {
     let events: Vec<&ClaimedEvent> = members.iter().map(|&i| &claimed[i]).collect();
     match handler.apply_all(&mut *conn, &events).await {
         Ok(effects) if effects.len() == members.len() => {
             tracing::debug!(handler = handler.name(), events = members.len(), "applied");
-            for (i, effect) in members.into_iter().zip(effects) {
-                verdicts[i] = Some(Ok(effect));
-            }
             Ok(true)
         }
         Err(EffectError::Aborted(error)) => Err(error),

@@ -7,8 +7,8 @@ use std::collections::HashMap;
 use sqlx::PgConnection;
 
 use super::{
-    Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture, Expectation, outbox_key,
-    payload_text,
+    DeclaredExpectation, Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture,
+    Expectation, outbox_key, payload_text,
 };
 use crate::store::entities::{self, EntityChange};
 use crate::store::event_queue::ClaimedEvent;
@@ -23,12 +23,13 @@ impl EffectHandler for EntityProjection {
         "entity_projection"
     }
 
-    fn expects(&self, event: &ClaimedEvent) -> Expectation {
-        if event.entity_id.is_some() && event.entity_version.is_some() {
-            Expectation::Projection
-        } else {
-            Expectation::Nothing
-        }
+    /// The projection of an event that names an entity and a version; nothing of one that
+    /// does not (it changes nothing).
+    fn declares(&self) -> Option<DeclaredExpectation> {
+        Some(DeclaredExpectation {
+            if_versioned: Expectation::Projection,
+            otherwise: Expectation::Nothing,
+        })
     }
 
     fn apply<'a>(

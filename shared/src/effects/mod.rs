@@ -15,7 +15,7 @@ use sqlx::PgConnection;
 
 use crate::domain::Scheme;
 use crate::store::StoreError;
-use crate::store::event_queue::ClaimedEvent;
+use crate::store::event_queue::{ClaimedEvent, DeclaredExpectations};
 
 /// What a handler did.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -51,6 +51,36 @@ impl Expectation {
             Expectation::Nothing => "nothing",
             Expectation::Projection => "projection",
             Expectation::Fulfilment => "fulfilment",
+        }
+    }
+}
+
+/// What a handler expects of the events it processes, declared as data rather than answered
+/// event by event: of an event that names an entity and a version, and of one that does not.
+/// The drain's claim records it in the statement that completes the batch
+/// ([`crate::store::event_queue::claim_completed`]); a handler that declares nothing still
+/// answers [`EffectHandler::expects`], recorded by one more statement per batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DeclaredExpectation {
+    pub if_versioned: Expectation,
+    pub otherwise: Expectation,
+}
+
+impl DeclaredExpectation {
+    /// The same expectation of every event.
+    pub const fn always(expectation: Expectation) -> Self {
+        Self {
+            if_versioned: expectation,
+            otherwise: expectation,
+        }
+    }
+
+    /// What this declares of `event`.
+    pub fn of(self, event: &ClaimedEvent) -> Expectation {
+        if event.entity_id.is_some() && event.entity_version.is_some() {
+            self.if_versioned
+        } else {
+            self.otherwise
         }
     }
 }
@@ -126,9 +156,18 @@ pub trait EffectHandler: Send + Sync {
         })
     }
     /// What reconciliation may check of `event` once this handler processed it. Recorded with
-    /// the event; reconcile and the referential anomaly checks expect nothing else.
-    fn expects(&self, _event: &ClaimedEvent) -> Expectation {
-        Expectation::Nothing
+    /// the event; reconcile and the referential anomaly checks expect nothing else. By default,
+    /// what [`EffectHandler::declares`] says of it, or nothing.
+    fn expects(&self, event: &ClaimedEvent) -> Expectation {
+        self.declares()
+            .map_or(Expectation::Nothing, |declared| declared.of(event))
+    }
+    /// [`EffectHandler::expects`] as data, when it depends on nothing but whether the event
+    /// names an entity and a version: the drain then records it as it claims the batch. `None`
+    /// (the default) when it cannot be declared so; the drain then asks `expects` event by
+    /// event.
+    fn declares(&self) -> Option<DeclaredExpectation> {
+        None
     }
 }
 
@@ -180,6 +219,30 @@ impl EffectRegistry {
         self.handlers
             .insert((scheme, event_type.to_owned()), handler);
         self
+    }
+
+    /// What every handler declares it expects ([`EffectHandler::declares`]), as the drain's
+    /// claim binds it: the scheme and event type each registered handler is looked up by, and
+    /// the fallback's for the rest.
+    pub fn declared_expectations(&self) -> DeclaredExpectations<'_> {
+        let as_str = |d: Option<DeclaredExpectation>| {
+            (
+                d.map(|d| d.if_versioned.as_str()),
+                d.map(|d| d.otherwise.as_str()),
+            )
+        };
+        let mut declared = DeclaredExpectations {
+            fallback: as_str(self.fallback.declares()),
+            ..DeclaredExpectations::default()
+        };
+        for ((scheme, event_type), handler) in &self.handlers {
+            let (if_versioned, otherwise) = as_str(handler.declares());
+            declared.schemes.push(scheme.as_str());
+            declared.event_types.push(event_type);
+            declared.if_versioned.push(if_versioned);
+            declared.otherwise.push(otherwise);
+        }
+        declared
     }
 
     pub fn handler_for(&self, event: &ClaimedEvent) -> &dyn EffectHandler {
@@ -240,6 +303,57 @@ pub fn payload_json(event: &ClaimedEvent) -> Result<serde_json::Value, EffectErr
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_standard_handlers_declare_what_they_expect_for_the_claim_to_record() {
+        let registry = EffectRegistry::standard();
+        let declared = registry.declared_expectations();
+        assert_eq!(declared.fallback, (Some("projection"), Some("nothing")));
+        assert_eq!(
+            (
+                declared.schemes,
+                declared.event_types,
+                declared.if_versioned,
+                declared.otherwise
+            ),
+            (
+                vec!["stripe"],
+                vec!["payment_intent.succeeded"],
+                vec![Some("fulfilment")],
+                vec![Some("fulfilment")]
+            )
+        );
+        // A handler that declares nothing is bound as such, not as the fallback's.
+        struct Silent;
+        impl EffectHandler for Silent {
+            fn name(&self) -> &'static str {
+                "silent"
+            }
+            fn apply<'a>(
+                &'a self,
+                _conn: &'a mut PgConnection,
+                _event: &'a ClaimedEvent,
+            ) -> EffectFuture<'a> {
+                Box::pin(async { Ok(Effect::Skipped) })
+            }
+        }
+        let mut registry = EffectRegistry::standard();
+        registry.register(Scheme::Github, "push", Arc::new(Silent));
+        let declared = registry.declared_expectations();
+        let push = declared
+            .event_types
+            .iter()
+            .position(|t| *t == "push")
+            .expect("push is bound");
+        assert_eq!(
+            (
+                declared.schemes[push],
+                declared.if_versioned[push],
+                declared.otherwise[push]
+            ),
+            ("github", None, None)
+        );
+    }
 
     #[test]
     fn outbox_keys_are_stable_and_unambiguous() {

@@ -12,8 +12,8 @@ use serde_json::Value;
 use sqlx::PgConnection;
 
 use super::{
-    Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture, Expectation, outbox_key,
-    payload_json,
+    DeclaredExpectation, Effect, EffectError, EffectFuture, EffectHandler, EffectsFuture,
+    Expectation, outbox_key, payload_json,
 };
 use crate::store::event_queue::ClaimedEvent;
 use crate::store::orders::{self, Fulfilment, Order, PaymentException, Settlement};
@@ -91,8 +91,8 @@ impl EffectHandler for Payments {
 
     /// A fulfilment row for the order the event paid; never a projection row, whatever
     /// entity fields the source reads.
-    fn expects(&self, _event: &ClaimedEvent) -> Expectation {
-        Expectation::Fulfilment
+    fn declares(&self) -> Option<DeclaredExpectation> {
+        Some(DeclaredExpectation::always(Expectation::Fulfilment))
     }
 
     fn apply<'a>(

@@ -43,6 +43,121 @@ pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEve
     Ok(sqlx::query_as(SQL).bind(limit).fetch_all(conn).await?)
 }
 
+/// What each handler is declared to expect of an event it processed, as the arrays
+/// [`claim_completed`] binds: one entry per registered (scheme, event type), and the fallback's
+/// for every other event. Each entry says what the handler expects of an event that names an
+/// entity and a version and of one that does not; an entry of `None` is a handler that declares
+/// nothing (its events are claimed with no expectation, and the caller records theirs itself).
+#[derive(Debug, Clone, Default)]
+pub struct DeclaredExpectations<'a> {
+    pub schemes: Vec<&'a str>,
+    pub event_types: Vec<&'a str>,
+    pub if_versioned: Vec<Option<&'static str>>,
+    pub otherwise: Vec<Option<&'static str>>,
+    /// The fallback handler's (if versioned, otherwise).
+    pub fallback: (Option<&'static str>, Option<&'static str>),
+}
+
+/// An event [`claim_completed`] claimed and completed, with the expectation the statement
+/// recorded for it (`None`: none was declared, or the event is a repair).
+#[derive(Debug, Clone, sqlx::FromRow)]
+pub struct CompletedClaim {
+    #[sqlx(flatten)]
+    pub event: ClaimedEvent,
+    pub expects: Option<String>,
+}
+
+/// Claims up to `limit` ready events as [`claim`] does and, in the same statement, finishes
+/// them as if every one of them succeeds: each queue row deleted; each pending event marked
+/// processed with what its handler declares it expects (`declared`), as [`complete`] would,
+/// its latency recorded; a repair's event row left as it was. For a batch whose effects are
+/// applied as one unit: when any of them fails, the caller rolls the transaction back and
+/// nothing of this stays. One statement and one round trip where claiming and completing took
+/// two, and the rows it finishes are the rows it locked (by their row addresses), not looked
+/// up again by key.
+///
+/// `processed_at` is this statement's time, after the claim's locks were taken: never before
+/// the payload it processed was received.
+///
+/// The rows are found again as an array of row addresses (`ctid = ANY(ARRAY(...))`), a TID scan
+/// whatever the plan guesses of the batch: joined to the claim as a relation, the generic plan
+/// a prepared statement may fall back to (which guesses a tenth of the queue for `LIMIT $1`)
+/// hashed the whole queue and the whole event table to find 100 rows.
+pub async fn claim_completed(
+    conn: &mut PgConnection,
+    limit: i64,
+    declared: &DeclaredExpectations<'_>,
+) -> Result<Vec<CompletedClaim>, StoreError> {
+    const SQL: &str = concat!(
+        "WITH c AS ( \
+             SELECT q.ctid AS queue_row, e.ctid AS event_row, q.ready_at, q.tenant_id, q.external_id, e.source_id, \
+                 s.scheme, e.event_type, e.entity_id, e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, \
+                 e.first_received_at, e.attempts, e.status = 'processed' AS repair, \
+                 CASE WHEN e.status = 'processed' THEN NULL \
+                      WHEN e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL \
+                      THEN CASE WHEN r.scheme IS NULL THEN $6 ELSE r.if_versioned END \
+                      ELSE CASE WHEN r.scheme IS NULL THEN $7 ELSE r.otherwise END END AS expects \
+             FROM event_queue AS q \
+             JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
+             JOIN sources AS s ON s.source_id = e.source_id \
+             LEFT JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[]) \
+                 AS r(scheme, event_type, if_versioned, otherwise) \
+                 ON r.scheme = s.scheme AND r.event_type = e.event_type \
+             WHERE q.ready_at <= now() \
+             ORDER BY q.ready_at \
+             LIMIT $1 \
+             FOR UPDATE OF q, e SKIP LOCKED), \
+         left_queue AS ( \
+             DELETE FROM event_queue AS q WHERE q.ctid = ANY(ARRAY(SELECT queue_row FROM c))), \
+         processed AS ( \
+             UPDATE webhook_events AS e \
+             SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
+                 expects = c.expects \
+             FROM c \
+             WHERE e.ctid = ANY(ARRAY(SELECT event_row FROM c WHERE NOT c.repair)) AND e.ctid = c.event_row \
+             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
+         recorded AS (",
+        super::processing_completions::record_latencies!("processed"),
+        ") \
+         SELECT c.tenant_id, c.external_id, c.source_id, c.scheme, c.event_type, c.entity_id, c.entity_version, \
+             c.version_tiebreak, c.payload, c.payload_sha256, c.first_received_at, c.attempts, c.repair, c.expects \
+         FROM c ORDER BY c.ready_at"
+    );
+    Ok(sqlx::query_as(SQL)
+        .bind(limit)
+        .bind(&declared.schemes)
+        .bind(&declared.event_types)
+        .bind(&declared.if_versioned)
+        .bind(&declared.otherwise)
+        .bind(declared.fallback.0)
+        .bind(declared.fallback.1)
+        .fetch_all(conn)
+        .await?)
+}
+
+/// Records what their handlers expect of events already marked processed in this transaction
+/// (by [`claim_completed`], for the events whose handler declared nothing or something else).
+pub async fn record_expectations(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+    expects: &[&str],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE webhook_events AS e SET expects = d.expects \
+         FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects) \
+         WHERE e.tenant_id = d.tenant_id AND e.external_id = d.external_id AND e.status = 'processed'";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .bind(expects)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
 /// Marks events processed and removes them from the queue, in one statement, recording what
 /// each event's handler expects reconciliation to find (`webhook_events.expects`).
 /// `processed_at` is this statement's time: after the claim, so never before the payload it
