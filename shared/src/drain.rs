@@ -10,12 +10,13 @@
 //! with what their handlers declare they expect, latencies recorded), then the effects are
 //! applied group by group with no savepoint, and the batch commits: one statement and one
 //! round trip a batch fewer than claiming and completing apart, and the completion finds its
-//! rows by the addresses the claim locked, not by key again. When any group fails, the batch is rolled back (its completions
-//! with it: nothing of it stays) and claimed again with a savepoint per group: a failing group
-//! is rolled back and split until each failing event stands alone, so one bad event never
-//! rolls back its batch, and the batch is finished with one statement each to complete,
-//! reschedule and dead-letter. The drainer keeps its savepoints until a batch has no failure,
-//! so a run of poison events costs one wasted attempt, not one per batch.
+//! rows by the addresses the claim locked, not by key again (docs/benchmarks.md: one drainer's
+//! rate did not change measurably). When any group fails, the batch is rolled back (its
+//! completions with it: nothing of it stays) and claimed again with a savepoint per group: a
+//! failing group is rolled back and split until each failing event stands alone, so one bad
+//! event never rolls back its batch, and the batch is finished with one statement each to
+//! complete, reschedule and dead-letter. The drainer keeps its savepoints until a batch has no
+//! failure, so a run of poison events costs one wasted attempt, not one per batch.
 //!
 //! A processed event that reconcile re-queued is a repair: its handler runs again to re-assert
 //! its effects, and whatever that does, the event row stays as it was (never retried, never
