@@ -1,6 +1,7 @@
 //! Effects: what processing an event does to trusted state. A registry maps a provider scheme
 //! and event type to a handler, so a new event type is one handler. Every handler runs inside
-//! the drain's transaction, under a savepoint of its own, and writes its outbox rows there.
+//! the drain's transaction (under a savepoint of its own only when its batch is redone to
+//! isolate a failure) and writes its outbox rows there.
 
 pub mod entity;
 pub mod payments;

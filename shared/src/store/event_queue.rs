@@ -26,20 +26,37 @@ pub struct ClaimedEvent {
     pub repair: bool,
 }
 
+/// The text that claims a batch, shared by [`claim`] and [`claim_completed`] so that both take
+/// the same events in the same order: up to `$1` ready events, oldest first, their queue and
+/// event rows locked, rows another drainer holds or a delivery is updating skipped. Each row
+/// has a [`ClaimedEvent`]'s columns after `$columns` (more, each followed by a comma, from `q`
+/// the queue row, `e` the event row and `s` its source, or empty); `$joined` is joined after
+/// those three (or empty).
+macro_rules! claim_batch {
+    ($columns:literal, $joined:literal) => {
+        concat!(
+            "SELECT ",
+            $columns,
+            " q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
+                 e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, e.first_received_at, \
+                 e.attempts, e.status = 'processed' AS repair \
+             FROM event_queue AS q \
+             JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
+             JOIN sources AS s ON s.source_id = e.source_id ",
+            $joined,
+            " WHERE q.ready_at <= now() \
+             ORDER BY q.ready_at \
+             LIMIT $1 \
+             FOR UPDATE OF q, e SKIP LOCKED"
+        )
+    };
+}
+
 /// Claims up to `limit` ready events, locking their queue and event rows for the caller's
 /// transaction. Rows another drainer holds, or that a delivery is updating right now, are
 /// skipped, not waited for.
 pub async fn claim(conn: &mut PgConnection, limit: i64) -> Result<Vec<ClaimedEvent>, StoreError> {
-    const SQL: &str = "SELECT q.tenant_id, q.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
-                e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, e.first_received_at, e.attempts, \
-                e.status = 'processed' AS repair \
-         FROM event_queue AS q \
-         JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
-         JOIN sources AS s ON s.source_id = e.source_id \
-         WHERE q.ready_at <= now() \
-         ORDER BY q.ready_at \
-         LIMIT $1 \
-         FOR UPDATE OF q, e SKIP LOCKED";
+    const SQL: &str = claim_batch!("", "");
     Ok(sqlx::query_as(SQL).bind(limit).fetch_all(conn).await?)
 }
 
@@ -89,24 +106,18 @@ pub async fn claim_completed(
     declared: &DeclaredExpectations<'_>,
 ) -> Result<Vec<CompletedClaim>, StoreError> {
     const SQL: &str = concat!(
-        "WITH c AS ( \
-             SELECT q.ctid AS queue_row, e.ctid AS event_row, q.ready_at, q.tenant_id, q.external_id, e.source_id, \
-                 s.scheme, e.event_type, e.entity_id, e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, \
-                 e.first_received_at, e.attempts, e.status = 'processed' AS repair, \
-                 CASE WHEN e.status = 'processed' THEN NULL \
-                      WHEN e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL \
-                      THEN CASE WHEN r.scheme IS NULL THEN $6 ELSE r.if_versioned END \
-                      ELSE CASE WHEN r.scheme IS NULL THEN $7 ELSE r.otherwise END END AS expects \
-             FROM event_queue AS q \
-             JOIN webhook_events AS e ON e.tenant_id = q.tenant_id AND e.external_id = q.external_id \
-             JOIN sources AS s ON s.source_id = e.source_id \
-             LEFT JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[]) \
+        "WITH c AS (",
+        claim_batch!(
+            "q.ctid AS queue_row, e.ctid AS event_row, q.ready_at, \
+             CASE WHEN e.status = 'processed' THEN NULL \
+                  WHEN e.entity_id IS NOT NULL AND e.entity_version IS NOT NULL \
+                  THEN CASE WHEN r.scheme IS NULL THEN $6 ELSE r.if_versioned END \
+                  ELSE CASE WHEN r.scheme IS NULL THEN $7 ELSE r.otherwise END END AS expects,",
+            "LEFT JOIN unnest($2::text[], $3::text[], $4::text[], $5::text[]) \
                  AS r(scheme, event_type, if_versioned, otherwise) \
-                 ON r.scheme = s.scheme AND r.event_type = e.event_type \
-             WHERE q.ready_at <= now() \
-             ORDER BY q.ready_at \
-             LIMIT $1 \
-             FOR UPDATE OF q, e SKIP LOCKED), \
+                 ON r.scheme = s.scheme AND r.event_type = e.event_type"
+        ),
+        "), \
          left_queue AS ( \
              DELETE FROM event_queue AS q WHERE q.ctid = ANY(ARRAY(SELECT queue_row FROM c))), \
          processed AS ( \
