@@ -186,13 +186,13 @@ async fn pgbench_beside_ingest(
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
-    script: &'static str,
+    script: &str,
     tag: &str,
 ) -> u64 {
     let beside = IngestBeside::start(options, tag);
-    let bench_options = options.clone();
+    let (bench_options, script) = (options.clone(), script.to_owned());
     tokio::task::spawn_blocking(move || {
-        benchmarks::pgbench_tps(&bench_options, clients, seconds, script)
+        benchmarks::pgbench_tps(&bench_options, clients, seconds, &script)
     })
     .await
     .unwrap();
@@ -277,6 +277,7 @@ async fn same_writes_in_sql(
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
+    batch: i64,
     tag: &str,
     fill_tag: &str,
 ) -> f64 {
@@ -291,10 +292,11 @@ async fn same_writes_in_sql(
     // drainers left, and what is left of the backlog may be short).
     fill_queue(pool, sql_depth(seconds), fill_tag).await;
     let before = queued().await;
-    let script = "BEGIN;\n\
+    let script = format!(
+        "BEGIN;\n\
         WITH c AS (SELECT q.tenant_id, q.external_id, e.entity_id, e.entity_version, e.payload, s.scheme \
             FROM event_queue AS q JOIN webhook_events AS e USING (tenant_id, external_id) JOIN sources AS s USING (source_id) \
-            WHERE q.ready_at <= now() ORDER BY q.ready_at LIMIT 100 FOR UPDATE OF q, e SKIP LOCKED), \
+            WHERE q.ready_at <= now() ORDER BY q.ready_at LIMIT {batch} FOR UPDATE OF q, e SKIP LOCKED), \
         applied AS (INSERT INTO entities AS cur (tenant_id, entity_type, entity_id, version, state, last_event_id) \
             SELECT tenant_id, 'item', entity_id, entity_version, convert_from(payload, 'UTF8')::jsonb, external_id FROM c \
             ORDER BY tenant_id, entity_id \
@@ -315,10 +317,11 @@ async fn same_writes_in_sql(
             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds) \
         INSERT INTO processing_completions (completed_at, seconds) SELECT now(), array_agg(seconds) FROM processed \
             WHERE first_received_at >= now() - interval '1 day' HAVING count(*) > 0;\n\
-        COMMIT;\n";
+        COMMIT;\n"
+    );
     // Each event ingested beside it is new and queued: claimed as the backlog is, and
     // counted as the drainers' are.
-    let ingested = pgbench_beside_ingest(options, clients, seconds, script, tag).await;
+    let ingested = pgbench_beside_ingest(options, clients, seconds, &script, tag).await;
     let after = queued().await;
     // The statement claims the oldest first: the events ingested beside it wait behind the
     // backlog, so once it ran out fewer than they are left.
@@ -352,24 +355,27 @@ async fn event_sizes(pool: &PgPool) -> (i64, i64, i64, i64, i64) {
     .unwrap()
 }
 
-/// The raw limit: pgbench claiming and completing 100-row batches on a copy of the queue table,
-/// with the same ingestion beside it (`tag` names the events it ingests).
+/// The raw limit: pgbench claiming and completing batches of the drain's size on a copy of the
+/// queue table, with the same ingestion beside it (`tag` names the events it ingests).
 async fn raw_claim_and_complete(
     pool: &PgPool,
     options: &PgConnectOptions,
     clients: usize,
     seconds: u64,
     rows: u64,
+    batch: i64,
     tag: &str,
 ) -> f64 {
     exec(pool, "DROP TABLE IF EXISTS queue_copy".into()).await;
     exec(pool, "CREATE TABLE queue_copy (LIKE event_queue INCLUDING ALL) WITH (autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 2000, autovacuum_vacuum_cost_delay = 0)".into()).await;
     exec(pool, format!("INSERT INTO queue_copy (tenant_id, external_id, ready_at, enqueued_at) SELECT 'bench', 'raw-' || g, now() - interval '1 hour' + g * interval '1 microsecond', now() FROM generate_series(1, {rows}) AS g")).await;
     exec(pool, "VACUUM ANALYZE queue_copy".into()).await;
-    let script = "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() \
-        ORDER BY ready_at LIMIT 100 FOR UPDATE SKIP LOCKED) \
-        DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n";
-    pgbench_beside_ingest(options, clients, seconds, script, tag).await;
+    let script = format!(
+        "BEGIN;\nWITH c AS (SELECT tenant_id, external_id FROM queue_copy WHERE ready_at <= now() \
+        ORDER BY ready_at LIMIT {batch} FOR UPDATE SKIP LOCKED) \
+        DELETE FROM queue_copy AS q USING c WHERE q.tenant_id = c.tenant_id AND q.external_id = c.external_id;\nCOMMIT;\n"
+    );
+    pgbench_beside_ingest(options, clients, seconds, &script, tag).await;
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM queue_copy")
         .fetch_one(pool)
         .await
@@ -393,12 +399,18 @@ async fn main() {
         // reached 23 800 here, and left 120 000 of 2.9 M queued after two minutes).
         .unwrap_or(500_000 + 1_800_000 * minutes);
     let raw_seconds: u64 = 30;
+    // Both limits take batches of the drain's size (DRAIN_BATCH_SIZE, 100 by default), so a
+    // batch's fixed costs weigh alike on all three.
+    let batch = shared::config::Vars::process()
+        .drain()
+        .expect("DRAIN_* settings")
+        .batch_size;
     let db = benchmarks::BenchDatabase::create("bench_drain").await;
     let (pool, options) = (db.pool.clone(), db.options.clone());
     sources::apply(&pool, &[source()]).await.unwrap();
 
     println!(
-        "drain: {minutes} min per run over a {backlog}-event backlog while ingesting {INGEST_PER_SECOND}/s; raw: pgbench claim-and-complete (100-row batches) on a copy of event_queue, {raw_seconds} s"
+        "drain: {minutes} min per run over a {backlog}-event backlog while ingesting {INGEST_PER_SECOND}/s; batches of {batch}; raw: pgbench claim-and-complete on a copy of event_queue, {raw_seconds} s"
     );
     let mut rows = Vec::new();
     let counts: Vec<usize> = std::env::var("BENCH_DRAINERS")
@@ -421,6 +433,7 @@ async fn main() {
             drainers,
             raw_seconds,
             raw_rows,
+            batch,
             &format!("{tag}-raw-before"),
         )
         .await;
@@ -429,6 +442,7 @@ async fn main() {
             &options,
             drainers,
             raw_seconds,
+            batch,
             &format!("{tag}-sql-before"),
             &format!("b{drainers}"),
         )
@@ -445,6 +459,7 @@ async fn main() {
             &options,
             drainers,
             raw_seconds,
+            batch,
             &format!("{tag}-sql-after"),
             &format!("a{drainers}"),
         )
@@ -455,6 +470,7 @@ async fn main() {
             drainers,
             raw_seconds,
             raw_rows,
+            batch,
             &format!("{tag}-raw-after"),
         )
         .await;
