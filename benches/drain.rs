@@ -447,9 +447,9 @@ async fn main() {
             &format!("b{drainers}"),
         )
         .await;
-        // Ids as long as the other fills' ("d1-123", "b1-123"): rows of one width, so as
-        // many fit on a page and have room there for their completions (with ten rows a page
-        // at fillfactor 50, ids a few bytes longer made 8.5% of completions leave the page).
+        // Ids as long as the other fills' ("d1-123", "b1-123"): rows of one width, as many
+        // to a page (with ten rows a page at fillfactor 50, ids a few bytes longer made 8.5%
+        // of completions leave the page; the table's pages are filled to 45% since).
         fill_queue(&pool, backlog, &tag).await;
         let sizes_before = event_sizes(&pool).await;
         let per_minute = run_drainers(&options, drainers, minutes, &tag).await;

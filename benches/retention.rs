@@ -7,9 +7,10 @@
 //! retention purged.
 //!
 //! The heap takes one more step after the horizon (measured: days 34 to 39, about 10%), then
-//! holds flat. Our reading, not measured page by page: at fillfactor 50 an insert goes only to
-//! a page with half of it free besides the new row, so pages keeping the payload-less rows of
-//! the month take new rows only once the identity purge has emptied them.
+//! holds flat. Our reading, not measured page by page: at fillfactor 50 (45 since migration
+//! 20261210000100) an insert goes only to a page with about half of it free besides the new
+//! row, so pages keeping the payload-less rows of the month take new rows only once the
+//! identity purge has emptied them.
 //!
 //! Time is compressed, not simulated: every timestamp is the server's real `now()`, and a day
 //! lasts `BENCH_DAY_SECONDS` (4) real seconds, so the horizons are production's in days, made

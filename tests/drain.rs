@@ -1195,6 +1195,31 @@ async fn event_pages(pool: &PgPool) -> Vec<(String, i64)> {
     .unwrap()
 }
 
+/// Drains the `delivered` events queued and returns those whose row is no longer on the page it
+/// was first written to.
+async fn drained_rows_off_their_page(pool: &PgPool, delivered: usize) -> Vec<String> {
+    let written = event_pages(pool).await;
+    assert_eq!(written.len(), delivered);
+
+    drain_all(&standard_drainer(pool), pool, Duration::from_secs(20)).await;
+
+    assert_eq!(
+        scalar(
+            pool,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        delivered as i64
+    );
+    event_pages(pool)
+        .await
+        .into_iter()
+        .zip(&written)
+        .filter(|(now, then)| now.1 != then.1)
+        .map(|(now, _)| now.0)
+        .collect()
+}
+
 /// Completing an event changes only columns no index covers, so its new row version can stay
 /// on its page (a HOT update) and none of `webhook_events`' indexes gets a second entry for it,
 /// provided the page has room for the new versions of every row one batch completes on it (their
@@ -1220,28 +1245,8 @@ async fn completing_events_keeps_each_row_on_its_page(pool: PgPool) {
         );
         deliver(&app, d).await;
     }
-    let written = event_pages(&pool).await;
-    assert_eq!(written.len(), 120);
-
-    drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(20)).await;
-
     assert_eq!(
-        scalar(
-            &pool,
-            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
-        )
-        .await,
-        120
-    );
-    let moved: Vec<String> = event_pages(&pool)
-        .await
-        .into_iter()
-        .zip(&written)
-        .filter(|(now, then)| now.1 != then.1)
-        .map(|(now, _)| now.0)
-        .collect();
-    assert_eq!(
-        moved,
+        drained_rows_off_their_page(&pool, 120).await,
         Vec::<String>::new(),
         "rows that left their page: each left a second entry in every index"
     );
@@ -1275,28 +1280,8 @@ async fn completing_small_events_keeps_each_row_on_its_page(pool: PgPool) {
             sent += 1;
         }
     }
-    let written = event_pages(&pool).await;
-    assert_eq!(written.len(), sent);
-
-    drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(20)).await;
-
     assert_eq!(
-        scalar(
-            &pool,
-            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
-        )
-        .await,
-        sent as i64
-    );
-    let moved: Vec<String> = event_pages(&pool)
-        .await
-        .into_iter()
-        .zip(&written)
-        .filter(|(now, then)| now.1 != then.1)
-        .map(|(now, _)| now.0)
-        .collect();
-    assert_eq!(
-        moved,
+        drained_rows_off_their_page(&pool, sent).await,
         Vec::<String>::new(),
         "rows that left their page: each left a second entry in every index"
     );
