@@ -93,8 +93,11 @@ pub struct CompletedClaim {
 /// two, and the rows it finishes are the rows it locked (by their row addresses), not looked
 /// up again by key.
 ///
-/// `processed_at` is this statement's time, after the claim's locks were taken: never before
-/// the payload it processed was received.
+/// `processed_at` is this statement's time, which is when it started, not when it locked each
+/// row. A redelivery that replaces a pending payload and commits while the statement runs,
+/// before the statement reaches that row, is claimed in its new version. That version's
+/// `received_at` can then be later than `processed_at` by up to the time the statement had run.
+/// [`complete`], a later statement than its claim, cannot do this.
 ///
 /// The rows are found again as an array of row addresses (`ctid = ANY(ARRAY(...))`), a TID scan
 /// whatever the plan guesses of the batch: joined to the claim as a relation, the generic plan
