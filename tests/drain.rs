@@ -1472,3 +1472,210 @@ async fn each_processed_event_records_what_its_handler_answers_it_expects(pool: 
     );
     assert!(entity(&pool, "a").await.is_some() && entity(&pool, "b").await.is_some());
 }
+
+/// The merged claim (`claim_completed`) completes every event it claims, even one a redelivery
+/// updated after the statement began and before it locked the row. Under READ COMMITTED the
+/// claim then locks (and returns) the redelivery's version, which the statement's own snapshot
+/// cannot see: completion that finds rows again by the address the claim locked misses it,
+/// leaving the event `pending` with its queue row deleted and its effects committed.
+///
+/// Two sessions make the window wide and certain: one holds the queue rows ahead of the target
+/// locked (the claim skips each), and once the claim is running the other commits an update of
+/// the target's event row, as a redelivery does. The claim returns the target with the new
+/// payload: proof that it locked the version committed during the statement.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_event_redelivered_while_its_claim_runs_is_completed(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    use shared::store::event_queue::{self, DeclaredExpectations};
+    let admin = admin_with_bulk_events(pool_options, &connect, 60_000).await;
+    let target = "bulk-60000";
+    let ready_at = |when: &'static str| {
+        let admin = admin.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE event_queue SET ready_at = {when} WHERE external_id = '{target}'"
+            )))
+            .execute(&admin)
+            .await
+            .unwrap();
+        }
+    };
+    ready_at("now() + interval '1 hour'").await;
+    let session = |name: &str| {
+        let connect = connect.clone().application_name(name);
+        async move {
+            PgPoolOptions::new()
+                .max_connections(1)
+                .connect_with(connect)
+                .await
+                .unwrap()
+        }
+    };
+    let (holder, claimer, redeliverer) = (
+        session("holder").await,
+        session("claimer").await,
+        session("redeliverer").await,
+    );
+    let mut held = holder.begin().await.unwrap();
+    let ahead: i64 = sqlx::query_scalar(
+        "WITH l AS (SELECT 1 FROM event_queue WHERE external_id <> $1 FOR UPDATE) SELECT count(*) FROM l",
+    )
+    .bind(target)
+    .fetch_one(&mut *held)
+    .await
+    .unwrap();
+    assert_eq!(ahead, 59_999);
+    // The claim's statement prepared on its connection by a claim that finds nothing ready, so
+    // that the one below is only bound and executed: running means its snapshot is taken.
+    let mut tx = claimer.begin().await.unwrap();
+    let none = event_queue::claim_completed(&mut tx, 1, &DeclaredExpectations::default())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert!(none.is_empty());
+    // Ready now: behind every held row, so the claim skips them all before it reaches it.
+    ready_at("now()").await;
+
+    let claim = tokio::spawn(async move {
+        let mut tx = claimer.begin().await.unwrap();
+        let claimed = event_queue::claim_completed(&mut tx, 1, &DeclaredExpectations::default())
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+        claimed
+    });
+    // Once the claim's statement is running, commit a redelivery's update of the target.
+    let started = std::time::Instant::now();
+    loop {
+        let running: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'claimer' \
+                 AND state = 'active' AND query LIKE 'WITH c AS%'",
+        )
+        .fetch_one(&redeliverer)
+        .await
+        .unwrap();
+        if running > 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "the claim never ran"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    sqlx::query(
+        "UPDATE webhook_events SET payload = convert_to('redelivered', 'UTF8'), \
+             delivery_count = delivery_count + 1, last_seen_at = now() WHERE external_id = $1",
+    )
+    .bind(target)
+    .execute(&redeliverer)
+    .await
+    .unwrap();
+    let claimed = claim.await.unwrap();
+    held.rollback().await.unwrap();
+
+    assert_eq!(claimed.len(), 1);
+    assert_eq!(claimed[0].event.external_id, target);
+    assert_eq!(
+        claimed[0].event.payload.as_deref(),
+        Some(&b"redelivered"[..]),
+        "the claim locked the version committed while it ran (else the window was missed)"
+    );
+    let (status, queued): (String, i64) = sqlx::query_as(
+        "SELECT status, (SELECT count(*) FROM event_queue WHERE external_id = $1) \
+             FROM webhook_events WHERE external_id = $1",
+    )
+    .bind(target)
+    .fetch_one(&admin)
+    .await
+    .unwrap();
+    assert_eq!(
+        (status.as_str(), queued),
+        ("processed", 0),
+        "a claimed event is completed, never left pending without its queue row"
+    );
+}
+
+/// A drainer taking one event a batch beside four tasks redelivering the events next in line, again
+/// and again, as providers' retries do: every claimed event ends processed, and no pending event
+/// is left without its queue row (the one-statement claim once completed rows by the address it locked,
+/// missing a version a redelivery committed while the claim ran).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn redeliveries_during_the_drain_never_leave_an_event_pending_without_its_queue_row(
+    pool: PgPool,
+) {
+    let app = Arc::new(app(pool.clone()).await);
+    let mut deliveries = std::collections::HashMap::new();
+    for i in 0..1000 {
+        let id = format!("r-{i}");
+        let d = entity_event(&id, &format!("thing-{i}"), 1, "thing.updated");
+        deliver(&app, d.clone()).await;
+        deliveries.insert(id, d);
+    }
+    let deliveries = Arc::new(deliveries);
+    let draining = Arc::new(std::sync::atomic::AtomicBool::new(true));
+    let redeliverers: Vec<_> = (0..4)
+        .map(|_| {
+            let (app, deliveries, draining, pool) = (
+                app.clone(),
+                deliveries.clone(),
+                draining.clone(),
+                pool.clone(),
+            );
+            tokio::spawn(async move {
+                let mut redelivered = 0u64;
+                while draining.load(Ordering::Relaxed) {
+                    let pending: Vec<String> = sqlx::query_scalar(
+                        "SELECT external_id FROM event_queue ORDER BY ready_at LIMIT 4",
+                    )
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap();
+                    for id in pending {
+                        let Some(d) = deliveries.get(&id) else {
+                            continue;
+                        };
+                        deliver(&app, d.clone()).await;
+                        redelivered += 1;
+                    }
+                    tokio::task::yield_now().await;
+                }
+                redelivered
+            })
+        })
+        .collect();
+
+    let settings = shared::drain::DrainSettings {
+        batch_size: 1,
+        ..fast_settings()
+    };
+    let drainer = Drainer::new(pool.clone(), Arc::new(EffectRegistry::standard()), settings);
+    let outcome = drain_all(&drainer, &pool, Duration::from_secs(120)).await;
+    draining.store(false, Ordering::Relaxed);
+    let mut redelivered = 0;
+    for r in redeliverers {
+        redelivered += r.await.unwrap();
+    }
+    assert!(redelivered > 0, "the redeliveries ran beside the drain");
+
+    let stranded = scalar(
+        &pool,
+        "SELECT count(*) FROM webhook_events AS e WHERE e.status = 'pending' AND NOT EXISTS \
+             (SELECT 1 FROM event_queue AS q WHERE q.tenant_id = e.tenant_id AND q.external_id = e.external_id)",
+    )
+    .await;
+    assert_eq!(
+        stranded, 0,
+        "pending events without a queue row ({outcome:?})"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM webhook_events WHERE status = 'processed'"
+        )
+        .await,
+        1000
+    );
+}

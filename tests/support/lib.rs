@@ -167,6 +167,7 @@ pub async fn post_to(
 }
 
 /// A provider's delivery: body and signed headers, plus the id/type headers the scheme uses.
+#[derive(Debug, Clone)]
 pub struct Delivery {
     pub headers: HeaderMap,
     pub body: Vec<u8>,

@@ -99,6 +99,12 @@ pub struct CompletedClaim {
 /// `received_at` can then be later than `processed_at` by up to the time the statement had run.
 /// [`complete`], a later statement than its claim, cannot do this.
 ///
+/// The statement finds the rows it completes by the addresses it locked. When a redelivery
+/// committed an update of a claimed event after the statement began and before it locked the
+/// row, the claim locks (and returns) that newer version, which the statement's own update
+/// cannot see: the statement then marks fewer events processed than it claimed, and a second
+/// statement completes the rest by key ([`complete_locked`]).
+///
 /// The rows are found again as an array of row addresses (`ctid = ANY(ARRAY(...))`), a TID scan
 /// whatever the plan guesses of the batch: joined to the claim as a relation, the generic plan
 /// a prepared statement may fall back to (which guesses a tenth of the queue for `LIMIT $1`)
@@ -134,10 +140,11 @@ pub async fn claim_completed(
         super::processing_completions::record_latencies!("processed"),
         ") \
          SELECT c.tenant_id, c.external_id, c.source_id, c.scheme, c.event_type, c.entity_id, c.entity_version, \
-             c.version_tiebreak, c.payload, c.payload_sha256, c.first_received_at, c.attempts, c.repair, c.expects \
+             c.version_tiebreak, c.payload, c.payload_sha256, c.first_received_at, c.attempts, c.repair, c.expects, \
+             (SELECT count(*) FROM processed) AS completed \
          FROM c ORDER BY c.ready_at"
     );
-    Ok(sqlx::query_as(SQL)
+    let rows: Vec<ClaimRow> = sqlx::query_as(SQL)
         .bind(limit)
         .bind(&declared.schemes)
         .bind(&declared.event_types)
@@ -145,8 +152,71 @@ pub async fn claim_completed(
         .bind(&declared.otherwise)
         .bind(declared.fallback.0)
         .bind(declared.fallback.1)
-        .fetch_all(conn)
-        .await?)
+        .fetch_all(&mut *conn)
+        .await?;
+    let completed = rows.first().map_or(0, |r| r.completed);
+    let claims: Vec<CompletedClaim> = rows.into_iter().map(|r| r.claim).collect();
+    let to_complete = claims.iter().filter(|c| !c.event.repair).count();
+    if usize::try_from(completed).unwrap_or(0) < to_complete {
+        // A redelivery committed between the statement's start and its lock: the claim locked
+        // (and returned) a version its own snapshot cannot see, so the address-based update
+        // missed it. This transaction holds those rows; found by key, they are completed now.
+        let missed = claims.iter().filter(|c| !c.event.repair);
+        let tenants: Vec<String> = missed.clone().map(|c| c.event.tenant_id.clone()).collect();
+        let ids: Vec<String> = missed
+            .clone()
+            .map(|c| c.event.external_id.clone())
+            .collect();
+        let expects: Vec<Option<&str>> = missed.map(|c| c.expects.as_deref()).collect();
+        let late = complete_locked(&mut *conn, &tenants, &ids, &expects).await?;
+        tracing::info!(
+            completed,
+            late,
+            "claimed events updated while the claim ran: completed by key"
+        );
+    }
+    Ok(claims)
+}
+
+#[derive(sqlx::FromRow)]
+struct ClaimRow {
+    #[sqlx(flatten)]
+    claim: CompletedClaim,
+    /// How many events the statement marked processed.
+    completed: i64,
+}
+
+/// Completes, by key, claimed events this transaction holds locked whose queue rows it already
+/// deleted and that are still pending: what [`claim_completed`] finishes when its own update
+/// could not see a row's newest version. Records their latencies as every completion does.
+async fn complete_locked(
+    executor: impl PgExecutor<'_>,
+    tenants: &[String],
+    ids: &[String],
+    expects: &[Option<&str>],
+) -> Result<u64, StoreError> {
+    const SQL: &str = concat!(
+        "WITH d AS ( \
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), \
+         processed AS ( \
+             UPDATE webhook_events AS e \
+             SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
+                 expects = d.expects \
+             FROM d \
+             WHERE e.tenant_id = d.tenant_id AND e.external_id = d.external_id AND e.status = 'pending' \
+             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
+         recorded AS (",
+        super::processing_completions::record_latencies!("processed"),
+        ") \
+         SELECT count(*) FROM processed"
+    );
+    let processed: i64 = sqlx::query_scalar(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .bind(expects)
+        .fetch_one(executor)
+        .await?;
+    Ok(processed as u64)
 }
 
 /// Records what their handlers expect of events already marked processed in this transaction
