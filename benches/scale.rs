@@ -42,7 +42,7 @@ enum Pass {
     Anomaly,
     /// The rollup's share of the anomaly pass: one more steady-state run of it alone.
     Rollup,
-    /// The statements of the pass that read a day of webhook_events until stop 38 (issue 26),
+    /// The statements of the pass that read a day of webhook_events until 2026-12-03 (issue 26),
     /// run by themselves: processing_latency's refresh, over the drain's recorded completions
     /// (an hour of them: it grows with the rate, not the history), and the two consistency
     /// checks, now the next window of the day's sweep (at most ANOMALY_SWEEP_WINDOW_EVENTS).
