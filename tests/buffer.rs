@@ -665,3 +665,68 @@ async fn an_sqs_that_never_answers_costs_a_503_inside_the_function_timeout(pool:
     .expect("answered inside the ingest function's 10 s timeout");
     assert_eq!(reply.status, StatusCode::SERVICE_UNAVAILABLE);
 }
+
+/// Spillover buffers whatever the database refuses, not only what it calls an outage: a
+/// read-only database during a failover (SQLSTATE 25006) and an I/O fault (58030) are answered
+/// `buffered` (SQS acknowledged the delivery), never 500; the consumer files them once the
+/// database takes writes again.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn spillover_buffers_a_refusal_of_any_error_class(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) =
+        buffered_app(pool.clone(), BufferMode::Spillover, queue.clone(), MAX_BODY).await;
+    let mut sent = Vec::new();
+    for (code, message) in [
+        ("25006", "cannot execute INSERT in a read-only transaction"),
+        ("58030", "could not write to file: I/O error"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE OR REPLACE FUNCTION test_refuse() RETURNS trigger LANGUAGE plpgsql AS \
+             $$ BEGIN RAISE EXCEPTION '{message}' USING ERRCODE = '{code}'; END $$"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap();
+        sqlx::query(
+            "CREATE OR REPLACE TRIGGER test_refuse BEFORE INSERT OR UPDATE ON webhook_events \
+             FOR EACH ROW EXECUTE FUNCTION test_refuse()",
+        )
+        .execute(&pool)
+        .await
+        .unwrap();
+        let d = stripe(&format!("evt_refused_{code}"));
+        let reply = app.post("stripe", d.headers.clone(), &d.body).await;
+        assert_eq!(
+            (reply.status, reply.json.clone()),
+            (StatusCode::OK, json!({"status": "buffered"})),
+            "SQLSTATE {code}"
+        );
+        sent.push(d.body);
+    }
+    assert_eq!(row_count(&pool).await, 0);
+    let buffered = peek(&queue, queue.queue_url()).await;
+    let mut bodies: Vec<Vec<u8>> = buffered
+        .iter()
+        .map(|m| {
+            m.delivery
+                .as_ref()
+                .expect("a buffered delivery")
+                .body
+                .clone()
+        })
+        .collect();
+    bodies.sort();
+    sent.sort();
+    assert_eq!(bodies, sent, "both refused deliveries are in the buffer");
+
+    sqlx::query("DROP TRIGGER test_refuse ON webhook_events")
+        .execute(&pool)
+        .await
+        .unwrap();
+    drain_buffer(&app, &queue).await;
+    assert_eq!(
+        row_count(&pool).await,
+        2,
+        "filed once the database takes writes"
+    );
+}

@@ -345,8 +345,11 @@ impl Ingestor {
             self.store_with_current_credentials(&admitted),
         )
         .await;
+        // Whatever the database answered, short of a receipt: an outage, and also a refusal of
+        // another class (a read-only database during a failover, 25006; an I/O fault, 58030).
+        // The delivery was admitted; the buffer keeps it and the consumer files it later.
         let database = match direct {
-            Ok(Err(IngestError::Store(error))) if error.is_retryable() => error.to_string(),
+            Ok(Err(IngestError::Store(error))) => error.to_string(),
             Err(_) => format!(
                 "the direct path did not commit within {} ms",
                 buffer.spill_after.as_millis()
