@@ -922,6 +922,55 @@ mod tests {
         assert!(file(good, "github").unwrap_err().contains("declared"));
     }
 
+    /// A layout cannot call unsigned parts signed: a header listed in `signed_headers` must be
+    /// one the signed parts read, and a timestamp must be among them, else the engine trusts an
+    /// id or a window the sender controls.
+    #[test]
+    fn a_declared_signature_cannot_call_unsigned_parts_signed() {
+        let file = |signature: &str| -> Result<Source, String> {
+            let text = format!(
+                "[[source]]\nid='acme'\ntenant='t'\nscheme='declared'\nsecret_ref='x'\n{signature}"
+            );
+            let parsed: SourcesFile = toml::from_str(&text).map_err(|e| e.to_string())?;
+            parsed.source.into_iter().next().unwrap().into_source()
+        };
+        let good = "[source.signature]\nkind='hmac'\nhash='sha256'\nheader='x-acme-signature'\nsigned=['{header:x-acme-id}', '.', '{timestamp}', '.', '{body}']\ntimestamp={header='x-acme-timestamp', tolerance_seconds=120}\nsigned_headers=['x-acme-id', 'x-acme-timestamp']\n";
+        file(good).unwrap();
+
+        let id_not_signed = good.replace("'{header:x-acme-id}', '.', ", "");
+        assert_eq!(
+            file(&id_not_signed).unwrap_err(),
+            "signature.signed_headers: \"x-acme-id\" is listed as signed but no signed part reads it"
+        );
+        let window_not_signed = good
+            .replace("'{timestamp}', '.', ", "")
+            .replace(", 'x-acme-timestamp'", "");
+        assert_eq!(
+            file(&window_not_signed).unwrap_err(),
+            "signature.timestamp: the timestamp is not among the signed parts: the sender could move it"
+        );
+        let json_window = good
+            .replace(
+                "timestamp={header='x-acme-timestamp',",
+                "timestamp={json='/sent_at',",
+            )
+            .replace("'{timestamp}', '.', '{body}'", "'{header:x-acme-id}'")
+            .replace(", 'x-acme-timestamp'", "");
+        assert_eq!(
+            file(&json_window).unwrap_err(),
+            "signature.timestamp: the timestamp is not among the signed parts: the sender could move it"
+        );
+        // A JSON timestamp inside a signed body is signed.
+        let json_in_body = good
+            .replace(
+                "timestamp={header='x-acme-timestamp',",
+                "timestamp={json='/sent_at',",
+            )
+            .replace("'{timestamp}', '.', ", "")
+            .replace(", 'x-acme-timestamp'", "");
+        file(&json_in_body).unwrap();
+    }
+
     #[test]
     fn a_minimal_spec_takes_the_scheme_defaults() {
         let file: SourcesFile = toml::from_str(

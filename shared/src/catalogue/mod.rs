@@ -313,6 +313,35 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
     }
     for name in &spec.signed_headers {
         header_name("signed_headers", name)?;
+        let read_by_a_part = spec.signed.iter().any(|part| match part {
+            Part::Header(signed) => signed == name,
+            Part::Timestamp => spec
+                .timestamp
+                .as_ref()
+                .is_some_and(|ts| ts.header.as_deref() == Some(name.as_str())),
+            _ => false,
+        });
+        if !read_by_a_part {
+            return Err(spec_error(
+                "signed_headers",
+                format!("{name:?} is listed as signed but no signed part reads it"),
+            ));
+        }
+    }
+    if let Some(ts) = &spec.timestamp {
+        let signed = spec.signed.iter().any(|part| match part {
+            Part::Timestamp => true,
+            Part::Header(name) => ts.header.as_deref() == Some(name.as_str()),
+            Part::Json(pointer) => ts.json.as_deref() == Some(pointer.as_str()),
+            Part::Body => ts.json.is_some(),
+            _ => false,
+        });
+        if !signed {
+            return Err(spec_error(
+                "timestamp",
+                "the timestamp is not among the signed parts: the sender could move it",
+            ));
+        }
     }
     if let Some(when) = &spec.when {
         match (&when.header, &when.query) {
