@@ -921,3 +921,127 @@ async fn retention_deletes_receipts_past_the_longest_sqs_retention(pool: PgPool)
         .unwrap();
     assert_eq!(left, vec!["d-young".to_owned()]);
 }
+
+/// Two consumers filing batches that hold copies of the same events in opposite orders never
+/// fail on each other's locks: each batch takes its keys in one order, and a transaction that
+/// still meets a deadlock or a serialization failure is filed again. Before, a deadlock (40P01)
+/// failed the whole batch: a hundred deliveries back on the queue after the visibility timeout,
+/// a receive spent, and after a long outage a batch on its way to the dead-letter queue.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn batches_holding_the_same_events_in_opposite_orders_never_deadlock(
+    pool_options: sqlx::postgres::PgPoolOptions,
+    connect: sqlx::postgres::PgConnectOptions,
+) {
+    let connect_pool = |name: &'static str| {
+        let (options, connect) = (pool_options.clone(), connect.clone().application_name(name));
+        async move {
+            options
+                .max_connections(1)
+                .connect_with(connect)
+                .await
+                .unwrap()
+        }
+    };
+    let (one, two) = (
+        connect_pool("consumer-1").await,
+        connect_pool("consumer-2").await,
+    );
+    sources::apply(&one, &all_sources()).await.unwrap();
+    let (rounds, events) = (200, 25);
+    for round in 0..rounds {
+        let list: Vec<Delivery> = (0..events)
+            .map(|e| stripe(&format!("evt_{round}_{e}"), json!({})))
+            .collect();
+        let copy = |(e, d): (usize, &Delivery), copy: &str| {
+            let id = format!("{round}-{e}-{copy}");
+            message(buffered("stripe", &d.headers, &d.body, &id, micros_now()))
+        };
+        let forward: Vec<Message> = list.iter().enumerate().map(|d| copy(d, "a")).collect();
+        let backward: Vec<Message> = list
+            .iter()
+            .enumerate()
+            .rev()
+            .map(|d| copy(d, "b"))
+            .collect();
+        let (a, b) = tokio::join!(
+            filing::file_batch(&one, &forward),
+            filing::file_batch(&two, &backward)
+        );
+        let (a, b) = (
+            a.unwrap_or_else(|e| panic!("round {round}, first batch: {e}")),
+            b.unwrap_or_else(|e| panic!("round {round}, second batch: {e}")),
+        );
+        assert!(
+            a.iter().chain(&b).all(|f| matches!(f, Filed::Stored(_))),
+            "round {round}: {a:?} {b:?}"
+        );
+    }
+    let (rows, twice): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE delivery_count = 2) FROM webhook_events",
+    )
+    .fetch_one(&one)
+    .await
+    .unwrap();
+    let expected = (rounds * events) as i64;
+    assert_eq!(
+        (rows, twice),
+        (expected, expected),
+        "each event once, counted twice"
+    );
+}
+
+/// A batch whose transaction loses a race (a deadlock, 40P01, or a serialization failure, 40001)
+/// is filed again in the same call, not returned to the queue: here the database refuses the
+/// first two attempts, one of each class, and the call still files the batch once.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_batch_that_loses_a_race_is_filed_again_in_the_same_call(pool: PgPool) {
+    sources::apply(&pool, &all_sources()).await.unwrap();
+    pool.execute(
+        "CREATE SEQUENCE test_races; \
+         CREATE FUNCTION test_lose_races() RETURNS trigger LANGUAGE plpgsql AS $$ \
+         DECLARE n bigint := nextval('test_races'); BEGIN \
+             IF n = 1 THEN RAISE EXCEPTION 'deadlock detected' USING ERRCODE = '40P01'; END IF; \
+             IF n = 2 THEN RAISE EXCEPTION 'could not serialize access' USING ERRCODE = '40001'; END IF; \
+             RETURN NEW; END $$; \
+         CREATE TRIGGER test_lose_races BEFORE INSERT ON webhook_events \
+             FOR EACH ROW EXECUTE FUNCTION test_lose_races()",
+    )
+    .await
+    .unwrap();
+    let list: Vec<Delivery> = (0..3)
+        .map(|i| stripe(&format!("evt_race_lost_{i}"), json!({})))
+        .collect();
+    let messages: Vec<Message> = list
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            message(buffered(
+                "stripe",
+                &d.headers,
+                &d.body,
+                &format!("lost-{i}"),
+                micros_now(),
+            ))
+        })
+        .collect();
+    let filed = filing::file_batch(&pool, &messages)
+        .await
+        .expect("filed after losing two races");
+    assert!(
+        filed
+            .iter()
+            .all(|f| matches!(f, Filed::Stored(u) if u.outcome == DeliveryOutcome::Accepted)),
+        "{filed:?}"
+    );
+    let (rows, attempts): (i64, i64) = sqlx::query_as(
+        "SELECT (SELECT count(*) FROM webhook_events), (SELECT last_value FROM test_races)",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(rows, 3);
+    assert_eq!(
+        attempts, 5,
+        "two refused attempts, then three rows inserted"
+    );
+}

@@ -72,12 +72,28 @@ impl Filed {
 /// unsigned id was written between the statement's read and its insert.
 const ATTEMPTS: usize = 3;
 
+/// How often a batch is filed again when its transaction lost a race with another (a deadlock
+/// or a serialization failure), and the most it waits before the next try (jittered).
+const LOST_RACE_ATTEMPTS: usize = 5;
+const LOST_RACE_WAIT_MS: u64 = 50;
+
 /// Files `messages` in one transaction and returns what became of each, in order. `Err`: a
 /// database error; nothing was committed, and every message stays on the queue.
 #[tracing::instrument(skip_all, fields(messages = messages.len()), err)]
 pub async fn file_batch(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, StoreError> {
-    for _ in 0..ATTEMPTS {
+    let mut lost_races = 0;
+    let mut body_attempts = 0;
+    while body_attempts < ATTEMPTS {
         match file_once(pool, messages).await {
+            Err(UpsertError::Store(e))
+                if e.is_lost_race() && lost_races + 1 < LOST_RACE_ATTEMPTS =>
+            {
+                lost_races += 1;
+                let wait = rand::random_range(1..=LOST_RACE_WAIT_MS);
+                tracing::info!(error = %e, attempt = lost_races, wait_ms = wait, "the batch lost a race with another transaction: filing again");
+                tokio::time::sleep(std::time::Duration::from_millis(wait)).await;
+                continue;
+            }
             Ok(filed) => {
                 for f in &filed {
                     crate::metrics::buffered_filed(f.metric_outcome());
@@ -86,6 +102,7 @@ pub async fn file_batch(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed
             }
             Err(UpsertError::Store(e)) => return Err(e),
             Err(UpsertError::BodyNotClaimed) => {
+                body_attempts += 1;
                 tracing::info!(
                     "a body stored by the previous release appeared under the batch: filing again"
                 );

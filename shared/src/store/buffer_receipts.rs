@@ -18,8 +18,12 @@ pub async fn claim(
 ) -> Result<Vec<String>, StoreError> {
     const SQL: &str = "INSERT INTO buffer_receipts (delivery_id) SELECT unnest($1::text[]) \
          ON CONFLICT (delivery_id) DO NOTHING RETURNING delivery_id";
+    // In one order whatever the batch's, so that two consumers holding copies of the same
+    // deliveries wait on each other rather than deadlock.
+    let mut sorted = delivery_ids.to_vec();
+    sorted.sort_unstable();
     Ok(sqlx::query_scalar(SQL)
-        .bind(delivery_ids)
+        .bind(sorted)
         .fetch_all(executor)
         .await?)
 }

@@ -79,6 +79,18 @@ impl StoreError {
         )
     }
 
+    /// A deadlock (40P01) or a serialization failure (40001): the transaction lost a race with
+    /// another and may be run again at once.
+    pub fn is_lost_race(&self) -> bool {
+        let (StoreError::Unavailable(sqlx::Error::Database(db))
+        | StoreError::Query(sqlx::Error::Database(db))) = self
+        else {
+            return false;
+        };
+        db.code()
+            .is_some_and(|code| code == "40P01" || code == "40001")
+    }
+
     /// The error type a Lambda function reports: retried invocations can be told apart.
     pub fn diagnostic_type(&self) -> &'static str {
         match self {

@@ -613,9 +613,12 @@ pub async fn upsert_batch(
     let count = assigned.iter().max().map_or(0, |r| r + 1);
     let mut results: Vec<Option<Upserted>> = vec![None; events.len()];
     for round in 0..count {
-        let members: Vec<usize> = (0..events.len())
+        let mut members: Vec<usize> = (0..events.len())
             .filter(|&i| assigned[i] == round)
             .collect();
+        // A round's keys are distinct, so its order changes no outcome; taken in key order, two
+        // statements holding the same events wait on each other instead of deadlocking.
+        members.sort_by_key(|&i| (events[i].event.tenant_id, events[i].event.external_id));
         let rows = upsert_round(&mut *conn, events, &members).await?;
         if rows.len() != members.len() {
             return Err(StoreError::Corrupt {
