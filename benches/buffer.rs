@@ -112,6 +112,7 @@ async fn run_upsert_batch(
                         verified_with: "current",
                         provider_retries: 0,
                         id_outside_signature: false,
+                        signed_digest: None,
                     },
                     received_at: now,
                 })
@@ -155,6 +156,7 @@ async fn run_file_batch(
                                 )]
                                 .into(),
                                 signed_headers: vec![],
+                                signed_digest: None,
                             },
                             body: benchmarks::stripe_event_body(&id),
                         }),

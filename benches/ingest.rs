@@ -135,6 +135,7 @@ async fn run_store_only(
                         verified_with: "current",
                         provider_retries: 0,
                         id_outside_signature: false,
+                        signed_digest: None,
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);

@@ -454,6 +454,7 @@ async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
             verified_with: "current".into(),
             headers: Default::default(),
             signed_headers: vec![],
+            signed_digest: None,
         },
         body: b"{}".to_vec(),
     };

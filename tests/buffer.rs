@@ -730,3 +730,46 @@ async fn spillover_buffers_a_refusal_of_any_error_class(pool: PgPool) {
         "filed once the database takes writes"
     );
 }
+
+/// In queue mode the consumer claims what ingest would have: the envelope carries the digest of
+/// the signed string, so a Mailgun token replayed over forged event data is held as a replay
+/// when filed from the buffer too, and one event is queued.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_consumer_claims_the_signed_string_as_ingest_does(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    let key = secret_of(Scheme::Mailgun);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+    let at = now();
+    for (id, event) in [("mg-1", "delivered"), ("mg-forged", "clicked")] {
+        let body = mailgun_body(&key, at, "token-1", id, event);
+        let reply = app.post("mailgun", headers.clone(), &body).await;
+        assert_eq!(reply.json, json!({"status": "buffered"}));
+    }
+    let buffered = peek(&queue, queue.queue_url()).await;
+    assert!(
+        buffered.iter().all(|m| m
+            .delivery
+            .as_ref()
+            .unwrap()
+            .envelope
+            .signed_digest
+            .is_some()),
+        "the envelope carries the signed string's digest"
+    );
+    drain_buffer(&app, &queue).await;
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, status FROM webhook_events ORDER BY external_id")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![
+            ("mg-1".to_owned(), "pending".to_owned()),
+            ("mg-forged".to_owned(), "processed".to_owned())
+        ]
+    );
+    assert_eq!(queued_events(&app.pool).await, 1);
+}

@@ -86,6 +86,7 @@ fn delivery(n: u32) -> BufferedDelivery {
             verified_with: "current".into(),
             headers: BTreeMap::from([("stripe-signature".to_owned(), HEADER_VALUE.to_owned())]),
             signed_headers: vec![],
+            signed_digest: None,
         },
         body: format!("{{\"id\":\"evt_{n}\",\"note\":\"{BODY_MARKER}\"}}").into_bytes(),
     }

@@ -238,7 +238,7 @@ async fn store_api_copy(pool: &PgPool, d: &Delivery) {
     let source = find_source("stripe");
     let prepared =
         shared::ingest::prepare(&source, &d.headers, &d.body, &|_| false, micros_now()).unwrap();
-    let event = prepared.event(&source, &d.body, PROVIDER_API);
+    let event = prepared.event(&source, &d.body, PROVIDER_API, None);
     webhook_events::upsert(pool, &event).await.unwrap();
 }
 
@@ -756,7 +756,7 @@ async fn a_consumer_killed_mid_batch_leaves_nothing_and_the_batch_lands_once(poo
             .iter()
             .zip(&list)
             .map(|(p, d)| BatchedEvent {
-                event: p.event(&source, &d.body, "current"),
+                event: p.event(&source, &d.body, "current", None),
                 received_at: chrono::Utc::now(),
             })
             .collect();

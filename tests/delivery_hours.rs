@@ -675,6 +675,7 @@ async fn redeliver_with_another_body(
         verified_with: "current",
         provider_retries: 0,
         id_outside_signature: false,
+        signed_digest: None,
     };
     webhook_events::upsert(pool, &event).await.unwrap().outcome
 }

@@ -594,3 +594,157 @@ async fn woocommerces_unsigned_ping_is_answered_and_its_events_are_stored(pool: 
         ("order.updated", Some("727"), Some(1_796_292_942_000_000))
     );
 }
+
+/// What one replay-guard test reads back: the events (id, status, what it expects), how many
+/// are queued, and the replay anomalies.
+async fn replay_state(pool: &PgPool) -> (Vec<(String, String, Option<String>)>, i64, i64) {
+    let rows = sqlx::query_as(
+        "SELECT external_id, status, expects FROM webhook_events ORDER BY first_received_at, external_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM event_queue")
+        .fetch_one(pool)
+        .await
+        .unwrap();
+    let replays: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM ingest_anomalies WHERE kind = 'replayed_body'")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    (rows, queued, replays)
+}
+
+/// Twilio signs the URL and the *decoded, sorted* form fields, and its id is an unsigned header:
+/// a captured status callback re-posted with its fields reordered and a trailing `&`, under a
+/// fresh idempotency token, is the same signed string. The replay guard claims that string, not
+/// the raw bytes: `duplicate`, held as a replay, one event queued.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_reencoded_twilio_form_under_another_token_is_a_replay(pool: PgPool) {
+    let url = "https://hooks.example.com/twilio";
+    let app = app_with(pool.clone(), Some(url)).await;
+    let post = |body: &'static [u8], token: &'static str| {
+        let mut headers = http::HeaderMap::new();
+        let signed = signature::sign_request(
+            Scheme::Twilio,
+            &SigningSecret::new(AUTH_TOKEN),
+            &Signing {
+                message_id: "",
+                timestamp: 0,
+                body,
+                method: "POST",
+                url: Some(url),
+            },
+        )
+        .unwrap();
+        headers.extend(signed);
+        headers.insert("i-twilio-idempotency-token", token.parse().unwrap());
+        headers.insert(
+            "content-type",
+            "application/x-www-form-urlencoded".parse().unwrap(),
+        );
+        (headers, body)
+    };
+    let (first, body) = post(b"a=1&b=2&MessageStatus=delivered", "idem-1");
+    let reply = app.post("twilio", first.clone(), body).await;
+    assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+
+    // The captured signature, over other bytes of the same form.
+    let replayed: &[u8] = b"b=2&MessageStatus=delivered&a=1&";
+    let mut headers = first.clone();
+    headers.insert("i-twilio-idempotency-token", "idem-2".parse().unwrap());
+    let reply = app.post("twilio", headers, replayed).await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "duplicate"),
+        "{:?}",
+        reply.json
+    );
+    let (rows, queued, replays) = replay_state(&pool).await;
+    assert_eq!(
+        rows,
+        vec![
+            ("idem-1".to_owned(), "pending".to_owned(), None),
+            (
+                "idem-2".to_owned(),
+                "processed".to_owned(),
+                Some("nothing".to_owned())
+            ),
+        ],
+        "the re-encoded copy is held: processed, never an effect"
+    );
+    assert_eq!(
+        (queued, replays),
+        (1, 1),
+        "one event queued, the replay recorded"
+    );
+
+    // A different form under a third token is a new event.
+    let (other, body) = post(b"a=1&b=3&MessageStatus=delivered", "idem-3");
+    assert_eq!(app.post("twilio", other, body).await.outcome(), "accepted");
+}
+
+/// Mailgun signs a timestamp and a token, not the event data, and tells receivers to refuse a
+/// token seen before. A captured delivery whose event data (and so its event id) is changed
+/// within the timestamp window is refused as a replay of the token: `duplicate`, held, one
+/// event queued.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_mailgun_token_seen_before_is_a_replay_whatever_the_event_data(pool: PgPool) {
+    const KEY: &str = "key-3ax6xnjp29jd6fds4gc373sgvjxteol0";
+    let app = TestApp::new(
+        pool.clone(),
+        &[source("mailgun", TENANT, Scheme::Mailgun, "secret/mailgun")],
+        SecretStore::memory([("secret/mailgun".to_owned(), SecretSet::new(KEY, None))]),
+    )
+    .await;
+    let (at, token) = (now(), "5egbgr1vjgqxtrnp65xfznchgdccwh5d6i09vijqi3whgowmn6");
+    let body = |id: &str, event: &str| mailgun_body(KEY, at, token, id, event);
+    let mut headers = http::HeaderMap::new();
+    headers.insert("content-type", "application/json".parse().unwrap());
+
+    let reply = app
+        .post(
+            "mailgun",
+            headers.clone(),
+            &body("Ase7i2zsRYeDXztHGENqRA", "delivered"),
+        )
+        .await;
+    assert_eq!(reply.outcome(), "accepted", "{:?}", reply.json);
+    // The same delivery again: its own token, its own id: a duplicate, nothing more.
+    let reply = app
+        .post(
+            "mailgun",
+            headers.clone(),
+            &body("Ase7i2zsRYeDXztHGENqRA", "delivered"),
+        )
+        .await;
+    assert_eq!(reply.outcome(), "duplicate");
+    // The captured token over forged event data.
+    let reply = app
+        .post("mailgun", headers, &body("forged-event-id", "clicked"))
+        .await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "duplicate"),
+        "{:?}",
+        reply.json
+    );
+    let (rows, queued, replays) = replay_state(&pool).await;
+    assert_eq!(
+        rows,
+        vec![
+            (
+                "Ase7i2zsRYeDXztHGENqRA".to_owned(),
+                "pending".to_owned(),
+                None
+            ),
+            (
+                "forged-event-id".to_owned(),
+                "processed".to_owned(),
+                Some("nothing".to_owned())
+            ),
+        ]
+    );
+    assert_eq!((queued, replays), (1, 1));
+}

@@ -60,6 +60,7 @@ fn event<'a>(id: &'a str, change: &'a Change, body: &'a [u8], sha: [u8; 32]) -> 
         verified_with: "current",
         provider_retries: 0,
         id_outside_signature: false,
+        signed_digest: None,
     }
 }
 

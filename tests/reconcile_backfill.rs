@@ -1591,6 +1591,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
             verified_with: "current".into(),
             headers: Default::default(),
             signed_headers: vec![],
+            signed_digest: None,
         },
         body: b"{}".to_vec(),
     };

@@ -1232,6 +1232,7 @@ fn pay_delivery(delivery_id: &str, body: &[u8]) -> shared::buffer::BufferedDeliv
             verified_with: "current".into(),
             headers: Default::default(),
             signed_headers: vec![],
+            signed_digest: None,
         },
         body: body.to_vec(),
     }

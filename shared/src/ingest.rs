@@ -521,7 +521,12 @@ impl Ingestor {
                 return Err(IngestError::Unreadable(error.clone()));
             }
         };
-        let event = prepared.event(source, delivery.body, admitted.verified.secret.as_str());
+        let event = prepared.event(
+            source,
+            delivery.body,
+            admitted.verified.secret.as_str(),
+            admitted.verified.signed_digest,
+        );
         let stored = self.upsert(&event).await?;
         let span = tracing::Span::current();
         span.record("outcome", stored.outcome.as_str());
@@ -587,6 +592,7 @@ impl Admitted<'_> {
                 verified_with: self.verified.secret.as_str().to_owned(),
                 headers,
                 signed_headers,
+                signed_digest: self.verified.signed_digest.map(hex::encode),
             },
             body: self.delivery.body.to_vec(),
         }
@@ -607,6 +613,7 @@ impl Ingestor {
                         self.database.pool(),
                         event.source_id,
                         &event.payload_sha256,
+                        event.body_claim(),
                     )
                     .await?;
                 }

@@ -66,16 +66,20 @@ fn covers_body(source: &Source) -> bool {
 }
 
 impl Prepared {
-    /// The event to store: this delivery's fields under its source.
+    /// The event to store: this delivery's fields under its source. `signed_digest` is the
+    /// verification's [`signature::Verified::signed_digest`] (carried in the buffer's envelope
+    /// for a buffered delivery).
     pub fn event<'a>(
         &'a self,
         source: &'a Source,
         body: &'a [u8],
         verified_with: &'a str,
+        signed_digest: Option<[u8; 32]>,
     ) -> NewEvent<'a> {
         let mut event = source.event(&self.fields, body, self.headers.clone(), verified_with);
         event.provider_retries = self.provider_retries;
         event.id_outside_signature = self.id_outside_signature;
+        event.signed_digest = signed_digest;
         event
     }
 }

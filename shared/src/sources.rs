@@ -328,6 +328,7 @@ impl Source {
             verified_with,
             provider_retries: 0,
             id_outside_signature: false,
+            signed_digest: None,
         }
     }
 }

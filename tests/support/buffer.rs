@@ -74,9 +74,25 @@ pub async fn buffered_app_holding(
     max_body_bytes: usize,
     spill_hold: Duration,
 ) -> (crate::TestApp, DatabaseProxy) {
-    shared::sources::apply(&pool, &crate::sources_for_every_scheme())
+    // Every scheme's source, and a Mailgun one: a layout that signs values, not the body.
+    let mut sources = crate::sources_for_every_scheme();
+    let mailgun = shared::domain::Scheme::Mailgun;
+    sources.push(crate::source(
+        "mailgun",
+        crate::TENANT,
+        mailgun,
+        "secret/mailgun",
+    ));
+    shared::sources::apply(&pool, &sources)
         .await
         .expect("store sources");
+    let secrets =
+        shared::secrets::SecretStore::memory(crate::SCHEMES.iter().chain([&mailgun]).map(|s| {
+            (
+                format!("secret/{s}"),
+                shared::secrets::SecretSet::new(crate::secret_of(*s), None),
+            )
+        }));
     let proxy = DatabaseProxy::to(&pool)
         .await
         .expect("a proxy on 127.0.0.1");
@@ -88,7 +104,7 @@ pub async fn buffered_app_holding(
     let ingestor = shared::ingest::Ingestor::new(
         through,
         registry,
-        Arc::new(crate::secrets_for_every_scheme()),
+        Arc::new(secrets),
         shared::ingest::IngestLimits { max_body_bytes },
     )
     .with_buffer(shared::ingest::Buffer::new(

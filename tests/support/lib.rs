@@ -166,6 +166,21 @@ pub async fn post_to(
     }
 }
 
+/// A Mailgun event webhook body: its signature (hex HMAC-SHA256 of timestamp and token, keyed
+/// with `key`) travels in the body beside the event data, which it does not cover.
+pub fn mailgun_body(key: &str, timestamp: i64, token: &str, id: &str, event: &str) -> Vec<u8> {
+    use hmac::{KeyInit, Mac};
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(key.as_bytes()).expect("any key");
+    mac.update(format!("{timestamp}{token}").as_bytes());
+    let signature = hex::encode(mac.finalize().into_bytes());
+    serde_json::to_vec(&serde_json::json!({
+        "signature": {"timestamp": timestamp.to_string(), "token": token, "signature": signature},
+        "event-data": {"id": id, "event": event, "recipient": "alice@example.com",
+                       "message": {"headers": {"message-id": "m1@example.com"}}}
+    }))
+    .expect("JSON")
+}
+
 /// A provider's delivery: body and signed headers, plus the id/type headers the scheme uses.
 #[derive(Debug, Clone)]
 pub struct Delivery {
@@ -921,6 +936,7 @@ pub fn buffered(
             verified_with: verified.secret.as_str().to_owned(),
             headers: kept,
             signed_headers,
+            signed_digest: verified.signed_digest.map(hex::encode),
         },
         body: body.to_vec(),
     }

@@ -265,7 +265,12 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
     let events: Vec<BatchedEvent<'_>> = ready
         .iter()
         .map(|(c, source, prepared)| BatchedEvent {
-            event: prepared.event(source, &c.delivery.body, &c.delivery.envelope.verified_with),
+            event: prepared.event(
+                source,
+                &c.delivery.body,
+                &c.delivery.envelope.verified_with,
+                c.delivery.signed_digest(),
+            ),
             received_at: c.received_at,
         })
         .collect();

@@ -94,6 +94,12 @@ pub struct Envelope {
     pub headers: BTreeMap<String, String>,
     /// Which of the kept headers the signature covers (lowercase names).
     pub signed_headers: Vec<String>,
+    /// The hex SHA-256 of the signed string, for a layout that signs values rather than the
+    /// body (`signature::Verified::signed_digest`): the consumer claims it as ingest would have.
+    /// Absent from envelopes of other layouts and of releases before it existed (the body's
+    /// digest is claimed then).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub signed_digest: Option<String>,
 }
 
 /// Why a message cannot be read as a buffered delivery.
@@ -108,6 +114,14 @@ pub enum DecodeError {
 }
 
 impl BufferedDelivery {
+    /// The envelope's digest of the signed string, when it carries one that reads as 32 bytes
+    /// (anything else is claimed as the body's digest, as before the envelope carried it).
+    pub fn signed_digest(&self) -> Option<[u8; 32]> {
+        let mut digest = [0u8; 32];
+        hex::decode_to_slice(self.envelope.signed_digest.as_deref()?, &mut digest).ok()?;
+        Some(digest)
+    }
+
     /// The SQS message body.
     pub fn envelope_json(&self) -> String {
         serde_json::to_string(&self.envelope).expect("an envelope of strings and integers")
@@ -183,6 +197,7 @@ mod tests {
                 verified_with: "current".into(),
                 headers: [("x-github-delivery".to_owned(), "abc".to_owned())].into(),
                 signed_headers: vec![],
+                signed_digest: None,
             },
             body,
         }

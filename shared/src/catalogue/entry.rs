@@ -142,6 +142,22 @@ impl SignatureSpec {
                     .any(|part| matches!(part, Part::Body | Part::FormSorted)))
     }
 
+    /// Whether the layout signs values read from the delivery (form fields, JSON fields,
+    /// headers, the URL) rather than its raw body: the signed string, not the bytes, is what
+    /// the signature binds, and what the replay guard claims (`Verified::signed_digest`). A
+    /// digest (it signs the secret) and a token (it signs nothing) do not; nor does a layout
+    /// that signs only a timestamp, a method or literals, which says nothing of the event.
+    pub fn binds_signed_values(&self) -> bool {
+        matches!(self.kind, Kind::Hmac | Kind::Ed25519 | Kind::EcdsaP256)
+            && !self.signed.contains(&Part::Body)
+            && self.signed.iter().any(|part| {
+                matches!(
+                    part,
+                    Part::FormSorted | Part::Json(_) | Part::Header(_) | Part::Url
+                )
+            })
+    }
+
     pub fn encoding(&self) -> Encoding {
         self.encoding.unwrap_or(if self.kind == Kind::Token {
             Encoding::Text

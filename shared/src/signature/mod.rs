@@ -219,6 +219,13 @@ pub struct Verified {
     pub timestamp: Option<i64>,
     /// The headers the signature covers (besides the body).
     pub signed_headers: &'static [String],
+    /// For a layout that signs values rather than the raw body (Twilio's URL and sorted form,
+    /// Mailgun's timestamp and token, Adyen's item fields): the SHA-256 of the signed string,
+    /// which is what the signature binds. Bytes re-encoded around the same signed string
+    /// (form fields reordered, a trailing `&`, other event data beside Mailgun's token) have
+    /// this digest, so the replay guard claims it instead of the raw bytes' digest. `None` for
+    /// a layout that signs the body (the raw bytes are what it binds) or nothing (a token).
+    pub signed_digest: Option<[u8; 32]>,
 }
 
 impl Verified {
@@ -312,6 +319,7 @@ fn verify_read(
             secret,
             timestamp: signed.timestamp,
             signed_headers: signed.signed_headers,
+            signed_digest: signed_digest(spec, request, &signed, secrets)?,
         }),
         None => Err(VerifyError::NoMatch {
             candidates: signed.candidates.len(),
@@ -575,6 +583,29 @@ fn matches(
                 .any(|candidate| key.verify(&message, candidate).is_ok()))
         }
     }
+}
+
+/// The digest of what `spec` signs, when it signs values rather than the raw body
+/// ([`SignatureSpec::binds_signed_values`]); see [`Verified::signed_digest`].
+fn signed_digest(
+    spec: &'static SignatureSpec,
+    request: &Request<'_>,
+    signed: &SignedMessage,
+    secrets: &SecretSet,
+) -> Result<Option<[u8; 32]>, VerifyError> {
+    if !spec.binds_signed_values() {
+        return Ok(None);
+    }
+    // Such a layout signs no `{secret}` (only a digest does): the secret is never read.
+    let parts = Parts {
+        spec,
+        request,
+        signed,
+        secret: &secrets.current,
+    };
+    let mut hasher = Sha256::new();
+    parts.feed(&mut |part: &[u8]| Digest::update(&mut hasher, part))?;
+    Ok(Some(hasher.finalize().into()))
 }
 
 /// Whether two tags are equal, in time that depends only on their lengths (which are public):

@@ -80,6 +80,7 @@ pub(super) fn verify(
                 secret: version,
                 timestamp: None,
                 signed_headers: &spec.signed_headers,
+                signed_digest: None,
             }));
         }
     }

@@ -30,6 +30,21 @@ pub struct NewEvent<'a> {
     /// this body claims it (`signed_bodies`), and the same bytes under another id are held as a
     /// replay ([`Upserted::replay_of`]).
     pub id_outside_signature: bool,
+    /// The digest of the signed string, for a layout that signs values rather than the body
+    /// (`signature::Verified::signed_digest`): what the replay guard claims in place of
+    /// `payload_sha256`, so that re-encoded bytes around one signed string are one body.
+    pub signed_digest: Option<[u8; 32]>,
+}
+
+impl NewEvent<'_> {
+    /// What `signed_bodies` keys this delivery's body by: the digest of the signed string when
+    /// the layout signs values, else the raw bytes' digest.
+    pub fn body_claim(&self) -> &[u8] {
+        match &self.signed_digest {
+            Some(digest) => digest,
+            None => &self.payload_sha256,
+        }
+    }
 }
 
 /// What the delivery turned out to be.
@@ -90,8 +105,10 @@ pub enum UpsertError {
 /// the stored row (locked by the upsert itself).
 ///
 /// First, when the event id came from outside the signature (`$13`: GitHub's
-/// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`), the body's digest is claimed in
-/// `signed_bodies`: `ON CONFLICT DO UPDATE` locks the claim and returns the event that first
+/// `X-GitHub-Delivery`, Shopify's `X-Shopify-Webhook-Id`), the body is claimed in
+/// `signed_bodies` under `$15` ([`NewEvent::body_claim`]: the raw bytes' digest, or for a layout
+/// that signs values rather than the body, the signed string's, so that re-encoded bytes
+/// around one signed string are one body): `ON CONFLICT DO UPDATE` locks the claim and returns the event that first
 /// made it, so concurrent deliveries of one body under several ids wait on one key and all but
 /// the first see the first's id. The claim outlives the event's identity (retention keeps it
 /// longer), so a signed body re-posted after the identity purge is still a replay. A delivery
@@ -133,7 +150,7 @@ pub enum UpsertError {
 const UPSERT: &str = r#"
 WITH claim AS (
     INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
-    SELECT $3, $9, $2 WHERE $13
+    SELECT $3, $15, $2 WHERE $13
     ON CONFLICT (source_id, payload_sha256) DO UPDATE SET last_seen_at = now()
     RETURNING b.external_id
 ), replay AS (
@@ -302,13 +319,14 @@ const UPSERT_BATCH: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                          $7::int8[], $8::int8[], $9::bytea[], $10::bytea[], $11::jsonb[],
-                         $12::text[], $13::int4[], $14::bool[], $15::int8[], $16::timestamptz[])
+                         $12::text[], $13::int4[], $14::bool[], $15::int8[], $16::timestamptz[],
+                         $17::bytea[])
         AS i(ord, tenant_id, external_id, source_id, event_type, entity_id, entity_version,
              provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-             outside, version_tiebreak, received_at)
+             outside, version_tiebreak, received_at, body_claim)
 ), claim AS (
     INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
-    SELECT i.source_id, i.payload_sha256,
+    SELECT i.source_id, i.body_claim,
            COALESCE((SELECT w.external_id FROM webhook_events AS w
                      WHERE w.source_id = i.source_id AND w.payload_sha256 = i.payload_sha256
                        AND w.id_outside_signature
@@ -324,7 +342,7 @@ WITH input AS (
     SELECT i.*,
            (SELECT c.external_id FROM claim AS c
             WHERE i.outside AND c.source_id = i.source_id
-              AND c.payload_sha256 = i.payload_sha256 AND c.external_id <> i.external_id)
+              AND c.payload_sha256 = i.body_claim AND c.external_id <> i.external_id)
                AS replay_of
     FROM input AS i
 ), delivered AS (
@@ -524,6 +542,7 @@ pub async fn upsert(
         .bind(event.provider_retries)
         .bind(event.id_outside_signature)
         .bind(event.version_tiebreak)
+        .bind(event.body_claim())
         .fetch_one(executor)
         .await;
     let row = match row {
@@ -581,15 +600,19 @@ fn rounds(events: &[BatchedEvent<'_>]) -> Vec<usize> {
     use std::collections::HashMap;
     let mut by_event: HashMap<(&str, &str), usize> = HashMap::new();
     let mut by_body: HashMap<(&str, &[u8]), usize> = HashMap::new();
+    let mut by_claim: HashMap<(&str, &[u8]), usize> = HashMap::new();
     let mut assigned = Vec::with_capacity(events.len());
     for e in events {
         let ev = &e.event;
         let event_key = (ev.tenant_id, ev.external_id);
         let body_key = (ev.source_id, &ev.payload_sha256[..]);
+        let claim_key = (ev.source_id, ev.body_claim());
         let mut round = by_event.get(&event_key).map_or(0, |r| r + 1);
         if ev.id_outside_signature {
             round = round.max(by_body.get(&body_key).map_or(0, |r| r + 1));
+            round = round.max(by_claim.get(&claim_key).map_or(0, |r| r + 1));
             by_body.insert(body_key, round);
+            by_claim.insert(claim_key, round);
         }
         by_event.insert(event_key, round);
         assigned.push(round);
@@ -686,6 +709,7 @@ async fn upsert_round(
     let mut outside = Vec::with_capacity(n);
     let mut tiebreak = Vec::with_capacity(n);
     let mut received = Vec::with_capacity(n);
+    let mut claims = Vec::with_capacity(n);
     for &i in members {
         let b = &events[i];
         let e = &b.event;
@@ -705,6 +729,7 @@ async fn upsert_round(
         outside.push(e.id_outside_signature);
         tiebreak.push(e.version_tiebreak);
         received.push(b.received_at);
+        claims.push(e.body_claim());
     }
     let rows: Result<Vec<BatchRow>, sqlx::Error> = sqlx::query_as(UPSERT_BATCH)
         .bind(ord)
@@ -723,6 +748,7 @@ async fn upsert_round(
         .bind(outside)
         .bind(tiebreak)
         .bind(received)
+        .bind(claims)
         .fetch_all(conn)
         .await;
     match rows {
@@ -748,18 +774,25 @@ fn parse_outcome(outcome: &str) -> Result<DeliveryOutcome, StoreError> {
 /// Claims in `signed_bodies`, for the event that holds it, a body `webhook_events` stores under
 /// an unsigned id but `signed_bodies` does not know (see [`UpsertError::BodyNotClaimed`]).
 /// Returns whether a claim was written.
+///
+/// The claim is written under `body_claim`, the key this delivery claims by
+/// ([`NewEvent::body_claim`]): the stored row's raw digest for a layout that signs the body, the
+/// digest of the signed string for one that signs values (a row stored before claims were keyed
+/// by it holds the same bytes, so the same signed string).
 pub async fn adopt_stored_body(
     executor: impl PgExecutor<'_>,
     source_id: &str,
     payload_sha256: &[u8],
+    body_claim: &[u8],
 ) -> Result<bool, StoreError> {
     const SQL: &str = "INSERT INTO signed_bodies (source_id, payload_sha256, external_id, first_seen_at, last_seen_at) \
-         SELECT source_id, payload_sha256, external_id, first_received_at, last_seen_at FROM webhook_events \
+         SELECT source_id, $3, external_id, first_received_at, last_seen_at FROM webhook_events \
          WHERE source_id = $1 AND payload_sha256 = $2 AND id_outside_signature \
          ON CONFLICT (source_id, payload_sha256) DO NOTHING";
     Ok(sqlx::query(SQL)
         .bind(source_id)
         .bind(payload_sha256)
+        .bind(body_claim)
         .execute(executor)
         .await?
         .rows_affected()
