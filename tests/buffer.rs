@@ -492,16 +492,19 @@ async fn a_poison_message_reaches_the_dead_letter_queue_and_an_unfilable_one_an_
         .send()
         .await
         .unwrap();
-    // A delivery whose source is disabled before the consumer files it.
-    let d = github("gh-disabled-meanwhile");
+    // A delivery whose source reads its event id elsewhere by the time the consumer files it
+    // (a disabled source no longer makes one: it files what was admitted).
+    let d = github("gh-unreadable-meanwhile");
     assert_eq!(
         app.post("github", d.headers, &d.body).await.outcome(),
         "buffered"
     );
-    sqlx::query("UPDATE sources SET enabled = false WHERE source_id = 'github'")
-        .execute(&app.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "UPDATE sources SET external_id_from = 'json:/no_such_field' WHERE source_id = 'github'",
+    )
+    .execute(&app.pool)
+    .await
+    .unwrap();
 
     // Through the Lambda's own handler, as the event source mapping invokes it.
     let url = queue.queue_url().to_owned();
@@ -772,4 +775,197 @@ async fn the_consumer_claims_the_signed_string_as_ingest_does(pool: PgPool) {
         ]
     );
     assert_eq!(queued_events(&app.pool).await, 1);
+}
+
+/// Admission already happened: a delivery answered `200 buffered` whose source is disabled
+/// before the consumer files it is filed all the same (the provider will not send it again),
+/// never only kept as an anomaly no command files. Queue mode: deliver, disable, consume,
+/// enable, consume: one event, no anomaly.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_buffered_delivery_is_filed_though_its_source_was_disabled_since(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    let d = stripe("evt_admitted");
+    let reply = app.post("stripe", d.headers.clone(), &d.body).await;
+    assert_eq!(reply.json, json!({"status": "buffered"}));
+
+    let enabled = |on: bool| {
+        let pool = app.pool.clone();
+        async move {
+            sqlx::query("UPDATE sources SET enabled = $1 WHERE source_id = 'stripe'")
+                .bind(on)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    enabled(false).await;
+    drain_buffer(&app, &queue).await;
+    enabled(true).await;
+    drain_buffer(&app, &queue).await;
+
+    let rows: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, status FROM webhook_events")
+            .fetch_all(&app.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        rows,
+        vec![("evt_admitted".to_owned(), "pending".to_owned())]
+    );
+    assert_eq!(queued_events(&app.pool).await, 1);
+    assert!(anomalies(&app.pool).await.is_empty());
+    assert!(peek(&queue, queue.queue_url()).await.is_empty());
+}
+
+/// A buffered delivery the consumer cannot read (its source's field map changed meanwhile) is
+/// kept as an anomaly with its payload and headers; once the map is fixed, `file_kept` (hookctl
+/// buffer file-kept) files it as ingest would have, once, attributed, and the unfiled-buffered
+/// check stops counting it. A kept delivery of an earlier release (its source disabled
+/// meanwhile, no headers kept) files the same way; an anomaly that keeps no delivery is refused.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_kept_delivery_is_filed_by_the_operator_once_its_source_reads_it(pool: PgPool) {
+    use shared::operator::{OperatorRequest, OperatorResponse, handle};
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    let pool = app.pool.clone();
+    let d = github("gh-kept");
+    assert_eq!(
+        app.post("github", d.headers.clone(), &d.body)
+            .await
+            .outcome(),
+        "buffered"
+    );
+    let event_type_from = |locator: &'static str| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query("UPDATE sources SET event_type_from = $1 WHERE source_id = 'github'")
+                .bind(locator)
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    };
+    event_type_from("json:/no_such_field").await;
+    drain_buffer(&app, &queue).await;
+    assert_eq!(row_count(&pool).await, 0);
+    let anomaly_id: i64 = sqlx::query_scalar(
+        "SELECT anomaly_id FROM ingest_anomalies WHERE kind = 'missing_field' \
+         AND detail LIKE 'buffered delivery %' AND headers ? 'x-github-delivery'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let checks = |pool: PgPool| async move {
+        shared::anomaly::run_once(&pool, &Default::default(), "test")
+            .await
+            .unwrap()
+            .breaches
+    };
+    let breaches = checks(pool.clone()).await;
+    assert!(
+        breaches.contains(&"unfilable_buffered_deliveries_last_day".to_owned()),
+        "{breaches:?}"
+    );
+    assert!(
+        !breaches.contains(&"unreadable_deliveries_last_hour".to_owned()),
+        "{breaches:?}"
+    );
+
+    let registry = shared::effects::EffectRegistry::standard();
+    let file = |anomaly_id: i64| OperatorRequest::FileKept {
+        anomaly_id,
+        actor: Some("alice".into()),
+        reason: Some("field map fixed".into()),
+    };
+    let refused = handle(&pool, &registry, file(anomaly_id))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("still cannot read"),
+        "{refused}"
+    );
+
+    event_type_from("header:x-github-event").await;
+    let OperatorResponse::KeptFiled { filed_kept } =
+        handle(&pool, &registry, file(anomaly_id)).await.unwrap()
+    else {
+        panic!("not a filed answer")
+    };
+    assert_eq!(
+        (filed_kept.external_id.as_str(), filed_kept.outcome.as_str()),
+        ("gh-kept", "accepted")
+    );
+    let rows: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT external_id, event_type, status FROM webhook_events ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        rows,
+        vec![(
+            "gh-kept".to_owned(),
+            "issues".to_owned(),
+            "pending".to_owned()
+        )]
+    );
+    assert_eq!(queued_events(&pool).await, 1);
+    let breaches = checks(pool.clone()).await;
+    assert!(
+        !breaches.contains(&"unfilable_buffered_deliveries_last_day".to_owned()),
+        "{breaches:?}"
+    );
+    let again = handle(&pool, &registry, file(anomaly_id))
+        .await
+        .unwrap_err();
+    assert!(
+        again
+            .to_string()
+            .contains("filed already, as event gh-kept"),
+        "{again}"
+    );
+    let recorded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operator_actions WHERE action = 'file_kept' AND actor = 'alice'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(recorded, 1);
+
+    // What an earlier release kept when the source was disabled meanwhile: no headers.
+    let older = stripe("evt_kept_by_an_older_release");
+    let older_id: i64 = sqlx::query_scalar(
+        "INSERT INTO ingest_anomalies (tenant_id, source_id, kind, payload_sha256, payload, detail) \
+         VALUES ($1, 'stripe', 'buffered_source_unavailable', sha256($2), $2, 'disabled meanwhile') \
+         RETURNING anomaly_id",
+    )
+    .bind(TENANT)
+    .bind(&older.body)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let OperatorResponse::KeptFiled { filed_kept } =
+        handle(&pool, &registry, file(older_id)).await.unwrap()
+    else {
+        panic!("not a filed answer")
+    };
+    assert_eq!(filed_kept.external_id, "evt_kept_by_an_older_release");
+
+    // An anomaly that keeps no delivery in place of an event.
+    let conflict_id: i64 = sqlx::query_scalar(
+        "INSERT INTO ingest_anomalies (tenant_id, source_id, kind, payload_sha256, detail) \
+         VALUES ($1, 'stripe', 'digest_conflict', sha256('x'), 'a conflict') RETURNING anomaly_id",
+    )
+    .bind(TENANT)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let refused = handle(&pool, &registry, file(conflict_id))
+        .await
+        .unwrap_err();
+    assert!(
+        refused.to_string().contains("keeps no delivery"),
+        "{refused}"
+    );
 }

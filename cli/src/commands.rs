@@ -209,6 +209,15 @@ pub enum BufferAction {
         #[command(flatten)]
         decision: Decision,
     },
+    /// File a delivery an ingest anomaly kept with its payload (one the consumer could not
+    /// read, answered 200 `buffered` to the provider), once its source reads it: stored as
+    /// ingest would have, under the time it was recorded. Needs only the database.
+    FileKept {
+        /// The anomaly's id (`anomaly_id`).
+        anomaly_id: i64,
+        #[command(flatten)]
+        decision: Decision,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -489,6 +498,10 @@ struct BufferDeadLetters {
     buffer_dead_letters: Vec<shared::buffer::accounting::DeadLetter>,
 }
 #[derive(Deserialize, serde::Serialize)]
+struct KeptFiled {
+    filed_kept: shared::buffer::filing::FiledKept,
+}
+#[derive(Deserialize, serde::Serialize)]
 struct BufferRedriven {
     action_id: i64,
     redriven: shared::buffer::accounting::Redriven,
@@ -528,6 +541,35 @@ pub async fn buffer(backend: &Backend, json: bool, action: BufferAction) -> Exit
                         )
                     });
                     u8::from(r.redriven.skipped > 0)
+                }
+                Err(e) => fail(e),
+            }
+        }
+        BufferAction::FileKept {
+            anomaly_id,
+            decision,
+        } => {
+            let actor = match decision.actor() {
+                Ok(actor) => actor,
+                Err(e) => return fail(e),
+            };
+            match backend
+                .call::<KeptFiled>(&OperatorRequest::FileKept {
+                    anomaly_id,
+                    actor: Some(actor),
+                    reason: Some(decision.reason),
+                })
+                .await
+            {
+                Ok(k) => {
+                    show(json, &k, |k| {
+                        let f = &k.filed_kept;
+                        format!(
+                            "filed anomaly {} as event {} of source {} ({})\n",
+                            f.anomaly_id, f.external_id, f.source_id, f.outcome
+                        )
+                    });
+                    0
                 }
                 Err(e) => fail(e),
             }

@@ -189,7 +189,7 @@ impl Fault {
                 "the database is unreachable for ingest during a batch from a sender that never retries"
             }
             Fault::PoisonBufferMessage => {
-                "a buffer message no build can read, and a buffered delivery whose source was disabled meanwhile"
+                "a buffer message no build can read, and a buffered delivery its source can no longer read"
             }
         }
     }
@@ -1262,7 +1262,7 @@ async fn inject(
                 .await?;
             b.proxy.cut();
             let answer = lab
-                .deliver_shop("shop_disabled_meanwhile", "order.updated", 2)
+                .deliver_shop("shop_unreadable_meanwhile", "order.updated", 2)
                 .await;
             lab.buffer()?.proxy.restore();
             let answer = answer?;
@@ -1271,15 +1271,16 @@ async fn inject(
                     "the shop delivery was answered {answer}, not buffered"
                 )));
             }
-            // ... whose source is disabled before the consumer files it.
+            // ... whose source reads its event type elsewhere by the time the consumer files it
+            // (a field map changed meanwhile): the consumer cannot file it.
             let mut sources = drill_sources(&lab.api_url)?;
             for source in &mut sources {
                 if source.source_id.as_str() == "shop" {
-                    source.enabled = false;
+                    source.fields.event_type = FieldLocator::json("/no_such_field");
                 }
             }
             sources::apply(&lab.pool, &sources).await?;
-            injected.ids = vec!["shop_disabled_meanwhile".into()];
+            injected.ids = vec!["shop_unreadable_meanwhile".into()];
         }
         Fault::VacuumStarvation => {
             injected.session = Some(faults::open_idle_transaction(&lab.pool).await?);

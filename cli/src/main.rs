@@ -82,8 +82,9 @@ enum Command {
         #[command(subcommand)]
         action: DeadLettersAction,
     },
-    /// The SQS buffer's dead letters: list, redrive (BUFFER_QUEUE_URL and
-    /// BUFFER_DEAD_LETTER_QUEUE_URL, or --function).
+    /// The SQS buffer: its dead letters (list, redrive: BUFFER_QUEUE_URL and
+    /// BUFFER_DEAD_LETTER_QUEUE_URL, or --function), and file-kept: file a delivery an anomaly
+    /// kept once its source reads it.
     Buffer {
         #[command(subcommand)]
         action: BufferAction,

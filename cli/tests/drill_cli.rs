@@ -294,7 +294,7 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
     assert_eq!(outage["status"], serde_json::json!([]), "{outage}");
 
     // The poison message: kept by the consumer until SQS moves it to the dead-letter queue,
-    // which alarms; the delivery whose source was disabled meanwhile is an ingest anomaly
+    // which alarms; the delivery its source can no longer read is an ingest anomaly
     // (never stored as an event, never kept); the anomaly checks see both (their own alarm);
     // a human must act, and status says so.
     let poison = buffer_row(&matrix, "poison_buffer_message");
@@ -325,7 +325,7 @@ async fn the_drill_buffers_an_outage_and_dead_letters_a_poison_message(
     );
     assert!(
         ingest.contains(&"buffer_unfilable=1".to_owned()),
-        "the disabled source's delivery is unfilable: {poison}"
+        "the delivery its source can no longer read is unfilable: {poison}"
     );
     assert!(
         !ingest.iter().any(|e| e.starts_with("buffer_filed=")),

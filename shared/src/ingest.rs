@@ -515,6 +515,7 @@ impl Ingestor {
                         payload: delivery.body,
                         payload_sha256: digest,
                         detail: &detail,
+                        headers: &kept_headers(source, delivery.headers),
                     },
                 )
                 .await?;

@@ -21,6 +21,7 @@
 //! {"action": "resend_outbox", "filter": {"error_contains": "503"}, "actor": "alice", "reason": "target fixed"}
 //! {"action": "discard_outbox", "outbox_ids": [12, 13], "actor": "alice", "reason": "order cancelled"}
 //! {"action": "list_actions", "limit": 20}
+//! {"action": "file_kept", "anomaly_id": 7, "actor": "alice", "reason": "field map fixed"}
 //! ```
 //!
 //! Every state change (replay, set_dead_letter_status, tombstone, resend_outbox, discard_outbox)
@@ -174,6 +175,17 @@ pub enum OperatorRequest {
         #[serde(default)]
         reason: Option<String>,
     },
+    /// Files the delivery an ingest anomaly kept with its payload (a buffered delivery the
+    /// consumer could not read, one ingest answered 400 for, or one an earlier release kept when
+    /// its source was disabled), once its source can read it: the event is stored as ingest
+    /// would have, and the anomaly marked filed.
+    FileKept {
+        anomaly_id: i64,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
     /// The latest recorded state changes, newest first: who asked, why, what they touched.
     ListActions {
         #[serde(default)]
@@ -285,6 +297,9 @@ pub enum OperatorResponse {
     BufferRedriven {
         action_id: i64,
         redriven: crate::buffer::accounting::Redriven,
+    },
+    KeptFiled {
+        filed_kept: crate::buffer::filing::FiledKept,
     },
     OutboxDiscarded {
         discarded: Vec<i64>,
@@ -689,6 +704,30 @@ pub async fn handle_invoked(
                 discarded,
                 not_failed,
             })
+        }
+        OperatorRequest::FileKept {
+            anomaly_id,
+            actor,
+            reason,
+        } => {
+            use crate::buffer::filing::{self, FileKeptError};
+            let asked = asked("file_kept", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let filed = match filing::file_kept(&mut tx, anomaly_id).await {
+                Ok(filed) => filed,
+                Err(FileKeptError::Store(e)) => return Err(e.into()),
+                Err(refused) => return Err(OperatorError::BadRequest(refused.to_string())),
+            };
+            let request = serde_json::json!({"anomaly_id": anomaly_id});
+            let affected = serde_json::json!([filed.external_id]);
+            let outcome = to_json(&filed);
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, Some(&outcome), true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(OperatorResponse::KeptFiled { filed_kept: filed })
         }
         OperatorRequest::ListActions { limit } => Ok(OperatorResponse::Actions {
             actions: operator_actions::list(pool, limit.unwrap_or(DEFAULT_LIMIT)).await?,

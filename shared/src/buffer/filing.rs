@@ -4,9 +4,9 @@
 //! Each delivery is filed once (`buffer_receipts`), under its source as it is now (read fresh,
 //! not cached), its fields read exactly as ingest reads them ([`crate::prepare::prepare`]), all
 //! of the batch stored by [`webhook_events::upsert_batch`] with the received time ingest
-//! recorded. A delivery that can never be filed (its source disabled since, a body the field map
-//! cannot read) is recorded as an ingest anomaly in the same transaction and should be deleted
-//! from the queue; one that cannot be filed now (an envelope this build does not read, a source
+//! recorded; a source disabled since ingest admitted the delivery still files it. A delivery
+//! that can never be filed (a body the field map cannot read) is recorded as an ingest anomaly
+//! in the same transaction and should be deleted from the queue; one that cannot be filed now (an envelope this build does not read, a source
 //! row gone) is left on the queue and reaches its dead-letter queue, which alarms. A database
 //! error files nothing: the whole batch stays on the queue.
 
@@ -25,7 +25,8 @@ use crate::store::delivery_hours;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
 use crate::store::webhook_events::{self, BatchedEvent, UpsertError, Upserted};
 
-/// The anomaly kind of a buffered delivery whose source was disabled before it was filed.
+/// The anomaly kind earlier releases recorded for a buffered delivery whose source was
+/// disabled before it was filed (such a delivery is filed now). `hookctl` files a kept one.
 pub const SOURCE_UNAVAILABLE: &str = "buffered_source_unavailable";
 
 /// One SQS message, as the consumer received it.
@@ -212,33 +213,33 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
     for c in &candidates {
         let source = &found[&c.source_key];
         let d = c.delivery;
-        let unfilable = if !source.enabled {
-            Some((
-                SOURCE_UNAVAILABLE,
-                format!(
-                    "buffered delivery {} could not be filed: source {} was disabled after \
-                     ingest verified it",
-                    d.envelope.delivery_id, source.source_id
-                ),
-            ))
-        } else {
-            let signed = |name: &str| d.signs_header(name);
-            match prepare::prepare(
-                source,
-                &d.header_map(),
-                &d.body,
-                &signed,
-                d.envelope.received_at_micros,
-            ) {
-                Ok(prepared) => {
-                    ready.push((c, source, prepared));
-                    None
-                }
-                Err(e) => Some((e.anomaly_kind(), e.to_string())),
+        // Filed whether or not the source is still enabled: ingest admitted the delivery and
+        // answered 200, so the provider will not send it again. Disabling a source stops
+        // admissions, not what was already admitted.
+        let signed = |name: &str| d.signs_header(name);
+        let unfilable = match prepare::prepare(
+            source,
+            &d.header_map(),
+            &d.body,
+            &signed,
+            d.envelope.received_at_micros,
+        ) {
+            Ok(prepared) => {
+                ready.push((c, source, prepared));
+                None
             }
+            Err(e) => Some((
+                e.anomaly_kind(),
+                format!(
+                    "{}{} could not be filed: {e}",
+                    ingest_anomalies::FROM_THE_BUFFER,
+                    d.envelope.delivery_id
+                ),
+            )),
         };
         if let Some((kind, detail)) = unfilable {
             let digest: [u8; 32] = Sha256::digest(&d.body).into();
+            let headers = serde_json::to_value(&d.envelope.headers).unwrap_or_default();
             ingest_anomalies::record_unreadable(
                 &mut *tx,
                 &UnreadableDelivery {
@@ -248,6 +249,7 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
                     payload: &d.body,
                     payload_sha256: digest,
                     detail: &detail,
+                    headers: &headers,
                 },
             )
             .await?;
@@ -303,4 +305,139 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             })
         })
         .collect()
+}
+
+/// Why a kept delivery was not filed.
+#[derive(Debug, thiserror::Error)]
+pub enum FileKeptError {
+    #[error("no ingest anomaly {0}")]
+    NotFound(i64),
+    #[error("anomaly {anomaly_id} ({kind}) keeps no delivery to file: {reason}")]
+    NothingKept {
+        anomaly_id: i64,
+        kind: String,
+        reason: &'static str,
+    },
+    #[error("anomaly {anomaly_id} was filed already, as event {external_id}")]
+    AlreadyFiled {
+        anomaly_id: i64,
+        external_id: String,
+    },
+    #[error("source {0} no longer exists")]
+    NoSource(String),
+    /// Its source's field map still cannot read it: correct the map (`hookctl sources apply`)
+    /// first.
+    #[error("source {source_id} still cannot read it: {error}")]
+    StillUnreadable {
+        source_id: String,
+        #[source]
+        error: crate::extract::ExtractError,
+    },
+    #[error(transparent)]
+    Store(#[from] StoreError),
+}
+
+impl From<UpsertError> for FileKeptError {
+    fn from(error: UpsertError) -> Self {
+        match error {
+            UpsertError::Store(e) => FileKeptError::Store(e),
+            UpsertError::BodyNotClaimed => FileKeptError::Store(StoreError::Corrupt {
+                what: "replayed body",
+                reason: "a body stored by the previous release appeared under it: file it again"
+                    .into(),
+            }),
+        }
+    }
+}
+
+/// A kept delivery, filed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct FiledKept {
+    pub anomaly_id: i64,
+    pub source_id: String,
+    pub external_id: String,
+    /// `accepted`, `duplicate` or `conflict`, as the upsert answered.
+    pub outcome: String,
+}
+
+/// Files the delivery an ingest anomaly kept (a buffered delivery the consumer could not file,
+/// or one ingest answered 400 for), in the caller's transaction, as ingest would have filed it:
+/// its fields read with the source's field map as it is now, stored by the buffer's set-wise
+/// upsert under the time the anomaly was recorded, then the anomaly marked filed. What the
+/// signature covered is not known any more: every kept header is taken as unsigned (an id read
+/// from one is outside the signature, as GitHub's always is), and the secret recorded as
+/// `current`.
+pub async fn file_kept(
+    conn: &mut sqlx::PgConnection,
+    anomaly_id: i64,
+) -> Result<FiledKept, FileKeptError> {
+    let kept = crate::store::ingest_anomalies::kept_delivery(&mut *conn, anomaly_id)
+        .await?
+        .ok_or(FileKeptError::NotFound(anomaly_id))?;
+    let nothing = |reason| FileKeptError::NothingKept {
+        anomaly_id,
+        kind: kept.kind.clone(),
+        reason,
+    };
+    if !crate::store::ingest_anomalies::KEPT_DELIVERY_KINDS.contains(&kept.kind.as_str()) {
+        return Err(nothing(
+            "only an unreadable or unfiled delivery is kept in place of an event",
+        ));
+    }
+    if let Some(external_id) = kept.filed_as.clone() {
+        return Err(FileKeptError::AlreadyFiled {
+            anomaly_id,
+            external_id,
+        });
+    }
+    let payload = kept
+        .payload
+        .as_deref()
+        .ok_or_else(|| nothing("its payload was purged by retention"))?;
+    let source = sources::find(
+        &mut *conn,
+        &SourceId::parse(&kept.source_id)
+            .map_err(|_| FileKeptError::NoSource(kept.source_id.clone()))?,
+    )
+    .await?
+    .ok_or_else(|| FileKeptError::NoSource(kept.source_id.clone()))?;
+    let mut headers = http::HeaderMap::new();
+    if let Some(serde_json::Value::Object(kept_headers)) = &kept.headers {
+        for (name, value) in kept_headers {
+            if let (Ok(name), Some(Ok(value))) = (
+                http::HeaderName::from_bytes(name.as_bytes()),
+                value.as_str().map(http::HeaderValue::from_str),
+            ) {
+                headers.insert(name, value);
+            }
+        }
+    }
+    let received_micros = kept.detected_at.timestamp_micros();
+    let prepared = prepare::prepare(&source, &headers, payload, &|_| false, received_micros)
+        .map_err(|error| FileKeptError::StillUnreadable {
+            source_id: kept.source_id.clone(),
+            error,
+        })?;
+    let event = prepared.event(&source, payload, "current", None);
+    let stored = webhook_events::upsert_batch(
+        &mut *conn,
+        &[BatchedEvent {
+            event,
+            received_at: kept.detected_at,
+        }],
+    )
+    .await?;
+    let outcome = stored
+        .first()
+        .map(|u| u.outcome.as_str().to_owned())
+        .unwrap_or_default();
+    let external_id = prepared.fields.external_id.as_str().to_owned();
+    crate::store::ingest_anomalies::mark_filed(&mut *conn, anomaly_id, &external_id).await?;
+    tracing::info!(anomaly_id, source_id = %kept.source_id, %external_id, %outcome, "kept delivery filed");
+    Ok(FiledKept {
+        anomaly_id,
+        source_id: kept.source_id,
+        external_id,
+        outcome,
+    })
 }
