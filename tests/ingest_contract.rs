@@ -740,3 +740,71 @@ async fn a_source_id_no_source_can_have_is_404(pool: PgPool) {
     }
     assert_nothing_stored(&app.pool).await;
 }
+
+/// A GitHub webhook is created with content type `application/x-www-form-urlencoded` unless its
+/// owner changes it: the body is `payload=<the JSON, URL-encoded>`, and the signature covers
+/// those raw form bytes. The event is read from the `payload` field and stored as that JSON:
+/// `accepted`, its type and entity read, drained like its JSON twin (the same JSON delivered
+/// as JSON under the same id is a duplicate, not a conflict).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_github_form_delivery_is_read_from_its_payload_field(pool: PgPool) {
+    let mut github = source("github", TENANT, Scheme::Github, "secret/github");
+    github.fields.entity_id = Some(shared::domain::FieldLocator::json("/repository/full_name"));
+    let app = TestApp::new(pool.clone(), &[github], secrets_for_every_scheme()).await;
+    let json = br#"{"action":"opened","issue":{"number":7},"repository":{"full_name":"acme/api"}}"#;
+    let form: Vec<u8> = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("payload", std::str::from_utf8(json).unwrap())
+        .finish()
+        .into_bytes();
+    let signed = |body: &[u8], content_type: &'static str| {
+        let mut headers: HeaderMap = shared::signature::sign(
+            Scheme::Github,
+            &shared::secrets::SigningSecret::new(secret_of(Scheme::Github)),
+            "",
+            now(),
+            body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        headers.insert("x-github-delivery", HeaderValue::from_static("d-form-1"));
+        headers.insert("x-github-event", HeaderValue::from_static("issues"));
+        headers.insert("content-type", HeaderValue::from_static(content_type));
+        headers
+    };
+    let reply = app
+        .post(
+            "github",
+            signed(&form, "application/x-www-form-urlencoded"),
+            &form,
+        )
+        .await;
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted"),
+        "{:?}",
+        reply.json
+    );
+    let row = event(&pool, TENANT, "d-form-1").await.unwrap();
+    assert_eq!(
+        (row.event_type.as_str(), row.entity_id.as_deref()),
+        ("issues", Some("acme/api"))
+    );
+    assert_eq!(
+        row.payload.as_deref(),
+        Some(&json[..]),
+        "stored as the JSON"
+    );
+
+    // Its JSON twin, as a hook set to application/json sends it.
+    let reply = app
+        .post("github", signed(json, "application/json"), json)
+        .await;
+    assert_eq!(reply.outcome(), "duplicate", "{:?}", reply.json);
+
+    let drainer = pipeline_tests::drain::standard_drainer(&pool);
+    pipeline_tests::drain::drain_all(&drainer, &pool, Duration::from_secs(10)).await;
+    let row = event(&pool, TENANT, "d-form-1").await.unwrap();
+    assert_eq!(row.status, "processed");
+    assert!(anomalies(&pool).await.is_empty());
+}

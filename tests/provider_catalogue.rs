@@ -406,7 +406,18 @@ async fn one_source(pool: PgPool, id: &str, scheme: Scheme, secret: &str) -> Tes
 /// a digest conflict, counted and recorded, not a duplicate.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: PgPool) {
-    let app = one_source(pool, "hubspot", Scheme::Hubspot, "hubspot-client-secret").await;
+    // The source accepts v1, HubSpot's legacy layout, as `layouts = ["v3", "v1"]` says.
+    let mut hubspot = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
+    hubspot.layouts = Some(vec!["v3".into(), "v1".into()]);
+    let app = TestApp::new(
+        pool,
+        &[hubspot],
+        SecretStore::memory([(
+            "secret/hubspot".to_owned(),
+            SecretSet::new("hubspot-client-secret", None),
+        )]),
+    )
+    .await;
     let batch = |attempt: u32| -> Vec<u8> {
         serde_json::to_vec(&serde_json::json!([
             {"eventId": 101, "subscriptionType": "contact.creation", "objectId": 7, "attemptNumber": attempt},
@@ -747,4 +758,119 @@ async fn a_mailgun_token_seen_before_is_a_replay_whatever_the_event_data(pool: P
         ]
     );
     assert_eq!((queued, replays), (1, 1));
+}
+
+/// A HubSpot request as HubSpot sends it: v3 (HMAC with a timestamp) beside the v1 signature
+/// it keeps for compatibility (a plain SHA-256 of secret and body), signed at `at`.
+fn hubspot_request(url: &str, body: &[u8], at: i64) -> http::HeaderMap {
+    let layouts = &Scheme::Hubspot.provider().signatures;
+    let named = |name: &str| {
+        layouts
+            .iter()
+            .find(|l| l.name.as_deref() == Some(name))
+            .unwrap()
+    };
+    let signing = Signing {
+        message_id: "",
+        timestamp: at,
+        body,
+        method: "POST",
+        url: Some(url),
+    };
+    let secret = SigningSecret::new(AUTH_TOKEN);
+    let mut headers = http::HeaderMap::new();
+    for layout in ["v3", "v1"] {
+        headers.extend(signature::sign_with(named(layout), &secret, &signing).unwrap());
+    }
+    headers.insert("content-type", "application/json".parse().unwrap());
+    headers
+}
+
+/// The sender never picks the weakest signature: a request carrying HubSpot's v3 is verified
+/// with v3, and v1 (no timestamp, a plain digest) is accepted only by a source whose `layouts`
+/// names it. Captured with a valid v1, its v3 headers removed, an hour later: refused.
+#[test]
+fn a_request_stripped_of_its_stronger_signature_is_refused() {
+    let url = "https://hooks.example.com/hubspot";
+    let body = br#"[{"eventId":1,"subscriptionId":2,"portalId":3,"subscriptionType":"contact.creation","attemptNumber":0,"objectId":4}]"#;
+    let at = 1_700_000_000;
+    let headers = hubspot_request(url, body, at);
+    let secrets = SecretSet::new(AUTH_TOKEN, None);
+    let verify = |headers: &http::HeaderMap, now: i64, accepted: Option<&[String]>| {
+        signature::verify_accepting(
+            Scheme::Hubspot,
+            accepted,
+            &signature::Request {
+                headers,
+                body,
+                method: "POST",
+                url: Some(url),
+            },
+            &secrets,
+            std::time::Duration::from_secs(300),
+            now,
+        )
+    };
+    let verified = verify(&headers, at + 10, None).expect("as sent: v3 verifies");
+    assert!(
+        verified.timestamp.is_some(),
+        "verified with v3, which signs a timestamp"
+    );
+
+    let mut stripped = headers.clone();
+    stripped.remove("x-hubspot-signature-v3");
+    stripped.remove("x-hubspot-request-timestamp");
+    let refused = verify(&stripped, at + 3600, None).unwrap_err();
+    assert_eq!(refused.reason_code(), "missing_header", "{refused}");
+
+    // A source that opts in to v1 accepts it alone ...
+    let with_v1 = ["v3".to_owned(), "v1".to_owned()];
+    verify(&stripped, at + 3600, Some(&with_v1)).expect("v1 accepted when named");
+    // ... and still verifies a request that carries v3 with v3: stale an hour later.
+    let stale = verify(&headers, at + 3600, Some(&with_v1)).unwrap_err();
+    assert_eq!(stale.reason_code(), "stale_timestamp", "{stale}");
+}
+
+/// Through ingest: a HubSpot source refuses a v1-only request by default (401) and accepts it
+/// when its `layouts` names v1; a sources file naming a layout the provider lacks is refused
+/// with the names it has.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_source_pins_the_layouts_it_accepts(pool: PgPool) {
+    let url = "https://hooks.example.com/hubspot";
+    let mut strict = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
+    strict.signed_url = Some(url.to_owned());
+    let mut lenient = strict.clone();
+    lenient.source_id = shared::domain::SourceId::parse("hubspot-v1").unwrap();
+    lenient.layouts = Some(vec!["v3".into(), "v1".into()]);
+    let app = TestApp::new(
+        pool,
+        &[strict, lenient],
+        SecretStore::memory([(
+            "secret/hubspot".to_owned(),
+            SecretSet::new(AUTH_TOKEN, None),
+        )]),
+    )
+    .await;
+    let body = br#"[{"eventId":7,"subscriptionId":2,"portalId":3,"subscriptionType":"contact.creation","attemptNumber":0,"objectId":4}]"#;
+    let mut v1_only = hubspot_request(url, body, now());
+    v1_only.remove("x-hubspot-signature-v3");
+    v1_only.remove("x-hubspot-request-timestamp");
+    let refused = app.post("hubspot", v1_only.clone(), body).await;
+    assert_eq!(
+        refused.status,
+        StatusCode::UNAUTHORIZED,
+        "{:?}",
+        refused.json
+    );
+    let accepted = app.post("hubspot-v1", v1_only, body).await;
+    assert_eq!(accepted.outcome(), "accepted", "{:?}", accepted.json);
+
+    let spec: shared::sources::SourceSpec =
+        toml::from_str("id='h'\ntenant='t'\nscheme='hubspot'\nsecret_ref='x'\nlayouts=['v4']\n")
+            .unwrap();
+    let error = spec.into_source().unwrap_err();
+    assert_eq!(
+        error,
+        "layouts: hubspot has no layout \"v4\" (its named layouts: v3, v1, v2)"
+    );
 }

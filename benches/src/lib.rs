@@ -18,6 +18,8 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
         enabled: true,
         signed_url: None,
         signature: None,
+        layouts: None,
+        json_form_field: None,
         gaps: None,
     }
 }

@@ -706,6 +706,8 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             enabled: true,
             signed_url: None,
             signature: None,
+            layouts: None,
+            json_form_field: None,
             gaps: Some(GapConfig {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
@@ -727,6 +729,8 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             enabled: true,
             signed_url: None,
             signature: None,
+            layouts: None,
+            json_form_field: None,
             gaps: None,
         },
     ])

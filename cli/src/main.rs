@@ -244,6 +244,10 @@ struct VerifyArgs {
     /// The HTTP method the provider used.
     #[arg(long, default_value = "POST")]
     method: String,
+    /// The signature layouts accepted, by name (`v3,v1`), as a source's `layouts` names them;
+    /// default: the source's, else every layout but the legacy ones.
+    #[arg(long, value_delimiter = ',')]
+    layouts: Vec<String>,
     #[arg(long)]
     secrets_file: Option<PathBuf>,
 }
@@ -681,6 +685,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
     for line in &args.header {
         captured::append(&mut headers, line).map_err(|e| e.to_string())?;
     }
+    let mut layouts = (!args.layouts.is_empty()).then(|| args.layouts.clone());
     let (scheme, secrets, tolerance, fields, source_line, declared) = if let Some(id) = &args.source
     {
         let id = SourceId::parse(id).map_err(|e| e.to_string())?;
@@ -711,6 +716,9 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
                 ", DISABLED: ingest answers 404"
             }
         );
+        if layouts.is_none() {
+            layouts = source.layouts.clone();
+        }
         (
             source.scheme,
             secrets,
@@ -746,6 +754,7 @@ async fn verify_command(args: VerifyArgs) -> Result<verify::Report, String> {
         url: args.url.as_deref(),
         method: &args.method,
         declared,
+        layouts: layouts.as_deref(),
     });
     if let Some(line) = source_line {
         report.lines.insert(0, line);

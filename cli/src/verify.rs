@@ -25,6 +25,8 @@ pub struct Check<'a> {
     pub method: &'a str,
     /// The signature a source declares (`scheme = "declared"`), used instead of the scheme's.
     pub declared: Option<&'static shared::catalogue::SignatureSpec>,
+    /// The layouts accepted by name (a source's `layouts`); `None`: all but the legacy ones.
+    pub layouts: Option<&'a [String]>,
 }
 
 /// The verdict and the lines that explain it.
@@ -59,7 +61,14 @@ pub fn check(c: &Check<'_>) -> Report {
     };
     let result = match c.declared {
         Some(spec) => signature::verify_with(spec, &request, c.secrets, c.tolerance, c.now),
-        None => signature::verify_request(c.scheme, &request, c.secrets, c.tolerance, c.now),
+        None => signature::verify_accepting(
+            c.scheme,
+            c.layouts,
+            &request,
+            c.secrets,
+            c.tolerance,
+            c.now,
+        ),
     };
     let mut valid = result.is_ok();
     match result {
@@ -155,6 +164,7 @@ mod tests {
             url: None,
             method: "POST",
             declared: None,
+            layouts: None,
         })
     }
 

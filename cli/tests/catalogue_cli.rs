@@ -36,6 +36,9 @@ fn verify_gives_every_vector_of_the_catalogue_its_verdict() {
             if let Some(url) = &vector.url {
                 args.extend(["--url".to_owned(), url.clone()]);
             }
+            if let Some(layouts) = &vector.layouts {
+                args.extend(["--layouts".to_owned(), layouts.join(",")]);
+            }
             let out = hookctl(&args, &vector.secret, dir.path());
             let expected = if vector.valid { 0 } else { 1 };
             assert_eq!(

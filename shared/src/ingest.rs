@@ -447,8 +447,9 @@ impl Ingestor {
             Some(declared) => {
                 signature::verify_with(declared, &request, &secrets, source.tolerance, unix_now())
             }
-            None => signature::verify_request(
+            None => signature::verify_accepting(
                 source.scheme,
+                source.layouts.as_deref(),
                 &request,
                 &secrets,
                 source.tolerance,

@@ -27,6 +27,36 @@ pub struct Prepared {
     /// Adyen's and Mailgun's do, or it is a shared token). Such a delivery never replaces a
     /// stored payload, and its body is claimed so that it is stored under one id only.
     pub id_outside_signature: bool,
+    /// The JSON a form delivery carried in its source's `json_form_field` (GitHub's `payload`):
+    /// what is stored as the event's payload in place of the raw form bytes. `None`: the body
+    /// is the event.
+    pub form_json: Option<Vec<u8>>,
+}
+
+/// Whether the delivery says it is a form post.
+fn is_form(headers: &HeaderMap) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.split(';').next())
+        .is_some_and(|v| {
+            v.trim()
+                .eq_ignore_ascii_case("application/x-www-form-urlencoded")
+        })
+}
+
+/// The JSON a form body carries in `field`, checked to be JSON.
+fn form_json(body: &[u8], field: &str) -> Result<Vec<u8>, ExtractError> {
+    let value = url::form_urlencoded::parse(body)
+        .find(|(name, _)| name == field)
+        .map(|(_, value)| value.into_owned())
+        .ok_or_else(|| ExtractError::Missing {
+            field: "JSON form field",
+            locator: format!("form:{field}"),
+        })?;
+    serde_json::from_str::<serde::de::IgnoredAny>(&value)
+        .map_err(|e| ExtractError::NotJson(format!("form field {field}: {e}")))?;
+    Ok(value.into_bytes())
 }
 
 /// Reads a verified delivery's fields. `signed` says which headers the signature covers; a
@@ -42,8 +72,14 @@ pub fn prepare(
         signed,
         received_at_micros,
     };
-    let fields = extract::extract_delivery(&source.fields, headers, body, Some(&unsigned))?;
+    let form_json = match &source.json_form_field {
+        Some(field) if is_form(headers) => Some(form_json(body, field)?),
+        _ => None,
+    };
+    let event_body = form_json.as_deref().unwrap_or(body);
+    let fields = extract::extract_delivery(&source.fields, headers, event_body, Some(&unsigned))?;
     Ok(Prepared {
+        form_json,
         fields,
         headers: kept_headers(source, headers),
         provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
@@ -76,7 +112,8 @@ impl Prepared {
         verified_with: &'a str,
         signed_digest: Option<[u8; 32]>,
     ) -> NewEvent<'a> {
-        let mut event = source.event(&self.fields, body, self.headers.clone(), verified_with);
+        let payload = self.form_json.as_deref().unwrap_or(body);
+        let mut event = source.event(&self.fields, payload, self.headers.clone(), verified_with);
         event.provider_retries = self.provider_retries;
         event.id_outside_signature = self.id_outside_signature;
         event.signed_digest = signed_digest;

@@ -61,6 +61,12 @@ pub struct Source {
     /// The signature a source of a provider not in the catalogue declares (`scheme =
     /// "declared"`), validated; `None`: the scheme's own layouts.
     pub signature: Option<&'static SignatureSpec>,
+    /// The names of its provider's layouts the source accepts (`layouts = ["v3"]`); `None`:
+    /// every layout but the legacy ones.
+    pub layouts: Option<Vec<String>>,
+    /// The form field the provider's JSON arrives in when it posts a form (GitHub's `payload`):
+    /// the event is read from that JSON and stored as it. `None`: a form is read as a form.
+    pub json_form_field: Option<String>,
 }
 
 /// How a source's expected event IDs are known, and where missing ones are fetched.
@@ -214,6 +220,8 @@ impl TryFrom<SourceRow> for Source {
                     })
                 })
                 .transpose()?,
+            layouts: row.accepted_layouts.clone(),
+            json_form_field: row.json_form_field.clone(),
             gaps: match (
                 row.gap_strategy.as_deref(),
                 row.api_base_url,
@@ -298,6 +306,8 @@ impl From<&Source> for SourceRow {
             declared_signature: source
                 .signature
                 .and_then(|spec| serde_json::to_value(spec).ok()),
+            accepted_layouts: source.layouts.clone(),
+            json_form_field: source.json_form_field.clone(),
         }
     }
 }
@@ -382,6 +392,14 @@ pub struct SourceSpec {
     /// catalogue's primitives (docs/catalogue.md).
     #[serde(default)]
     pub signature: Option<SignatureSpec>,
+    /// The names of the provider's signature layouts this source accepts (`["v3"]`); default:
+    /// every one but the legacy ones (docs/providers.md says which are).
+    #[serde(default)]
+    pub layouts: Option<Vec<String>>,
+    /// The form field the provider's JSON arrives in when it posts a form; default: the
+    /// provider's (`payload` for GitHub), none for a declared source.
+    #[serde(default)]
+    pub json_form_field: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -583,6 +601,38 @@ impl SourceSpec {
             }
             (false, None) => None,
         };
+        if let Some(names) = &self.layouts {
+            let layouts = &self.scheme.provider().signatures;
+            let known: Vec<&str> = layouts.iter().filter_map(|l| l.name.as_deref()).collect();
+            if self.scheme == Scheme::Declared {
+                return Err(
+                    "layouts is for a provider with several layouts; a declared source has one"
+                        .into(),
+                );
+            }
+            if names.is_empty() {
+                return Err("layouts is empty: the source would accept no delivery".into());
+            }
+            if let Some(unknown) = names.iter().find(|n| !known.contains(&n.as_str())) {
+                return Err(format!(
+                    "layouts: {} has no layout {unknown:?} (its named layouts: {})",
+                    self.scheme,
+                    if known.is_empty() {
+                        "none".to_owned()
+                    } else {
+                        known.join(", ")
+                    }
+                ));
+            }
+        }
+        if let Some(field) = &self.json_form_field
+            && field.trim().is_empty()
+        {
+            return Err("json_form_field is empty".into());
+        }
+        let json_form_field = self
+            .json_form_field
+            .or_else(|| self.scheme.provider().fields.json_form_field.clone());
         let defaults = FieldMap::defaults_for(self.scheme);
         let o = self.fields;
         let fields = FieldMap {
@@ -608,6 +658,8 @@ impl SourceSpec {
             gaps,
             signed_url: self.url,
             signature,
+            layouts: self.layouts,
+            json_form_field,
         })
     }
 }

@@ -34,6 +34,8 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         enabled: true,
         signed_url: None,
         signature: None,
+        layouts: None,
+        json_form_field: scheme.provider().fields.json_form_field.clone(),
         gaps: None,
     }
 }

@@ -39,6 +39,16 @@ pub struct Provider {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SignatureSpec {
+    /// The layout's name among its provider's (HubSpot's `v3`, `v1`, `v2`): what a source
+    /// names to pin the layouts it accepts (`layouts = ["v3"]`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
+    /// A weaker layout the provider still sends beside a stronger one, for compatibility
+    /// (HubSpot's v1 and v2: a plain SHA-256 of the secret and the body, no timestamp, open to
+    /// length extension). Accepted only by a source whose `layouts` names it: by default a
+    /// captured request stripped of its stronger signature is refused.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub legacy: bool,
     pub kind: Kind,
     /// `hmac` and `digest`: the hash function.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -374,6 +384,12 @@ pub struct ProviderFields {
     /// envelope), and its payload holds every element.
     #[serde(default)]
     pub batch: Option<String>,
+    /// The form field the provider's JSON arrives in when it posts a form
+    /// (`application/x-www-form-urlencoded`) rather than JSON: GitHub's `payload`, the default
+    /// content type of a GitHub webhook. The event is read from, and stored as, that JSON; the
+    /// signature still covers the raw form bytes.
+    #[serde(default)]
+    pub json_form_field: Option<String>,
 }
 
 impl ProviderFields {
@@ -466,6 +482,10 @@ pub struct Vector {
     /// Where it comes from: the SDK test file or documentation page, or "constructed from the
     /// documented algorithm (<url>)".
     pub source: String,
+    /// The layouts accepted when it is verified, as a source's `layouts` names them (a legacy
+    /// layout's vector names it); absent: the provider's default.
+    #[serde(default)]
+    pub layouts: Option<Vec<String>>,
     pub secret: String,
     /// The Unix time to verify at.
     pub now: i64,

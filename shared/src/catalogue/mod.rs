@@ -65,6 +65,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             sequence: None,
             id_signed: true,
             batch: None,
+            json_form_field: None,
         },
         handshake: HandshakeSpec::default(),
         retries: Retries {
@@ -129,6 +130,22 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
     }
     for (i, spec) in provider.signatures.iter().enumerate() {
         validate(spec).map_err(|e| spec_error(format!("signature[{i}].{}", e.field), e.reason))?;
+        if let Some(name) = &spec.name
+            && provider.signatures[..i]
+                .iter()
+                .any(|other| other.name.as_ref() == Some(name))
+        {
+            return Err(spec_error(
+                format!("signature[{i}].name"),
+                format!("{name:?} names two layouts"),
+            ));
+        }
+    }
+    if provider.signatures.iter().all(|spec| spec.legacy) {
+        return Err(spec_error(
+            "signature",
+            "every layout is legacy: a source would accept none by default",
+        ));
     }
     for name in &provider.kept_headers {
         header_name("kept_headers", name)?;
@@ -424,6 +441,41 @@ pub fn markdown() -> String {
             },
         );
     }
+    out.push_str(
+        "\n## Legacy layouts\n\n\
+         A provider that still sends a weaker signature beside a stronger one, for compatibility, \
+         has that layout marked legacy: a source accepts it only when its `layouts` names it \
+         (`layouts = [\"v3\", \"v1\"]`), so that a captured request stripped of its stronger \
+         signature is refused. A request carrying a stronger layout's signature is always \
+         verified with that one.\n\n",
+    );
+    for (scheme, p) in providers() {
+        let legacy: Vec<&str> = p
+            .signatures
+            .iter()
+            .filter(|s| s.legacy)
+            .filter_map(|s| s.name.as_deref())
+            .collect();
+        if !legacy.is_empty() {
+            let accepted: Vec<&str> = p
+                .signatures
+                .iter()
+                .filter(|s| !s.legacy)
+                .filter_map(|s| s.name.as_deref())
+                .collect();
+            let _ = writeln!(
+                out,
+                "- {} (`{scheme}`): legacy {}; accepted by default: {}",
+                p.title,
+                legacy.join(", "),
+                if accepted.is_empty() {
+                    "its unnamed layouts".to_owned()
+                } else {
+                    accepted.join(", ")
+                }
+            );
+        }
+    }
     out.push_str("\n## Retry policies and what an operator sets\n\n");
     for (scheme, p) in providers() {
         let _ = writeln!(out, "### {} (`{scheme}`)\n", p.title);
@@ -613,8 +665,13 @@ pub fn describe(spec: &SignatureSpec) -> String {
             other => String::from(other.clone()),
         })
         .collect();
+    let named = match (&spec.name, spec.legacy) {
+        (Some(name), true) => format!("{name} (legacy, see below): "),
+        (Some(name), false) => format!("{name}: "),
+        (None, _) => String::new(),
+    };
     format!(
-        "{algorithm} ({}) in {place} over `{}`",
+        "{named}{algorithm} ({}) in {place} over `{}`",
         match spec.encoding() {
             Encoding::Hex => "hex",
             Encoding::Base64 => "base64",
@@ -773,7 +830,7 @@ mod tests {
     #[test]
     fn every_vector_verifies_as_recorded() {
         use crate::secrets::SecretSet;
-        use crate::signature::{Request, verify_request};
+        use crate::signature::Request;
         for (scheme, p) in providers() {
             assert!(
                 p.vectors.iter().any(|v| v.valid) && p.vectors.iter().any(|v| !v.valid),
@@ -792,8 +849,9 @@ mod tests {
                     .iter()
                     .find_map(|s| s.timestamp.as_ref())
                     .map_or(300, |t| t.tolerance_seconds);
-                let result = verify_request(
+                let result = crate::signature::verify_accepting(
                     scheme,
+                    v.layouts.as_deref(),
                     &request,
                     &SecretSet::new(v.secret.clone(), None),
                     std::time::Duration::from_secs(tolerance.into()),

@@ -254,7 +254,8 @@ pub fn verify(
     )
 }
 
-/// Verifies a delivery under its provider's signature layout.
+/// Verifies a delivery under its provider's signature layout (of those a source accepts by
+/// default: every one but the legacy ones).
 pub fn verify_request(
     scheme: Scheme,
     request: &Request<'_>,
@@ -262,8 +263,21 @@ pub fn verify_request(
     tolerance: Duration,
     now_unix: i64,
 ) -> Result<Verified, VerifyError> {
+    verify_accepting(scheme, None, request, secrets, tolerance, now_unix)
+}
+
+/// Verifies a delivery under the layout of its provider that applies to it, among those
+/// `accepted` names (a source's `layouts`; `None`: every layout but the legacy ones).
+pub fn verify_accepting(
+    scheme: Scheme,
+    accepted: Option<&[String]>,
+    request: &Request<'_>,
+    secrets: &SecretSet,
+    tolerance: Duration,
+    now_unix: i64,
+) -> Result<Verified, VerifyError> {
     verify_with(
-        layout(scheme, request)?,
+        layout_accepting(scheme, accepted, request)?,
         request,
         secrets,
         tolerance,
@@ -328,22 +342,54 @@ fn verify_read(
     }
 }
 
-/// The layout of `scheme` that applies to this delivery: the first whose `when` holds (or,
-/// without one, whose signature is present); the first when none does, so its errors are the
-/// ones reported.
+/// The layout of `scheme` that applies to this delivery, of those a source accepts by default
+/// ([`layout_accepting`]).
 pub fn layout(
     scheme: Scheme,
     request: &Request<'_>,
 ) -> Result<&'static SignatureSpec, VerifyError> {
+    layout_accepting(scheme, None, request)
+}
+
+/// The layout of `scheme` that applies to this delivery, among those `accepted` names (`None`:
+/// every layout but the legacy ones): the first, in the entry's order (strongest first), whose
+/// `when` holds (or, without one, whose signature is present); the first accepted when none
+/// does, so its errors are the ones reported. A request that carries a stronger layout's
+/// signature is verified with that one, and a legacy layout a source does not accept is never
+/// tried: a captured request stripped of its stronger signature is refused.
+pub fn layout_accepting(
+    scheme: Scheme,
+    accepted: Option<&[String]>,
+    request: &Request<'_>,
+) -> Result<&'static SignatureSpec, VerifyError> {
     let specs = layouts(scheme)?;
-    if let [only] = specs {
+    if let ([only], None) = (specs, accepted) {
         // One layout: nothing to choose (and no header looked up twice).
-        return Ok(only);
+        if !only.legacy {
+            return Ok(only);
+        }
     }
-    Ok(specs
-        .iter()
+    let mut candidates = specs.iter().filter(|spec| accepts(spec, accepted));
+    let first = candidates
+        .clone()
+        .next()
+        .ok_or_else(|| VerifyError::UnusableSecret {
+            reason: format!(
+                "the source accepts none of {scheme}'s layouts ({})",
+                accepted.map(|names| names.join(", ")).unwrap_or_default()
+            ),
+        })?;
+    Ok(candidates
         .find(|spec| applies(spec, request))
-        .unwrap_or(&specs[0]))
+        .unwrap_or(first))
+}
+
+/// Whether a source that accepts `accepted` accepts the layout.
+fn accepts(spec: &SignatureSpec, accepted: Option<&[String]>) -> bool {
+    match accepted {
+        Some(names) => spec.name.as_ref().is_some_and(|name| names.contains(name)),
+        None => !spec.legacy,
+    }
 }
 
 /// The scheme's layouts, at least one: every catalogue entry has one, and `declared` has none

@@ -31,6 +31,8 @@ pub struct SourceRow {
     pub github_app_id: Option<String>,
     pub signed_url: Option<String>,
     pub declared_signature: Option<serde_json::Value>,
+    pub accepted_layouts: Option<Vec<String>>,
+    pub json_form_field: Option<String>,
 }
 
 macro_rules! source_columns {
@@ -39,7 +41,7 @@ macro_rules! source_columns {
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
          entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, \
-         signed_url, declared_signature"
+         signed_url, declared_signature, accepted_layouts, json_form_field"
     };
 }
 
@@ -76,8 +78,9 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
     const SQL: &str = "INSERT INTO sources (source_id, tenant_id, scheme, secret_ref, tolerance_seconds, \
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
-             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url, declared_signature) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24) \
+             entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url, declared_signature, \
+             accepted_layouts, json_form_field) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -90,7 +93,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              version_tiebreak_from = EXCLUDED.version_tiebreak_from, \
              gap_event_types = EXCLUDED.gap_event_types, github_hook = EXCLUDED.github_hook, \
              github_app_id = EXCLUDED.github_app_id, signed_url = EXCLUDED.signed_url, \
-             declared_signature = EXCLUDED.declared_signature, updated_at = now()";
+             declared_signature = EXCLUDED.declared_signature, accepted_layouts = EXCLUDED.accepted_layouts, \
+             json_form_field = EXCLUDED.json_form_field, updated_at = now()";
     sqlx::query(SQL)
         .bind(&row.source_id)
         .bind(&row.tenant_id)
@@ -116,6 +120,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
         .bind(&row.github_app_id)
         .bind(&row.signed_url)
         .bind(&row.declared_signature)
+        .bind(&row.accepted_layouts)
+        .bind(&row.json_form_field)
         .execute(executor)
         .await?;
     Ok(())
