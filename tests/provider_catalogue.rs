@@ -874,3 +874,62 @@ async fn a_source_pins_the_layouts_it_accepts(pool: PgPool) {
         "layouts: hubspot has no layout \"v4\" (its named layouts: v3, v1, v2)"
     );
 }
+
+/// Discord's Webhook Events have no top-level id (every one was answered 400) and must be
+/// acknowledged with 204 and an empty body (a JSON receipt is not what Discord accepts). A
+/// signed Webhook Event is stored under its body's digest, its type read from `/event/type`,
+/// answered 204; Discord's retry (the same body, a fresh signature timestamp) is the same
+/// event. A PING is answered 204 and stores nothing; an interaction, which needs the
+/// application's own reply, is not handled: 400, and its endpoint's PING is not answered.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_discord_webhook_event_is_stored_and_answered_204(pool: PgPool) {
+    use ring::signature::KeyPair as _;
+    use sha2::Digest as _;
+    let seed = sha2::Sha256::digest(b"discord catalogue vector");
+    let key = ring::signature::Ed25519KeyPair::from_seed_unchecked(&seed).unwrap();
+    let public = hex::encode(key.public_key().as_ref());
+    let app = one_source(pool.clone(), "discord", Scheme::Discord, &public).await;
+    let post = |body: &'static [u8], at: i64| {
+        let timestamp = at.to_string();
+        let mut signed = timestamp.as_bytes().to_vec();
+        signed.extend_from_slice(body);
+        let mut headers = http::HeaderMap::new();
+        set(
+            &mut headers,
+            "x-signature-ed25519",
+            &hex::encode(key.sign(&signed).as_ref()),
+        );
+        set(&mut headers, "x-signature-timestamp", &timestamp);
+        set(&mut headers, "content-type", "application/json");
+        app.post("discord", headers, body)
+    };
+    let event: &[u8] = br#"{"version":1,"application_id":"1200000000000000000","type":1,"event":{"type":"APPLICATION_AUTHORIZED","timestamp":"2026-12-05T08:00:00.000000","data":{"integration_type":0,"user":{"id":"80351110224678912"}}}}"#;
+    let reply = post(event, now()).await;
+    assert_eq!(
+        (reply.status, &reply.json),
+        (StatusCode::NO_CONTENT, &serde_json::Value::Null),
+        "an empty 204, as Discord requires"
+    );
+    let id = hex::encode(sha2::Sha256::digest(event));
+    let row = pipeline_tests::event(&pool, TENANT, &id)
+        .await
+        .expect("stored");
+    assert_eq!(row.event_type, "APPLICATION_AUTHORIZED");
+
+    // Discord's retry: the same body, signed again.
+    assert_eq!(post(event, now() + 1).await.status, StatusCode::NO_CONTENT);
+    let row = pipeline_tests::event(&pool, TENANT, &id).await.unwrap();
+    assert_eq!((row.delivery_count, events(&pool).await.len()), (2, 1));
+
+    let ping: &[u8] = br#"{"version":1,"application_id":"1200000000000000000","type":0}"#;
+    assert_eq!(post(ping, now()).await.status, StatusCode::NO_CONTENT);
+    let command: &[u8] = br#"{"id":"1300000000000000000","type":2,"application_id":"1200000000000000000","data":{"name":"hello"}}"#;
+    assert_eq!(post(command, now()).await.status, StatusCode::BAD_REQUEST);
+    let interaction_ping: &[u8] = br#"{"id":"1300000000000000001","type":1,"application_id":"1200000000000000000","version":1}"#;
+    assert_eq!(
+        post(interaction_ping, now()).await.status,
+        StatusCode::BAD_REQUEST,
+        "an interactions endpoint's PING is not answered"
+    );
+    assert_eq!(events(&pool).await.len(), 1);
+}

@@ -53,7 +53,11 @@ pub enum Received {
     Stored(Receipt),
     /// The database could not take it (spillover) or the mode sends everything there (queue):
     /// SQS acknowledged it, and the buffer's consumer files it.
-    Buffered { delivery_id: String },
+    Buffered {
+        delivery_id: String,
+        /// As [`Receipt::acknowledge`].
+        acknowledge: Option<u16>,
+    },
     /// A signed handshake the provider sends to check the endpoint (Slack's
     /// `url_verification`, Zoom's URL validation, ...): answered as the provider requires,
     /// nothing stored.
@@ -66,6 +70,9 @@ pub struct Receipt {
     pub outcome: DeliveryOutcome,
     pub external_id: ExternalId,
     pub delivery_count: i32,
+    /// The status the provider requires, with an empty body, for an event it delivered
+    /// (Discord's Webhook Events: 204); `None`: 200 with the JSON receipt.
+    pub acknowledge: Option<u16>,
 }
 
 /// Why a delivery was not stored. The ingest function maps each to one HTTP status.
@@ -283,7 +290,7 @@ impl Ingestor {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
                 tracing::info!(delivery_count = receipt.delivery_count, "stored");
             }
-            Ok(Received::Buffered { delivery_id }) => {
+            Ok(Received::Buffered { delivery_id, .. }) => {
                 let mode = self.buffer_mode().as_str();
                 crate::metrics::delivery_buffered(mode);
                 tracing::info!(%delivery_id, mode, "buffered: SQS acknowledged the delivery");
@@ -378,7 +385,10 @@ impl Ingestor {
         let buffered = admitted.buffered();
         let delivery_id = buffered.envelope.delivery_id.clone();
         match buffer.queue.send(buffered).await {
-            Ok(_) => Ok(Received::Buffered { delivery_id }),
+            Ok(_) => Ok(Received::Buffered {
+                delivery_id,
+                acknowledge: admitted.source.scheme.provider().retries.acknowledge,
+            }),
             Err(error) => {
                 crate::metrics::buffer_send_failed(buffer.mode.as_str());
                 Err(error)
@@ -555,6 +565,7 @@ impl Ingestor {
             outcome: stored.outcome,
             external_id: prepared.fields.external_id.clone(),
             delivery_count: stored.delivery_count,
+            acknowledge: source.scheme.provider().retries.acknowledge,
         }))
     }
 }

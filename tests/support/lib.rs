@@ -160,7 +160,12 @@ pub async fn post_to(
         .await
         .expect("the handler answers every request");
     let (parts, body) = response.into_parts();
-    let json = serde_json::from_slice(&body).expect("JSON response body");
+    // Every answer is JSON but an empty one (Discord's 204).
+    let json = if body.is_empty() {
+        serde_json::Value::Null
+    } else {
+        serde_json::from_slice(&body).expect("JSON response body")
+    };
     Reply {
         status: parts.status,
         headers: parts.headers,

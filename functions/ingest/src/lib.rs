@@ -37,6 +37,17 @@ pub async fn handler(
 /// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
 fn respond(result: Result<Received, IngestError>) -> Response<Body> {
     let (status, body) = match &result {
+        // A provider that wants an empty answer of its own (Discord's Webhook Events: 204).
+        Ok(
+            Received::Stored(shared::ingest::Receipt {
+                acknowledge: Some(status),
+                ..
+            })
+            | Received::Buffered {
+                acknowledge: Some(status),
+                ..
+            },
+        ) => return handshake(&shared::protocol::HandshakeReply::empty(*status)),
         Ok(Received::Stored(receipt)) => (
             StatusCode::OK,
             serde_json::json!({ "status": receipt.outcome.as_str() }),

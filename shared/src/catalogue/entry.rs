@@ -463,6 +463,10 @@ pub struct Retries {
     /// A header the provider sets on its retries (Slack's `x-slack-retry-num`).
     #[serde(default)]
     pub marks_retries: String,
+    /// The status, with an empty body, the provider requires for an event it received (Discord's
+    /// Webhook Events: 204); absent: 200 with the JSON receipt (`{"status":"accepted"}`).
+    #[serde(default)]
+    pub acknowledge: Option<u16>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize)]

@@ -72,6 +72,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             summary: "as the provider documents".into(),
             docs: String::new(),
             marks_retries: String::new(),
+            acknowledge: None,
         },
         backfill: Backfill::default(),
         vectors: Vec::new(),
