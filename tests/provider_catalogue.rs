@@ -402,10 +402,12 @@ async fn one_source(pool: PgPool, id: &str, scheme: Scheme, secret: &str) -> Tes
 /// A provider that batches (HubSpot: a JSON array of up to 100 events a request) is stored a
 /// request at a time, as `docs/providers.md` says for every entry with `batch`: one event under
 /// the first element's id, every element in its payload. HubSpot counts its attempts inside
-/// each element (`attemptNumber`), so its retry of the batch is other bytes under the same id:
-/// a digest conflict, counted and recorded, not a duplicate.
+/// each element (`attemptNumber`), so its retry of the batch is other bytes under the same id.
+/// The entry names `attemptNumber` volatile: the retry is compared without it, a duplicate, not
+/// an integrity alarm (it was a digest conflict, and a retry storm paged as substitutions); the
+/// stored bytes stay the first attempt's.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
-async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: PgPool) {
+async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_duplicate(pool: PgPool) {
     // The source accepts v1, HubSpot's legacy layout, as `layouts = ["v3", "v1"]` says.
     let mut hubspot = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
     hubspot.layouts = Some(vec!["v3".into(), "v1".into()]);
@@ -469,25 +471,26 @@ async fn a_batch_is_one_event_and_a_hubspot_retry_is_a_recorded_conflict(pool: P
     let reply = app.post("hubspot", headers, &retry).await;
     assert_eq!(
         (reply.status, reply.outcome()),
-        (StatusCode::OK, "conflict"),
+        (StatusCode::OK, "duplicate"),
         "{:?}",
         reply.json
     );
     let row = event(&app.pool, TENANT, "101").await.unwrap();
-    assert_eq!((row.delivery_count, row.conflict_count), (2, 1));
+    assert_eq!((row.delivery_count, row.conflict_count), (2, 0));
     assert_eq!(events(&app.pool).await.len(), 1);
-    let recorded = anomalies(&app.pool).await;
-    assert_eq!(recorded.len(), 1, "{recorded:?}");
-    assert_eq!(recorded[0].kind, "digest_conflict");
-    // The event is still pending, its id signed: the later bytes replace the stored ones, the
-    // earlier ones are kept as a digest (the ingest contract for a conflict).
-    assert_eq!(recorded[0].payload_replaced, Some(true));
-    assert_eq!(row.payload.as_deref(), Some(retry.as_slice()));
-    use sha2::Digest as _;
+    assert!(anomalies(&app.pool).await.is_empty(), "no integrity alarm");
     assert_eq!(
-        row.superseded_sha256.as_deref(),
-        Some(sha2::Sha256::digest(&first).as_slice())
+        row.payload.as_deref(),
+        Some(first.as_slice()),
+        "the stored bytes stay as received"
     );
+    // A changed element (not only its attempt number) is still a conflict.
+    let mut changed: serde_json::Value = serde_json::from_slice(&batch(2)).unwrap();
+    changed[1]["objectId"] = serde_json::json!(9);
+    let (headers, substituted) = send_signed(serde_json::to_vec(&changed).unwrap());
+    let reply = app.post("hubspot", headers, &substituted).await;
+    assert_eq!(reply.outcome(), "conflict", "{:?}", reply.json);
+    assert_eq!(anomalies(&app.pool).await[0].kind, "digest_conflict");
 }
 
 /// Adyen signs eight values of a notification item, not the body. An event id read from the
@@ -931,5 +934,104 @@ async fn a_discord_webhook_event_is_stored_and_answered_204(pool: PgPool) {
         StatusCode::BAD_REQUEST,
         "an interactions endpoint's PING is not answered"
     );
+    assert_eq!(events(&pool).await.len(), 1);
+}
+
+/// Intercom counts its attempts inside the signed body (`delivery_attempts`): its retry is other
+/// bytes under the same id. The entry names that field volatile, so attempt 2 after attempt 1
+/// is a duplicate and the anomaly checks see no integrity breach; the stored bytes are attempt
+/// 1's. A changed event under the same id is still a conflict.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_intercom_retry_is_a_duplicate_not_an_integrity_alarm(pool: PgPool) {
+    let app = one_source(
+        pool.clone(),
+        "intercom",
+        Scheme::Intercom,
+        "intercom-secret",
+    )
+    .await;
+    let notification = |attempts: u32, email: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "type": "notification_event", "id": "notif_ccd8a4d0", "topic": "contact.user.created",
+            "app_id": "a86dr8yl", "created_at": 1700000000, "first_sent_at": 1700000000,
+            "delivery_attempts": attempts,
+            "data": {"type": "notification_event_data", "item": {"type": "contact", "email": email}}
+        }))
+        .unwrap()
+    };
+    let post = |body: Vec<u8>| {
+        let headers: http::HeaderMap = signature::sign(
+            Scheme::Intercom,
+            &SigningSecret::new("intercom-secret"),
+            "",
+            now(),
+            &body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        let app = &app;
+        async move { app.post("intercom", headers, &body).await }
+    };
+    let first = notification(1, "ada@example.com");
+    assert_eq!(post(first.clone()).await.outcome(), "accepted");
+    assert_eq!(
+        post(notification(2, "ada@example.com")).await.outcome(),
+        "duplicate"
+    );
+    let row = pipeline_tests::event(&pool, TENANT, "notif_ccd8a4d0")
+        .await
+        .unwrap();
+    assert_eq!((row.delivery_count, row.conflict_count), (2, 0));
+    assert_eq!(row.payload.as_deref(), Some(first.as_slice()));
+    let report = shared::anomaly::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    let integrity: Vec<&String> = report
+        .breaches
+        .iter()
+        .filter(|b| b.contains("conflict"))
+        .collect();
+    assert!(integrity.is_empty(), "{:?}", report.breaches);
+
+    assert_eq!(
+        post(notification(3, "eve@example.com")).await.outcome(),
+        "conflict"
+    );
+}
+
+/// Xero sends no event id (the id is the body's digest) and a fresh `entropy` on every request:
+/// its retry was a second event. The entry names `entropy` volatile, so the id is the digest of
+/// the body without it: the retry is the same event, a duplicate.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
+    let app = one_source(pool.clone(), "xero", Scheme::Xero, "xero-webhooks-key").await;
+    let delivery = |entropy: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "events": [{"resourceUrl": "https://api.xero.com/api.xro/2.0/Invoices/r1", "resourceId": "r1",
+                        "eventDateUtc": "2026-12-05T08:00:00.000", "eventType": "UPDATE", "eventCategory": "INVOICE",
+                        "tenantId": "t1", "tenantType": "ORGANISATION"}],
+            "firstEventSequence": 7, "lastEventSequence": 7, "entropy": entropy
+        }))
+        .unwrap()
+    };
+    for (entropy, outcome) in [
+        ("QNRDIYSFTUQKJBWOPMEP", "accepted"),
+        ("ZYXWVUTSRQPONMLKJIHG", "duplicate"),
+    ] {
+        let body = delivery(entropy);
+        let headers: http::HeaderMap = signature::sign(
+            Scheme::Xero,
+            &SigningSecret::new("xero-webhooks-key"),
+            "",
+            now(),
+            &body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        let reply = app.post("xero", headers, &body).await;
+        assert_eq!(reply.outcome(), outcome, "{:?}", reply.json);
+    }
     assert_eq!(events(&pool).await.len(), 1);
 }

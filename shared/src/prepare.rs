@@ -5,6 +5,7 @@
 //! would have been.
 
 use http::HeaderMap;
+use sha2::Digest as _;
 
 use crate::extract::{self, EventFields, ExtractError};
 use crate::protocol;
@@ -31,6 +32,10 @@ pub struct Prepared {
     /// what is stored as the event's payload in place of the raw form bytes. `None`: the body
     /// is the event.
     pub form_json: Option<Vec<u8>>,
+    /// The digest of the body without its provider's volatile fields (`fields.volatile`), what
+    /// the stored `payload_sha256` is for such a provider: two attempts of one delivery have the
+    /// same. `None`: the payload's own digest.
+    pub steady_sha256: Option<[u8; 32]>,
 }
 
 /// Whether the delivery says it is a form post.
@@ -77,8 +82,16 @@ pub fn prepare(
         _ => None,
     };
     let event_body = form_json.as_deref().unwrap_or(body);
-    let fields = extract::extract_delivery(&source.fields, headers, event_body, Some(&unsigned))?;
+    // Read, and digested, without the fields that change between attempts.
+    let steady = without_volatile(source, event_body);
+    let fields = extract::extract_delivery(
+        &source.fields,
+        headers,
+        steady.as_deref().unwrap_or(event_body),
+        Some(&unsigned),
+    )?;
     Ok(Prepared {
+        steady_sha256: steady.map(|bytes| sha2::Sha256::digest(bytes).into()),
         form_json,
         fields,
         headers: kept_headers(source, headers),
@@ -114,6 +127,9 @@ impl Prepared {
     ) -> NewEvent<'a> {
         let payload = self.form_json.as_deref().unwrap_or(body);
         let mut event = source.event(&self.fields, payload, self.headers.clone(), verified_with);
+        if let Some(digest) = self.steady_sha256 {
+            event.payload_sha256 = digest;
+        }
         event.provider_retries = self.provider_retries;
         event.id_outside_signature = self.id_outside_signature;
         event.signed_digest = signed_digest;
@@ -148,4 +164,51 @@ pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
         }
     }
     serde_json::Value::Object(kept)
+}
+
+/// A body with its provider's volatile fields removed (fields that change between attempts of
+/// one delivery: HubSpot's `attemptNumber`, Intercom's `delivery_attempts`, Xero's `entropy`),
+/// re-serialised: what two attempts of one event have in common, to compare and to digest.
+/// `None` when the source names none, or the body is not JSON (it is compared as it is).
+fn without_volatile(source: &Source, body: &[u8]) -> Option<Vec<u8>> {
+    let volatile = &source.scheme.provider().fields.volatile;
+    if volatile.is_empty() {
+        return None;
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    for pointer in volatile {
+        let segments: Vec<&str> = pointer.split('/').skip(1).collect();
+        remove_at(&mut value, &segments);
+    }
+    serde_json::to_vec(&value).ok()
+}
+
+/// Removes what `segments` (a JSON pointer's, `*` standing for every element of an array)
+/// names from `value`.
+fn remove_at(value: &mut serde_json::Value, segments: &[&str]) {
+    let Some((first, rest)) = segments.split_first() else {
+        return;
+    };
+    let key = first.replace("~1", "/").replace("~0", "~");
+    match value {
+        serde_json::Value::Object(map) if rest.is_empty() => {
+            map.remove(&key);
+        }
+        serde_json::Value::Object(map) => {
+            if let Some(inner) = map.get_mut(&key) {
+                remove_at(inner, rest);
+            }
+        }
+        serde_json::Value::Array(items) if *first == "*" => {
+            for item in items {
+                remove_at(item, rest);
+            }
+        }
+        serde_json::Value::Array(items) => {
+            if let Some(inner) = key.parse::<usize>().ok().and_then(|i| items.get_mut(i)) {
+                remove_at(inner, rest);
+            }
+        }
+        _ => {}
+    }
 }

@@ -92,6 +92,12 @@ pub struct SignatureSpec {
     /// `bodySHA256` on JSON posts): the body is covered through it, and must match it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub body_sha256_query: Option<String>,
+    /// The provider's SDKs accept a signature over other forms of the signed URL (Twilio's): with
+    /// its port removed or, without one, the scheme's default port added (after any
+    /// credentials), and with a `'` in its query written `%27` or the reverse. Each form is
+    /// tried; the URL as given first.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub url_variants: bool,
     /// Whether this is the plain layout (`signature::plain`), worked out on first use.
     #[serde(skip)]
     pub plain: Derived<bool>,
@@ -219,6 +225,8 @@ pub enum SecretEncoding {
     Base64,
     /// Base64 after an optional `whsec_` prefix (Standard Webhooks).
     Whsec,
+    /// An Ed25519 public key: base64 after an optional `whpk_` prefix (Standard Webhooks' v1a).
+    Whpk,
     Hex,
     /// A PEM public key (`-----BEGIN PUBLIC KEY-----`).
     Pem,
@@ -390,6 +398,13 @@ pub struct ProviderFields {
     /// signature still covers the raw form bytes.
     #[serde(default)]
     pub json_form_field: Option<String>,
+    /// JSON pointers of fields the provider changes between attempts of one delivery
+    /// (HubSpot's `/*/attemptNumber`, `*` standing for every element of an array; Intercom's
+    /// `/delivery_attempts`; Xero's `/entropy`). Two attempts are compared, and a body's digest
+    /// taken, without them, so a retry is a duplicate, not a conflict or a second event; the
+    /// stored bytes stay as received. No event id may read one.
+    #[serde(default)]
+    pub volatile: Vec<String>,
 }
 
 impl ProviderFields {

@@ -66,6 +66,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             id_signed: true,
             batch: None,
             json_form_field: None,
+            volatile: Vec::new(),
         },
         handshake: HandshakeSpec::default(),
         retries: Retries {
@@ -150,6 +151,26 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
     }
     for name in &provider.kept_headers {
         header_name("kept_headers", name)?;
+    }
+    for pointer in &provider.fields.volatile {
+        json_pointer("fields.volatile", pointer)?;
+        let id_reads_it = provider
+            .fields
+            .external_id
+            .parts()
+            .iter()
+            .any(|part| match part {
+                crate::domain::FieldLocator::Json(read) => pointer_covers(pointer, read),
+                _ => false,
+            });
+        if id_reads_it {
+            return Err(spec_error(
+                "fields.external_id",
+                format!(
+                    "reads {pointer:?}, which the entry lists as volatile: an id must not change between attempts"
+                ),
+            ));
+        }
     }
     if !provider.retries.marks_retries.is_empty() {
         header_name("retries.marks_retries", &provider.retries.marks_retries)?;
@@ -255,11 +276,11 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
         _ => {}
     }
     match (spec.kind, spec.secret) {
-        (Ed25519, SecretEncoding::Hex | SecretEncoding::Base64) => {}
+        (Ed25519, SecretEncoding::Hex | SecretEncoding::Base64 | SecretEncoding::Whpk) => {}
         (Ed25519, _) => {
             return Err(spec_error(
                 "secret",
-                "an Ed25519 public key is hex or base64",
+                "an Ed25519 public key is hex, base64 or whpk (base64 after whpk_)",
             ));
         }
         (EcdsaP256, SecretEncoding::Base64 | SecretEncoding::Pem) => {}
@@ -271,7 +292,9 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
         }
         (Token, SecretEncoding::Utf8) => {}
         (Token, _) => return Err(spec_error("secret", "a token is compared as typed (utf8)")),
-        (_, SecretEncoding::Pem) => return Err(spec_error("secret", "pem is for public keys")),
+        (_, SecretEncoding::Pem | SecretEncoding::Whpk) => {
+            return Err(spec_error("secret", "pem and whpk are for public keys"));
+        }
         _ => {}
     }
     if spec.kind == Token {
@@ -380,6 +403,18 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
         ));
     }
     Ok(())
+}
+
+/// Whether the volatile `pattern` (a JSON pointer, `*` for any array index) names `pointer` or
+/// a field that contains it.
+fn pointer_covers(pattern: &str, pointer: &str) -> bool {
+    let pattern: Vec<&str> = pattern.split('/').collect();
+    let pointer: Vec<&str> = pointer.split('/').collect();
+    pattern.len() <= pointer.len()
+        && pattern
+            .iter()
+            .zip(&pointer)
+            .all(|(p, s)| p == s || (*p == "*" && s.bytes().all(|b| b.is_ascii_digit())))
 }
 
 fn header_name(field: &str, name: &str) -> Result<(), SpecError> {
@@ -693,6 +728,9 @@ fn hash_name(hash: Hash) -> &'static str {
 
 fn secret_help(spec: &SignatureSpec) -> &'static str {
     match (spec.kind, spec.secret) {
+        (Kind::Ed25519, SecretEncoding::Whpk) => {
+            "the producer's Ed25519 public key, `whpk_...` as shown"
+        }
         (Kind::Ed25519, _) => "the provider's Ed25519 public key (hex or base64, as shown)",
         (Kind::EcdsaP256, _) => "the provider's P-256 public key (base64 DER or PEM, as shown)",
         (Kind::Token, _) => "the token configured at the provider",
@@ -823,6 +861,22 @@ mod tests {
             })
             .collect();
         (headers, v.body_bytes().unwrap())
+    }
+
+    /// An entry may not read its event id from a field it calls volatile (one that changes
+    /// between attempts): every retry would be another event.
+    #[test]
+    fn an_id_that_reads_a_volatile_field_is_refused() {
+        let text = include_str!("../../providers/hubspot.toml").replace(
+            "volatile = [\"/*/attemptNumber\"]",
+            "volatile = [\"/*/attemptNumber\", \"/*/eventId\"]",
+        );
+        let error = load("hubspot", &text).unwrap_err().to_string();
+        assert!(
+            error.contains("fields.external_id") && error.contains("volatile"),
+            "{error}"
+        );
+        load("hubspot", include_str!("../../providers/hubspot.toml")).unwrap();
     }
 
     /// Every entry's known-answer vectors verify as recorded: the valid ones (from the

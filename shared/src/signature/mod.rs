@@ -309,13 +309,28 @@ fn verify_read(
 ) -> Result<Verified, VerifyError> {
     let signed = read(spec, request.headers, request.body)?;
     let body_covered = body_digest_matches(spec, request)?;
+    let urls = match (spec.url_variants, request.url) {
+        (true, Some(url)) => url_variants(url),
+        _ => Vec::new(),
+    };
     let mut matched = None;
     let mut tried = 0;
-    for (version, secret) in secrets.candidates() {
+    'secrets: for (version, secret) in secrets.candidates() {
         tried += 1;
         if matches(spec, secret, request, &signed)? && body_covered {
             matched = Some(version);
             break;
+        }
+        // The URL as given was tried above: its other forms, in turn.
+        for url in urls.iter().skip(1) {
+            let other = Request {
+                url: Some(url),
+                ..*request
+            };
+            if matches(spec, secret, &other, &signed)? && body_covered {
+                matched = Some(version);
+                break 'secrets;
+            }
         }
     }
     if let Some(timestamp) = signed.timestamp {
@@ -441,6 +456,58 @@ fn query_param(url: Option<&str>, name: &str) -> Option<String> {
         .map(|(_, v)| v.into_owned())
 }
 
+/// The URLs a signature over `url` may have been computed with, for a layout whose provider's
+/// SDKs accept several forms of one URL (Twilio's `url_variants`): the URL as given; with its
+/// port removed, or, without one, with the scheme's default port added after the host (and after
+/// any credentials: `https://user:pass@host:443/...`), as twilio-python's and twilio-node's
+/// validators try; and each with a `'` in the query written `%27`, or a `%27` written `'` (Node's
+/// URL class escapes it, its older query string did not). The given URL first; no duplicates.
+fn url_variants(url: &str) -> Vec<String> {
+    let mut forms = vec![url.to_owned()];
+    if let Some((scheme, rest)) = url.split_once("://") {
+        let end = rest.find(['/', '?', '#']).unwrap_or(rest.len());
+        let (authority, tail) = rest.split_at(end);
+        let (userinfo, hostport) = match authority.rfind('@') {
+            Some(at) => authority.split_at(at + 1),
+            None => ("", authority),
+        };
+        // A port follows the last ':' that is not inside an IPv6 literal's brackets.
+        let port_at = hostport
+            .rfind(':')
+            .filter(|&colon| !hostport[colon..].contains(']'));
+        match port_at {
+            Some(colon) => {
+                forms.push(format!("{scheme}://{userinfo}{}{tail}", &hostport[..colon]));
+            }
+            None => {
+                let default = match scheme.to_ascii_lowercase().as_str() {
+                    "https" => Some("443"),
+                    "http" => Some("80"),
+                    _ => None,
+                };
+                if let Some(port) = default {
+                    forms.push(format!("{scheme}://{userinfo}{hostport}:{port}{tail}"));
+                }
+            }
+        }
+    }
+    for i in 0..forms.len() {
+        let Some(q) = forms[i].find('?') else {
+            continue;
+        };
+        let (head, query) = forms[i].split_at(q);
+        let quoted: Vec<String> = [("'", "%27"), ("%27", "'")]
+            .into_iter()
+            .filter(|(from, _)| query.contains(from))
+            .map(|(from, to)| format!("{head}{}", query.replace(from, to)))
+            .collect();
+        forms.extend(quoted);
+    }
+    let mut seen = std::collections::HashSet::new();
+    forms.retain(|form| seen.insert(form.clone()));
+    forms
+}
+
 /// The body covered through the signed URL (Twilio's `bodySHA256`): its digest must be there.
 fn body_digest_matches(spec: &SignatureSpec, request: &Request<'_>) -> Result<bool, VerifyError> {
     let Some(param) = &spec.body_sha256_query else {
@@ -472,6 +539,21 @@ fn read(
     };
     let expected = expected_len(spec);
     let mut candidates = Candidates::default();
+    // A signature among several that does not decode (Paddle's SDK tests send `h1=dummy` before
+    // the real one) is skipped, as the providers' SDKs skip it; it is the error only when no
+    // other decodes.
+    let mut undecodable: Option<VerifyError> = None;
+    let mut take =
+        |candidates: &mut Candidates, decoded: Result<Candidate, VerifyError>| match decoded {
+            Ok(candidate) => {
+                candidates.push(candidate);
+                check_candidate_count(place, candidates.len())
+            }
+            Err(error) => {
+                undecodable.get_or_insert(error);
+                Ok(())
+            }
+        };
     let mut item_timestamp: Option<&str> = None;
     if let Some(items) = &spec.items {
         for item in text(place, &value)?
@@ -496,8 +578,10 @@ fn read(
                 }
                 item_timestamp = Some(val);
             } else if key == items.signature {
-                candidates.push(decode(spec, place, val.as_bytes(), expected)?);
-                check_candidate_count(place, candidates.len())?;
+                take(
+                    &mut candidates,
+                    decode(spec, place, val.as_bytes(), expected),
+                )?;
             }
             // Other keys (Stripe's v0, schemes added later) are not ours to check.
         }
@@ -508,10 +592,12 @@ fn read(
             ));
         }
         if candidates.is_empty() {
-            return Err(malformed(
-                place,
-                format!("no {}{} signature", items.signature, items.pair),
-            ));
+            return Err(undecodable.take().unwrap_or_else(|| {
+                malformed(
+                    place,
+                    format!("no {}{} signature", items.signature, items.pair),
+                )
+            }));
         }
     } else if let Some(versions) = &spec.versions {
         for entry in text(place, &value)?
@@ -527,15 +613,16 @@ fn read(
                 })?;
             // Other versions (v1a: asymmetric) are another layout's; skip them.
             if version == versions.version {
-                candidates.push(decode(spec, place, signature.as_bytes(), expected)?);
-                check_candidate_count(place, candidates.len())?;
+                take(
+                    &mut candidates,
+                    decode(spec, place, signature.as_bytes(), expected),
+                )?;
             }
         }
         if candidates.is_empty() {
-            return Err(malformed(
-                place,
-                format!("no {} signature", versions.version),
-            ));
+            return Err(undecodable.take().unwrap_or_else(|| {
+                malformed(place, format!("no {} signature", versions.version))
+            }));
         }
     } else {
         // The plain layout reads bytes: no UTF-8 pass over a value already known to be ASCII.
@@ -857,7 +944,9 @@ fn key(encoding: SecretEncoding, secret: &SigningSecret) -> Result<Cow<'_, [u8]>
         SecretEncoding::Hex => hex::decode(text.trim())
             .map(Cow::Owned)
             .map_err(|_| unusable("this scheme's secret is hexadecimal")),
-        SecretEncoding::Pem => Err(unusable("a PEM public key cannot key an HMAC")),
+        SecretEncoding::Pem | SecretEncoding::Whpk => {
+            Err(unusable("a public key cannot key an HMAC"))
+        }
     }
 }
 
@@ -874,6 +963,9 @@ fn public_key(spec: &SignatureSpec, secret: &SigningSecret) -> Result<Vec<u8>, V
         SecretEncoding::Base64 => base64::engine::general_purpose::STANDARD
             .decode(text)
             .map_err(|_| unusable("the public key is base64"))?,
+        SecretEncoding::Whpk => base64::engine::general_purpose::STANDARD
+            .decode(text.strip_prefix("whpk_").unwrap_or(text))
+            .map_err(|_| unusable("a Standard Webhooks public key is whpk_ followed by base64"))?,
         SecretEncoding::Pem => {
             let inner: String = text
                 .lines()
@@ -884,7 +976,7 @@ fn public_key(spec: &SignatureSpec, secret: &SigningSecret) -> Result<Vec<u8>, V
                 .decode(inner)
                 .map_err(|_| unusable("the PEM public key's body is not base64"))?
         }
-        _ => return Err(unusable("a public key is hex, base64 or PEM")),
+        _ => return Err(unusable("a public key is hex, base64, whpk_ base64 or PEM")),
     };
     match spec.kind {
         Kind::Ed25519 if bytes.len() == 32 => Ok(bytes),
