@@ -900,9 +900,13 @@ async fn a_body_stored_without_its_claim_is_seen_as_a_replay_by_both_paths(pool:
 /// retention deletes it; a younger one stays and still refuses its delivery a second time.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn retention_deletes_receipts_past_the_longest_sqs_retention(pool: PgPool) {
+    // A copy of a filed delivery can still arrive 28 days after it was buffered: 14 days on the
+    // queue and in its dead-letter queue (SQS keeps the first enqueue time there), then a
+    // redrive (`hookctl buffer redrive`) sends it back as a new message with 14 days more.
     sqlx::query(
         "INSERT INTO buffer_receipts (delivery_id, filed_at) VALUES \
-         ('d-old', now() - interval '16 days'), ('d-young', now() - interval '13 days')",
+         ('d-old', now() - interval '30 days'), ('d-redriven', now() - interval '27 days'), \
+         ('d-young', now() - interval '13 days')",
     )
     .execute(&pool)
     .await
@@ -911,11 +915,12 @@ async fn retention_deletes_receipts_past_the_longest_sqs_retention(pool: PgPool)
         .await
         .unwrap();
     assert_eq!(outcome.buffer_receipts_purged, 1);
-    let left: Vec<String> = sqlx::query_scalar("SELECT delivery_id FROM buffer_receipts")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    assert_eq!(left, vec!["d-young".to_owned()]);
+    let left: Vec<String> =
+        sqlx::query_scalar("SELECT delivery_id FROM buffer_receipts ORDER BY delivery_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(left, vec!["d-redriven".to_owned(), "d-young".to_owned()]);
 }
 
 /// Two consumers filing batches that hold copies of the same events in opposite orders never
@@ -1039,5 +1044,49 @@ async fn a_batch_that_loses_a_race_is_filed_again_in_the_same_call(pool: PgPool)
     assert_eq!(
         attempts, 5,
         "two refused attempts, then three rows inserted"
+    );
+}
+
+/// A delivery filed late (redriven from the dead-letter queue after more than the payload
+/// horizon) lands behind the payload purge's cursor, which never walks back: it is listed for
+/// the purge in the transaction that files it, and its payload is cleared once it is processed,
+/// not kept until its identity goes.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_delivery_filed_behind_the_payload_cursor_has_its_payload_purged(pool: PgPool) {
+    sources::apply(&pool, &all_sources()).await.unwrap();
+    // Retention has walked the payloads of everything received until 7 days and an hour ago.
+    sqlx::query(
+        "INSERT INTO retention_cursors (name, through, after_at, after_tenant_id, after_external_id) \
+         VALUES ('payloads', now() - interval '7 days 1 hour', now() - interval '7 days 1 hour', 'zz', 'zz')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let late = stripe("evt_redriven_late", json!({}));
+    let eight_days_ago = micros_now() - 8 * 86_400 * 1_000_000;
+    let filed = filing::file_batch(
+        &pool,
+        &[message(buffered(
+            "stripe",
+            &late.headers,
+            &late.body,
+            "late-1",
+            eight_days_ago,
+        ))],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(&filed[0], Filed::Stored(u) if u.outcome == DeliveryOutcome::Accepted));
+    let drainer = pipeline_tests::drain::standard_drainer(&pool);
+    pipeline_tests::drain::drain_all(&drainer, &pool, std::time::Duration::from_secs(10)).await;
+
+    shared::retention::run_once(&pool, &Default::default(), "test")
+        .await
+        .unwrap();
+    let row = event(&pool, TENANT, "evt_redriven_late").await.unwrap();
+    assert_eq!(row.status, "processed");
+    assert!(
+        row.payload.is_none(),
+        "the payload of an event received 8 days ago is purged (horizon 7 days)"
     );
 }

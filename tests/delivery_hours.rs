@@ -753,3 +753,151 @@ fn ingest_marks_repeated_events_after_the_rollups_own_interval() {
         );
     }
 }
+
+/// The marks that make the anomaly rollup compute an hour again are one per (source, hour),
+/// not one per delivery: while the anomaly pass is down, a provider redelivering one old event
+/// a hundred times, or the buffer filing a hundred late deliveries of one hour, adds one mark,
+/// so the table grows with hours and sources, not with traffic.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn repeated_deliveries_of_an_old_hour_leave_one_mark(pool: PgPool) {
+    let app = TestApp::new(
+        pool.clone(),
+        &sources_for_every_scheme(),
+        secrets_for_every_scheme(),
+    )
+    .await;
+    let d = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_redelivered_often",
+        now(),
+        json!({}),
+    );
+    assert_eq!(
+        app.post("stripe", d.headers.clone(), &d.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    age(&pool, "2 hours").await;
+    for _ in 0..100 {
+        let reply = app.post("stripe", d.headers.clone(), &d.body).await;
+        assert_eq!(reply.outcome(), "duplicate");
+    }
+    // And late buffered deliveries of one hour, filed in several batches.
+    let received = shared::ingest::unix_now_micros() - 3 * 3600 * 1_000_000;
+    for batch in 0..5 {
+        let messages: Vec<Message> = (0..20)
+            .map(|i| {
+                let e = delivery(
+                    Scheme::Stripe,
+                    &secret_of(Scheme::Stripe),
+                    &format!("evt_late_{batch}_{i}"),
+                    now(),
+                    json!({}),
+                );
+                let source = sources_for_every_scheme().remove(0);
+                Message {
+                    message_id: format!("m-{batch}-{i}"),
+                    delivery: Ok(buffered(
+                        &source,
+                        &e.headers,
+                        &e.body,
+                        &format!("late-{batch}-{i}"),
+                        received,
+                    )),
+                }
+            })
+            .collect();
+        let filed = filing::file_batch(&pool, &messages).await.unwrap();
+        assert!(filed.iter().all(|f| matches!(f, Filed::Stored(_))));
+    }
+    let marks: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT source_id, count(*) FROM delivery_hours_dirty GROUP BY source_id, hour ORDER BY 1, 2",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        marks,
+        vec![("stripe".to_owned(), 1), ("stripe".to_owned(), 1)],
+        "one mark per hour"
+    );
+}
+
+/// A delivery the buffer files late, into an hour the anomaly pass already rolled up, is
+/// counted by `status` at once: an hour with a mark is counted from its events, not from its
+/// rollup, until the next pass computes it again (before, it was missing from the day's
+/// figures until then).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn status_counts_a_late_filing_before_the_next_rollup(pool: PgPool) {
+    let app = TestApp::new(
+        pool.clone(),
+        &sources_for_every_scheme(),
+        secrets_for_every_scheme(),
+    )
+    .await;
+    let first = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_on_time",
+        now(),
+        json!({}),
+    );
+    assert_eq!(
+        app.post("stripe", first.headers, &first.body)
+            .await
+            .outcome(),
+        "accepted"
+    );
+    age(&pool, "3 hours").await;
+    anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    let day = |pool: PgPool| async move {
+        webhook_events::activity_by_source(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|a| a.source_id == "stripe")
+            .unwrap()
+            .events_last_day
+    };
+    assert_eq!(day(pool.clone()).await, 1);
+
+    let late = delivery(
+        Scheme::Stripe,
+        &secret_of(Scheme::Stripe),
+        "evt_filed_late",
+        now(),
+        json!({}),
+    );
+    let source = sources_for_every_scheme().remove(0);
+    let received: i64 = sqlx::query_scalar(
+        "SELECT (EXTRACT(EPOCH FROM first_received_at) * 1000000)::int8 FROM webhook_events",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let filed = filing::file_batch(
+        &pool,
+        &[Message {
+            message_id: "m-late".into(),
+            delivery: Ok(buffered(
+                &source,
+                &late.headers,
+                &late.body,
+                "late",
+                received,
+            )),
+        }],
+    )
+    .await
+    .unwrap();
+    assert!(matches!(&filed[0], Filed::Stored(u) if u.outcome == DeliveryOutcome::Accepted));
+    assert_eq!(day(pool.clone()).await, 2, "counted before the next rollup");
+    anomaly::run_once(&pool, &AnomalySettings::default(), "test")
+        .await
+        .unwrap();
+    assert_eq!(day(pool.clone()).await, 2, "and after it");
+}

@@ -287,6 +287,14 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
         .collect();
     if !late.is_empty() {
         delivery_hours::mark_late(&mut *tx, &late).await?;
+        // Received long enough ago to land behind the payload purge's cursor: listed for it.
+        let (tenants, ids): (Vec<&str>, Vec<&str>) = ready
+            .iter()
+            .zip(&events)
+            .filter(|((c, _, _), _)| delivery_hours::may_be_late(c.received_at))
+            .map(|(_, e)| (e.event.tenant_id, e.event.external_id))
+            .unzip();
+        crate::store::retention::list_filed_behind_payload_cursor(&mut *tx, &tenants, &ids).await?;
     }
     for ((c, _, _), upserted) in ready.iter().zip(stored) {
         filed[c.index] = Some(Filed::Stored(upserted));

@@ -5,9 +5,13 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
-/// How long a receipt is kept: longer than SQS keeps a message (14 days at most), so no copy
-/// of a filed delivery can still arrive once its receipt is gone.
-pub const RECEIPT_HORIZON: std::time::Duration = std::time::Duration::from_secs(15 * 24 * 3600);
+/// How long a receipt is kept: longer than a copy of a filed delivery can still arrive. SQS
+/// keeps a message 14 days at most, counted from its first enqueue even in the dead-letter
+/// queue; a redrive (`hookctl buffer redrive`) sends a dead letter back as a new message, with
+/// 14 days more: 28 days in all, and a day's margin. (A copy arriving later still meets its
+/// event's identity, kept 30 days by default, and is counted a duplicate; the receipt is what
+/// keeps it from being counted at all.)
+pub const RECEIPT_HORIZON: std::time::Duration = std::time::Duration::from_secs(29 * 24 * 3600);
 
 /// Claims `delivery_ids` as filed, in the caller's transaction, and returns those not filed
 /// before (each once, whatever its repeats in `delivery_ids`). A concurrent consumer holding one

@@ -244,10 +244,13 @@ pub async fn mark_late(
         deliveries.iter().copied().unzip();
     Ok(sqlx::query(
         "INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes) \
-         SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at), true \
-         FROM unnest($1::text[], $2::timestamptz[]) AS m(source_id, received_at) \
-         WHERE m.received_at < now() - make_interval(secs => $4::int) \
-           AND m.received_at >= date_trunc('hour', now() - make_interval(days => $3::int))",
+         SELECT h.source_id, h.hour, true FROM ( \
+             SELECT DISTINCT m.source_id, date_trunc('hour', m.received_at) AS hour \
+             FROM unnest($1::text[], $2::timestamptz[]) AS m(source_id, received_at) \
+             WHERE m.received_at < now() - make_interval(secs => $4::int) \
+               AND m.received_at >= date_trunc('hour', now() - make_interval(days => $3::int))) AS h \
+         WHERE NOT EXISTS (SELECT 1 FROM delivery_hours_dirty AS d \
+                           WHERE d.source_id = h.source_id AND d.hour = h.hour AND d.rereads_changes)",
     )
     .bind(sources)
     .bind(received)

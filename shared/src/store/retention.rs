@@ -75,6 +75,34 @@ pub async fn purge_payloads(
     })
 }
 
+/// Lists for the payload purge ([`purge_processed_since_passed`]) those of the given events that
+/// were stored behind its cursor with a payload: filed late by the buffer's consumer (a delivery
+/// redriven from the dead-letter queue days after ingest received it), under a received time
+/// the cursor has walked past and never walks again. In the filing transaction, so an event
+/// cannot land behind the cursor unlisted. Returns how many were listed.
+pub async fn list_filed_behind_payload_cursor(
+    executor: impl PgExecutor<'_>,
+    tenants: &[&str],
+    ids: &[&str],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "INSERT INTO payloads_awaiting_processing (tenant_id, external_id) \
+         SELECT e.tenant_id, e.external_id \
+         FROM unnest($1::text[], $2::text[]) AS d(tenant_id, external_id) \
+         JOIN webhook_events AS e ON e.tenant_id = d.tenant_id AND e.external_id = d.external_id \
+         WHERE e.payload IS NOT NULL \
+           AND e.first_received_at <= (SELECT through FROM retention_cursors WHERE name = 'payloads') \
+         ON CONFLICT DO NOTHING";
+    if ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(tenants)
+        .bind(ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
 /// What one look at the events the payload cursor passed while pending found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct AwaitingPass {

@@ -279,11 +279,15 @@ WITH claim AS (
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
 ), repeated AS (
     INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
-    SELECT j.source_id, date_trunc('hour', j.first_received_at),
-           j.last_delivery_outcome = 'conflict' AND j.payload_sha256 = $9
-    FROM judged AS j
-    WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
-      AND j.first_received_at < now() - interval '5 minutes'
+    SELECT m.source_id, m.hour, m.rereads_changes
+    FROM (SELECT j.source_id, date_trunc('hour', j.first_received_at) AS hour,
+                 j.last_delivery_outcome = 'conflict' AND j.payload_sha256 = $9 AS rereads_changes
+          FROM judged AS j
+          WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
+            AND j.first_received_at < now() - interval '5 minutes') AS m
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_hours_dirty AS d
+                      WHERE d.source_id = m.source_id AND d.hour = m.hour
+                        AND (d.rereads_changes OR NOT m.rereads_changes))
 )
 SELECT outcome, delivery_count, status, payload_sha256 = $9 AS holds_delivery,
        CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
@@ -487,12 +491,17 @@ WITH input AS (
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
 ), repeated AS (
     INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
-    SELECT j.source_id, date_trunc('hour', j.first_received_at),
-           bool_or(j.last_delivery_outcome = 'conflict' AND j.payload_sha256 = j.delivered_sha256)
-    FROM judged AS j
-    WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
-      AND j.first_received_at < now() - interval '5 minutes'
-    GROUP BY 1, 2
+    SELECT m.source_id, m.hour, m.rereads_changes
+    FROM (SELECT j.source_id, date_trunc('hour', j.first_received_at) AS hour,
+                 bool_or(j.last_delivery_outcome = 'conflict'
+                         AND j.payload_sha256 = j.delivered_sha256) AS rereads_changes
+          FROM judged AS j
+          WHERE j.ours AND j.last_delivery_outcome <> 'accepted'
+            AND j.first_received_at < now() - interval '5 minutes'
+          GROUP BY 1, 2) AS m
+    WHERE NOT EXISTS (SELECT 1 FROM delivery_hours_dirty AS d
+                      WHERE d.source_id = m.source_id AND d.hour = m.hour
+                        AND (d.rereads_changes OR NOT m.rereads_changes))
 )
 SELECT ord, outcome, delivery_count, status, payload_sha256 = delivered_sha256 AS holds_delivery,
        CASE WHEN NOT ours THEN source_id END AS collided_with, replay_of
@@ -838,7 +847,8 @@ pub struct SourceActivity {
 ///   (`delivery_hours`, see [`super::delivery_hours`]) for each hour it has computed, as of the
 ///   statement that computed it (the anomaly pass computes an hour again when it has new
 ///   events or a writer marked it), plus the events received in that hour since; an hour it
-///   has not computed is read from `webhook_events` whole. So the table is read for what came
+///   has not computed, or one a writer has marked since (the buffer filing a late delivery into
+///   it, retention deleting from it), is read from `webhook_events` whole. So the table is read for what came
 ///   since the pass last ran, not for the day. The hours are counted by an integer series,
 ///   whose 25 rows the planner knows (over a series of timestamps it assumed 1000 and costed
 ///   the statement for a 40th of the table). A later delivery of an event already counted (a
@@ -849,13 +859,17 @@ pub async fn activity_by_source(
 ) -> Result<Vec<SourceActivity>, StoreError> {
     const SQL: &str = "SET LOCAL jit = off; \
          WITH slots AS ( \
-             SELECT h.hour, c.hour IS NOT NULL AS rolled, \
-                    GREATEST(h.hour, LEAST(COALESCE(c.computed_at, h.hour), h.hour + interval '1 hour')) AS live_from, \
+             SELECT h.hour, c.hour IS NOT NULL AND NOT m.marked AS rolled, \
+                    CASE WHEN m.marked THEN h.hour \
+                         ELSE GREATEST(h.hour, LEAST(COALESCE(c.computed_at, h.hour), h.hour + interval '1 hour')) \
+                    END AS live_from, \
                     CASE WHEN h.hour = date_trunc('hour', now()) THEN 'infinity'::timestamptz \
                          ELSE h.hour + interval '1 hour' END AS live_until \
              FROM generate_series(0, 24) AS k \
              CROSS JOIN LATERAL (SELECT date_trunc('hour', now() - interval '1 day') + make_interval(hours => k) \
                                  AS hour) AS h \
+             CROSS JOIN LATERAL (SELECT EXISTS (SELECT 1 FROM delivery_hours_dirty AS d WHERE d.hour = h.hour) \
+                                 AS marked) AS m \
              LEFT JOIN delivery_hours_computed AS c ON c.hour = h.hour), \
          day AS ( \
              SELECT f.source_id, sum(f.events) AS events, sum(f.redeliveries) AS redeliveries, \
