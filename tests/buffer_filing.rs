@@ -52,6 +52,32 @@ fn message(d: BufferedDelivery) -> Message {
     }
 }
 
+/// `n` Stripe events `<id_prefix>_<i>` and their buffered messages, delivery ids
+/// `<delivery_prefix><i>`, received now.
+fn stripe_messages(
+    id_prefix: &str,
+    delivery_prefix: &str,
+    n: usize,
+) -> (Vec<Delivery>, Vec<Message>) {
+    let list: Vec<Delivery> = (0..n)
+        .map(|i| stripe(&format!("{id_prefix}_{i}"), json!({})))
+        .collect();
+    let messages = list
+        .iter()
+        .enumerate()
+        .map(|(i, d)| {
+            message(buffered(
+                "stripe",
+                &d.headers,
+                &d.body,
+                &format!("{delivery_prefix}{i}"),
+                micros_now(),
+            ))
+        })
+        .collect();
+    (list, messages)
+}
+
 fn micros_now() -> i64 {
     shared::ingest::unix_now_micros()
 }
@@ -716,22 +742,7 @@ async fn what_can_never_be_filed_is_an_anomaly_and_what_cannot_now_is_retried(po
 async fn a_consumer_killed_mid_batch_leaves_nothing_and_the_batch_lands_once(pool: PgPool) {
     let app = TestApp::new(pool.clone(), &all_sources(), secrets_for_every_scheme()).await;
     let source = find_source("stripe");
-    let list: Vec<Delivery> = (0..10)
-        .map(|i| stripe(&format!("evt_kill_{i}"), json!({})))
-        .collect();
-    let messages: Vec<Message> = list
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            message(buffered(
-                "stripe",
-                &d.headers,
-                &d.body,
-                &format!("k{i}"),
-                micros_now(),
-            ))
-        })
-        .collect();
+    let (list, messages) = stripe_messages("evt_kill", "k", 10);
 
     // What the consumer does, stopped before its commit.
     {
@@ -1009,22 +1020,7 @@ async fn a_batch_that_loses_a_race_is_filed_again_in_the_same_call(pool: PgPool)
     )
     .await
     .unwrap();
-    let list: Vec<Delivery> = (0..3)
-        .map(|i| stripe(&format!("evt_race_lost_{i}"), json!({})))
-        .collect();
-    let messages: Vec<Message> = list
-        .iter()
-        .enumerate()
-        .map(|(i, d)| {
-            message(buffered(
-                "stripe",
-                &d.headers,
-                &d.body,
-                &format!("lost-{i}"),
-                micros_now(),
-            ))
-        })
-        .collect();
+    let (_, messages) = stripe_messages("evt_race_lost", "lost-", 3);
     let filed = filing::file_batch(&pool, &messages)
         .await
         .expect("filed after losing two races");

@@ -609,6 +609,29 @@ async fn woocommerces_unsigned_ping_is_answered_and_its_events_are_stored(pool: 
     );
 }
 
+/// Asserts that `replayed` was held as a replay of `original`: the original pending and
+/// queued, the copy processed with no effect expected, one `replayed_body` anomaly.
+async fn assert_held_as_replay(pool: &PgPool, original: &str, replayed: &str) {
+    let (rows, queued, replays) = replay_state(pool).await;
+    assert_eq!(
+        rows,
+        vec![
+            (original.to_owned(), "pending".to_owned(), None),
+            (
+                replayed.to_owned(),
+                "processed".to_owned(),
+                Some("nothing".to_owned())
+            ),
+        ],
+        "the copy is held: processed, never an effect"
+    );
+    assert_eq!(
+        (queued, replays),
+        (1, 1),
+        "one event queued, the replay recorded"
+    );
+}
+
 /// What one replay-guard test reads back: the events (id, status, what it expects), how many
 /// are queued, and the replay anomalies.
 async fn replay_state(pool: &PgPool) -> (Vec<(String, String, Option<String>)>, i64, i64) {
@@ -675,24 +698,7 @@ async fn a_reencoded_twilio_form_under_another_token_is_a_replay(pool: PgPool) {
         "{:?}",
         reply.json
     );
-    let (rows, queued, replays) = replay_state(&pool).await;
-    assert_eq!(
-        rows,
-        vec![
-            ("idem-1".to_owned(), "pending".to_owned(), None),
-            (
-                "idem-2".to_owned(),
-                "processed".to_owned(),
-                Some("nothing".to_owned())
-            ),
-        ],
-        "the re-encoded copy is held: processed, never an effect"
-    );
-    assert_eq!(
-        (queued, replays),
-        (1, 1),
-        "one event queued, the replay recorded"
-    );
+    assert_held_as_replay(&pool, "idem-1", "idem-2").await;
 
     // A different form under a third token is a new event.
     let (other, body) = post(b"a=1&b=3&MessageStatus=delivered", "idem-3");
@@ -744,23 +750,7 @@ async fn a_mailgun_token_seen_before_is_a_replay_whatever_the_event_data(pool: P
         "{:?}",
         reply.json
     );
-    let (rows, queued, replays) = replay_state(&pool).await;
-    assert_eq!(
-        rows,
-        vec![
-            (
-                "Ase7i2zsRYeDXztHGENqRA".to_owned(),
-                "pending".to_owned(),
-                None
-            ),
-            (
-                "forged-event-id".to_owned(),
-                "processed".to_owned(),
-                Some("nothing".to_owned())
-            ),
-        ]
-    );
-    assert_eq!((queued, replays), (1, 1));
+    assert_held_as_replay(&pool, "Ase7i2zsRYeDXztHGENqRA", "forged-event-id").await;
 }
 
 /// A HubSpot request as HubSpot sends it: v3 (HMAC with a timestamp) beside the v1 signature

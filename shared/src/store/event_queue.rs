@@ -186,6 +186,29 @@ struct ClaimRow {
     completed: i64,
 }
 
+/// The end of a statement that marks the pending events of `$rows` (a CTE of `tenant_id`,
+/// `external_id` and `expects`) processed with what they expect, records their latencies
+/// ([`super::processing_completions`]) and answers how many it marked. One text for
+/// [`complete`] and [`complete_locked`].
+macro_rules! mark_processed {
+    ($rows:literal) => {
+        concat!(
+            "processed AS ( \
+                 UPDATE webhook_events AS e \
+                 SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, \
+                     last_error = NULL, expects = ", $rows, ".expects \
+                 FROM ", $rows, " \
+                 WHERE e.tenant_id = ", $rows, ".tenant_id AND e.external_id = ", $rows, ".external_id \
+                   AND e.status = 'pending' \
+                 RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
+             recorded AS (",
+            super::processing_completions::record_latencies!("processed"),
+            ") \
+             SELECT count(*) FROM processed"
+        )
+    };
+}
+
 /// Completes, by key, claimed events this transaction holds locked whose queue rows it already
 /// deleted and that are still pending: what [`claim_completed`] finishes when its own update
 /// could not see a row's newest version. Records their latencies as every completion does.
@@ -197,18 +220,8 @@ async fn complete_locked(
 ) -> Result<u64, StoreError> {
     const SQL: &str = concat!(
         "WITH d AS ( \
-             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), \
-         processed AS ( \
-             UPDATE webhook_events AS e \
-             SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
-                 expects = d.expects \
-             FROM d \
-             WHERE e.tenant_id = d.tenant_id AND e.external_id = d.external_id AND e.status = 'pending' \
-             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
-         recorded AS (",
-        super::processing_completions::record_latencies!("processed"),
-        ") \
-         SELECT count(*) FROM processed"
+             SELECT * FROM unnest($1::text[], $2::text[], $3::text[]) AS d(tenant_id, external_id, expects)), ",
+        mark_processed!("d")
     );
     let processed: i64 = sqlx::query_scalar(SQL)
         .bind(tenants)
@@ -259,18 +272,8 @@ pub async fn complete(
          done AS ( \
              DELETE FROM event_queue AS q USING d \
              WHERE q.tenant_id = d.tenant_id AND q.external_id = d.external_id \
-             RETURNING q.tenant_id, q.external_id, d.expects), \
-         processed AS ( \
-             UPDATE webhook_events AS e \
-             SET status = 'processed', processed_at = statement_timestamp(), attempts = e.attempts + 1, last_error = NULL, \
-                 expects = done.expects \
-             FROM done \
-             WHERE e.tenant_id = done.tenant_id AND e.external_id = done.external_id AND e.status = 'pending' \
-             RETURNING e.first_received_at, EXTRACT(EPOCH FROM e.processed_at - e.received_at)::float8 AS seconds), \
-         recorded AS (",
-        super::processing_completions::record_latencies!("processed"),
-        ") \
-         SELECT count(*) FROM processed"
+             RETURNING q.tenant_id, q.external_id, d.expects), ",
+        mark_processed!("done")
     );
     if ids.is_empty() {
         return Ok(0);
