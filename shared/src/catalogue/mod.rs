@@ -863,6 +863,18 @@ mod tests {
         (headers, v.body_bytes().unwrap())
     }
 
+    /// The README's count of the catalogue is the count the catalogue holds.
+    #[test]
+    fn the_readme_states_the_catalogue_count() {
+        let readme = include_str!("../../../README.md");
+        let stated: usize = readme
+            .split_once("Providers (")
+            .and_then(|(_, rest)| rest.split_once(" in the"))
+            .and_then(|(n, _)| n.parse().ok())
+            .expect("README: 'Providers (N in the catalogue'");
+        assert_eq!(stated, providers().count(), "README's provider count");
+    }
+
     /// An entry may not read its event id from a field it calls volatile (one that changes
     /// between attempts): every retry would be another event.
     #[test]
