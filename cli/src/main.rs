@@ -197,6 +197,10 @@ enum ProvidersAction {
     Show { name: Scheme },
     /// The catalogue as docs/providers.md shows it.
     Markdown,
+    /// Validate a draft entry (`<name>.toml`, as under shared/providers/) and run its vectors,
+    /// without a rebuild. Exit 0 when it loads and every vector verifies as recorded (at least
+    /// one valid and one refused), 1 when a vector disagrees, 2 when it does not load.
+    Check { file: PathBuf },
 }
 
 #[derive(Subcommand)]
@@ -327,10 +331,7 @@ async fn main() -> ExitCode {
         Command::Routes { action } => run_routes(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
-        Command::Providers { action } => {
-            print!("{}", providers_text(action));
-            Ok(())
-        }
+        Command::Providers { action } => return providers(action),
         Command::Operator { request } => match operator_backend().await {
             Ok(b) => run_operator(&b, &request).await,
             Err(e) => Err(e),
@@ -875,9 +876,60 @@ async fn pass<F: Fn(&str) -> Option<String>>(
     };
     Ok(report.unwrap_or_default())
 }
-fn providers_text(action: ProvidersAction) -> String {
+/// `hookctl providers check FILE`: the draft entry loaded as the catalogue loads its files, then
+/// its vectors verified as the catalogue test verifies them.
+fn check_provider(file: &std::path::Path) -> ExitCode {
     use shared::catalogue;
-    match action {
+    let name = file
+        .file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or_default()
+        .to_owned();
+    let loaded = std::fs::read_to_string(file)
+        .map_err(|e| format!("{}: {e}", file.display()))
+        .and_then(|text| {
+            catalogue::load(&name, &text).map_err(|e| format!("{}: {e}", file.display()))
+        });
+    let provider = match loaded {
+        Ok(provider) => provider,
+        Err(message) => {
+            eprintln!("hookctl: {message}");
+            return ExitCode::from(2);
+        }
+    };
+    // One process, one draft: verification borrows layouts for 'static, as it does the
+    // catalogue's.
+    let provider: &'static catalogue::Provider = Box::leak(Box::new(provider));
+    println!(
+        "{name}: loads ({} layout(s), {} vector(s))",
+        provider.signatures.len(),
+        provider.vectors.len()
+    );
+    let checks = catalogue::check_vectors(provider);
+    for check in &checks {
+        let verdict = match (&check.verified, check.recorded_valid) {
+            (Ok(()), true) => "valid, as recorded".to_owned(),
+            (Err(why), false) => format!("refused, as recorded ({why})"),
+            (Ok(()), false) => "MISMATCH: verified, but recorded as refused".to_owned(),
+            (Err(why), true) => format!("MISMATCH: refused ({why}), but recorded as valid"),
+        };
+        println!("vector {} ({}): {verdict}", check.index, check.source);
+    }
+    let agree = checks.iter().all(catalogue::VectorCheck::agrees);
+    let both = checks.iter().any(|c| c.recorded_valid) && checks.iter().any(|c| !c.recorded_valid);
+    if !both {
+        println!("an entry needs at least one valid vector and one refused");
+    }
+    if agree && both {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+fn providers(action: ProvidersAction) -> ExitCode {
+    use shared::catalogue;
+    let text: String = match action {
         ProvidersAction::List => catalogue::providers()
             .map(|(scheme, p)| {
                 let signature: Vec<String> = p.signatures.iter().map(catalogue::describe).collect();
@@ -886,7 +938,10 @@ fn providers_text(action: ProvidersAction) -> String {
             .collect(),
         ProvidersAction::Show { name } => catalogue::show(name),
         ProvidersAction::Markdown => catalogue::markdown(),
-    }
+        ProvidersAction::Check { file } => return check_provider(&file),
+    };
+    print!("{text}");
+    ExitCode::SUCCESS
 }
 
 fn run_sign(args: SignArgs) -> CmdResult {

@@ -124,3 +124,66 @@ fn sign_signs_as_every_entry_a_shared_secret_can_sign() {
     }
     assert!(signed >= 19, "{signed} entries signed");
 }
+
+/// A team tries a provider the catalogue lacks: `hookctl providers check` loads a draft entry
+/// as the catalogue loads its files and runs its vectors, with no rebuild. A draft whose
+/// vectors agree exits 0; one with a vector that disagrees exits 1 and names it; one that does
+/// not load exits 2 with the field at fault.
+#[test]
+fn providers_check_validates_a_draft_entry_and_runs_its_vectors() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = include_str!("../../shared/providers/razorpay.toml");
+    let draft = dir.path().join("acme.toml");
+    let write = |text: &str| {
+        std::fs::write(
+            &draft,
+            text.replace("name = \"razorpay\"", "name = \"acme\""),
+        )
+        .unwrap()
+    };
+    let check = || {
+        hookctl(
+            &[
+                "providers".into(),
+                "check".into(),
+                draft.display().to_string(),
+            ],
+            "",
+            dir.path(),
+        )
+    };
+
+    write(entry);
+    let out = check();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("valid, as recorded"));
+
+    // The first vector's signature, one hex digit changed, still recorded as valid.
+    let first_signature = entry
+        .lines()
+        .find(|l| l.starts_with("headers = "))
+        .and_then(|l| l.split('"').nth(3))
+        .unwrap()
+        .to_owned();
+    let mut wrong = first_signature.clone();
+    wrong.replace_range(0..1, if wrong.starts_with('0') { "1" } else { "0" });
+    write(&entry.replacen(&first_signature, &wrong, 1));
+    let out = check();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("vector 0 (")
+            && String::from_utf8_lossy(&out.stdout).contains("MISMATCH"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    write(&entry.replace("encoding = \"hex\"", "encoding = \"hexadecimal\""));
+    let out = check();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("hexadecimal"));
+}

@@ -377,7 +377,16 @@ pub fn layout_accepting(
     accepted: Option<&[String]>,
     request: &Request<'_>,
 ) -> Result<&'static SignatureSpec, VerifyError> {
-    let specs = layouts(scheme)?;
+    choose_layout(layouts(scheme)?, accepted, request)
+}
+
+/// [`layout_accepting`] among `specs`, an entry's layouts in its order (a catalogue entry's,
+/// or a draft's that `hookctl providers check` reads).
+pub fn choose_layout(
+    specs: &'static [SignatureSpec],
+    accepted: Option<&[String]>,
+    request: &Request<'_>,
+) -> Result<&'static SignatureSpec, VerifyError> {
     if let ([only], None) = (specs, accepted) {
         // One layout: nothing to choose (and no header looked up twice).
         if !only.legacy {
@@ -390,7 +399,7 @@ pub fn layout_accepting(
         .next()
         .ok_or_else(|| VerifyError::UnusableSecret {
             reason: format!(
-                "the source accepts none of {scheme}'s layouts ({})",
+                "the source accepts none of the provider's layouts ({})",
                 accepted.map(|names| names.join(", ")).unwrap_or_default()
             ),
         })?;
