@@ -1710,10 +1710,11 @@ mod tests {
                 ),
                 "{scheme}"
             );
-            // Only Standard Webhooks signs its id header; GitHub's and Shopify's are outside.
+            // Only Standard Webhooks and the senders that use its headers (Replicate) sign
+            // `webhook-id`; GitHub's and Shopify's ids are outside their signatures.
             assert_eq!(
                 verified.signs_header(standard_webhooks::ID),
-                scheme == Scheme::StandardWebhooks,
+                scheme == Scheme::StandardWebhooks || scheme == Scheme::Replicate,
                 "{scheme}"
             );
             let changed = verify(
