@@ -950,16 +950,7 @@ async fn an_intercom_retry_is_a_duplicate_not_an_integrity_alarm(pool: PgPool) {
         .unwrap()
     };
     let post = |body: Vec<u8>| {
-        let headers: http::HeaderMap = signature::sign(
-            Scheme::Intercom,
-            &SigningSecret::new("intercom-secret"),
-            "",
-            now(),
-            &body,
-        )
-        .unwrap()
-        .into_iter()
-        .collect();
+        let headers = signed(Scheme::Intercom, "intercom-secret", "", &body);
         let app = &app;
         async move { app.post("intercom", headers, &body).await }
     };
@@ -1010,16 +1001,7 @@ async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
         ("ZYXWVUTSRQPONMLKJIHG", "duplicate"),
     ] {
         let body = delivery(entropy);
-        let headers: http::HeaderMap = signature::sign(
-            Scheme::Xero,
-            &SigningSecret::new("xero-webhooks-key"),
-            "",
-            now(),
-            &body,
-        )
-        .unwrap()
-        .into_iter()
-        .collect();
+        let headers = signed(Scheme::Xero, "xero-webhooks-key", "", &body);
         let reply = app.post("xero", headers, &body).await;
         assert_eq!(reply.outcome(), outcome, "{:?}", reply.json);
     }

@@ -1616,3 +1616,82 @@ async fn serve_refusing_a_changed_event_id_names_the_command_that_takes_it(
     }
     running.kill().await.unwrap();
 }
+
+/// `hookctl buffer file-kept` files a delivery an anomaly kept (here as a release before it
+/// existed kept one: source disabled meanwhile, no headers), directly and through the operator
+/// function, attributed; filing it twice is refused (exit 2), and what it filed is an event.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_kept_delivery_is_filed_by_hookctl_directly_and_through_the_function(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let kept = |id: &'static str| {
+        let pool = db.pool.clone();
+        async move {
+            let body = format!(
+                r#"{{"id":"{id}","type":"payment_intent.succeeded","data":{{"object":{{"version":1}}}}}}"#
+            );
+            sqlx::query_scalar::<_, i64>(
+                "INSERT INTO ingest_anomalies (tenant_id, source_id, kind, payload_sha256, payload, detail) \
+                 VALUES ('acme', 'pay', 'buffered_source_unavailable', sha256($1), $1, 'disabled meanwhile') \
+                 RETURNING anomaly_id",
+            )
+            .bind(body.into_bytes())
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let (direct, remote) = (kept("evt_kept_1").await, kept("evt_kept_2").await);
+    let filed = db
+        .hookctl(&[
+            "buffer",
+            "file-kept",
+            &direct.to_string(),
+            "--reason",
+            "source re-enabled",
+            "--actor",
+            "alice",
+        ])
+        .await;
+    ok(&filed);
+    assert_eq!(
+        filed.stdout,
+        format!("filed anomaly {direct} as event evt_kept_1 of source pay (accepted)\n")
+    );
+    let (endpoint, _) = stand_in(db.pool.clone()).await;
+    let args = [
+        "buffer",
+        "file-kept",
+        &remote.to_string(),
+        "--reason",
+        "source re-enabled",
+        "--actor",
+        "bob",
+    ];
+    ok(&through(&endpoint, &args).await);
+    let again = through(&endpoint, &args).await;
+    assert_eq!(again.code, Some(2), "{again:?}");
+    assert!(again.stderr.contains("filed already"), "{}", again.stderr);
+
+    let stored: Vec<(String, String)> =
+        sqlx::query_as("SELECT external_id, status FROM webhook_events ORDER BY external_id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        stored,
+        vec![
+            ("evt_kept_1".to_owned(), "pending".to_owned()),
+            ("evt_kept_2".to_owned(), "pending".to_owned())
+        ]
+    );
+    let actors: Vec<String> = sqlx::query_scalar(
+        "SELECT actor FROM operator_actions WHERE action = 'file_kept' ORDER BY actor",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(actors, ["alice", "bob"]);
+}

@@ -25,10 +25,6 @@ use crate::store::delivery_hours;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
 use crate::store::webhook_events::{self, BatchedEvent, UpsertError, Upserted};
 
-/// The anomaly kind earlier releases recorded for a buffered delivery whose source was
-/// disabled before it was filed (such a delivery is filed now). `hookctl` files a kept one.
-pub const SOURCE_UNAVAILABLE: &str = "buffered_source_unavailable";
-
 /// One SQS message, as the consumer received it.
 #[derive(Debug)]
 pub struct Message {
@@ -279,20 +275,23 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
     let stored = webhook_events::upsert_batch(&mut tx, &events).await?;
     // A delivery received over MARK_AFTER_SECONDS ago lands in an hour the anomaly rollup may
     // not compute again unmarked: marked in this transaction, so the mark is seen with the
-    // event. (A repeated event's own hour is marked by the batch statement.)
-    let late: Vec<(&str, chrono::DateTime<chrono::Utc>)> = ready
+    // event. (A repeated event's own hour is marked by the batch statement.) Such an event may
+    // also land behind the payload purge's cursor: it is listed for the purge.
+    let late: Vec<(&BatchedEvent<'_>, &str)> = ready
         .iter()
-        .filter(|(c, _, _)| delivery_hours::may_be_late(c.received_at))
-        .map(|(c, source, _)| (source.source_id.as_str(), c.received_at))
+        .zip(&events)
+        .filter(|((c, _, _), _)| delivery_hours::may_be_late(c.received_at))
+        .map(|((_, source, _), e)| (e, source.source_id.as_str()))
         .collect();
     if !late.is_empty() {
-        delivery_hours::mark_late(&mut *tx, &late).await?;
-        // Received long enough ago to land behind the payload purge's cursor: listed for it.
-        let (tenants, ids): (Vec<&str>, Vec<&str>) = ready
+        let hours: Vec<(&str, chrono::DateTime<chrono::Utc>)> = late
             .iter()
-            .zip(&events)
-            .filter(|((c, _, _), _)| delivery_hours::may_be_late(c.received_at))
-            .map(|(_, e)| (e.event.tenant_id, e.event.external_id))
+            .map(|(e, source)| (*source, e.received_at))
+            .collect();
+        delivery_hours::mark_late(&mut *tx, &hours).await?;
+        let (tenants, ids): (Vec<&str>, Vec<&str>) = late
+            .iter()
+            .map(|(e, _)| (e.event.tenant_id, e.event.external_id))
             .unzip();
         crate::store::retention::list_filed_behind_payload_cursor(&mut *tx, &tenants, &ids).await?;
     }
