@@ -93,6 +93,8 @@ pub fn pgbench_upsert_script(level: usize) -> String {
         "0".to_owned(),
         "false".to_owned(),
         "NULL::bigint".to_owned(),
+        // The body's claim key: its digest, as for every layout that signs the body.
+        format!("'\\x{digest}'::bytea"),
     ];
     let sql = shared::store::webhook_events::upsert_sql();
     let mut out = String::new();
