@@ -5,8 +5,9 @@
 //! BENCH_MESSAGES (default 500) `entity.changed` rows are written to the outbox, routed to one
 //! destination of that kind, and sent by one `OutboxSender` (batch size 50) until every row is
 //! delivered: leases, routes, the batch calls, one settling UPDATE per message. The bare loop
-//! makes the same calls with the same bodies, batched the same way (HTTP: one POST each; the
-//! others: 10 entries a call), and nothing else. The ratio is sender / bare: the share of the
+//! makes the same calls with the same bodies, batched the same way (HTTP: one POST each, as many
+//! in flight as the sender's `http_concurrency`; the others: 10 entries a call), and nothing
+//! else. The ratio is sender / bare: the share of the
 //! endpoint's throughput the outbox's bookkeeping leaves.
 //!
 //! moto's SQS slows as a queue fills (each send costs more with every message it holds: about
@@ -17,6 +18,7 @@
 
 use std::time::{Duration, Instant};
 
+use futures_util::StreamExt as _;
 use shared::aws::AwsEndpoint;
 use shared::outbox::destinations::{AwsDestinationEndpoints, Destination};
 use shared::outbox::routes::{self, Route};
@@ -81,6 +83,8 @@ async fn sender_rate(pool: &PgPool, destination: Destination, kind: &str, n: usi
             source_id: None,
             action: "entity.changed".into(),
             destination,
+            signing_secret_ref: None,
+            subscription: None,
         }],
     )
     .await
@@ -187,23 +191,35 @@ async fn main() {
     };
 
     let sent = sender_rate(&pool, Destination::http(sink.clone()).unwrap(), "http", n).await;
-    let bare = bare_rate(n, 1, |chunk| {
-        let (http, sink) = (http.clone(), sink.clone());
-        async move {
-            let (i, body) = &chunk[0];
-            let r = http
-                .post(&sink)
-                .header("Idempotency-Key", format!("bare_{i}"))
-                .header("content-type", "application/json")
-                .body(body.clone())
-                .send()
-                .await
-                .unwrap();
-            assert!(r.status().is_success());
-        }
-    })
-    .await;
-    row("http", "POST", sent, bare);
+    // The bare loop as concurrent as the sender (OUTBOX_CONCURRENCY's default): the same POSTs,
+    // that many in flight, nothing else.
+    let concurrency = OutboxSettings::routed().http_concurrency;
+    let all: Vec<(usize, String)> = (0..n).map(|i| (i, body(i, &format!("bare_{i}")))).collect();
+    let start = Instant::now();
+    futures_util::stream::iter(all)
+        .map(|(i, body)| {
+            let (http, sink) = (http.clone(), sink.clone());
+            async move {
+                let r = http
+                    .post(&sink)
+                    .header("Idempotency-Key", format!("bare_{i}"))
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
+                assert!(r.status().is_success());
+            }
+        })
+        .buffer_unordered(concurrency)
+        .collect::<Vec<()>>()
+        .await;
+    let bare = n as f64 / start.elapsed().as_secs_f64();
+    row("http", &format!("POST, {concurrency} at once"), sent, bare);
+    println!(
+        "{:>12} limit: the sender at least 0.50x the concurrent bare loop",
+        ""
+    );
 
     let destination = Destination::eventbridge(bus.clone(), "bench.webhooks".into()).unwrap();
     let sent = sender_rate(&pool, destination, "eventbridge", n).await;

@@ -32,20 +32,38 @@ async fn the_drain_function_drains_and_reports_counts(pool: PgPool) {
         app.post(ENTITIES, d.headers, &d.body).await;
     }
     let drainer = standard_drainer(&pool);
+    // An event that arrives while the invocation waits for work, a second in: started by its
+    // schedule, the function stays in its time (here three seconds: a six-second deadline less
+    // a three-second margin) and processes it then, not at the next schedule.
+    let late = {
+        let ingestor = app.ingestor.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let d = entity_event("f-late", "x-late", 1, "thing.updated");
+            pipeline_tests::post_to(&ingestor, ENTITIES, d.headers, &d.body).await
+        })
+    };
 
+    let started = std::time::Instant::now();
     let summary = ::drain::handler(
-        scheduled(Duration::from_secs(60)),
+        scheduled(Duration::from_secs(6)),
         &drainer,
         Duration::from_secs(3),
     )
     .await
     .unwrap();
 
+    assert!(late.await.unwrap().status.is_success());
     assert_eq!(
         (summary.claimed, summary.processed, summary.batches),
-        (120, 120, 3)
+        (121, 121, 4),
+        "three batches of the 120, one of the late event; the polls that found nothing are not batches"
     );
     assert_eq!(queue_len(&pool).await, 0);
+    assert!(
+        started.elapsed() >= Duration::from_millis(2500),
+        "it stayed until its deadline less the margin"
+    );
 }
 
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]

@@ -233,6 +233,8 @@ async fn a_slow_target_spends_attempts_only_on_tries(pool: PgPool) {
         OutboxSettings {
             batch_size: 10,
             request_timeout: Duration::from_secs(2),
+            // One call at a time: with the default sixteen in flight, ten fit one invocation.
+            http_concurrency: 1,
             ..settings(&url)
         },
     )

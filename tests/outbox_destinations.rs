@@ -139,6 +139,8 @@ fn route(action: &str, destination: Destination) -> Route {
         source_id: None,
         action: action.into(),
         destination,
+        signing_secret_ref: None,
+        subscription: None,
     }
 }
 
@@ -621,7 +623,12 @@ async fn a_route_to_an_unknown_source_is_refused_whole(pool: PgPool) {
         .unwrap_err()
         .to_string();
     assert!(refused.contains("no-such-source"), "{refused}");
-    assert_eq!(routes::list(&pool).await.unwrap(), vec![good]);
+    assert_eq!(
+        routes::list(&mut pool.acquire().await.unwrap())
+            .await
+            .unwrap(),
+        vec![good]
+    );
 }
 
 /// Where a delivered message went is kept as long as the message: retention, taking an event

@@ -797,3 +797,211 @@ pub async fn actions(backend: &Backend, json: bool, action: ActionsAction) -> Ex
     })
     .await
 }
+
+/// A subscription by tenant and name.
+#[derive(Args, Debug, Clone)]
+pub struct SubscriptionName {
+    #[arg(long)]
+    pub tenant: String,
+    /// The subscription's name (its route's `name`).
+    pub name: String,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct Subscriptions {
+    subscriptions: Vec<shared::store::subscriptions::Undelivered>,
+}
+
+/// `hookctl routes subscriptions`: every subscription's undelivered and failed counts.
+pub async fn list_subscriptions(backend: &Backend, json: bool) -> Exit {
+    answer(
+        backend,
+        json,
+        OperatorRequest::ListSubscriptions,
+        |s: &Subscriptions| render::subscriptions(&s.subscriptions),
+    )
+    .await
+}
+
+/// `hookctl routes pause|resume`: recorded with who asked and why.
+pub async fn pause_or_resume(
+    backend: &Backend,
+    json: bool,
+    pause: bool,
+    subscription: SubscriptionName,
+    decision: Decision,
+) -> Exit {
+    let actor = match decision.actor() {
+        Ok(actor) => actor,
+        Err(e) => return fail(e),
+    };
+    let (tenant_id, name) = (subscription.tenant, subscription.name);
+    let request = if pause {
+        OperatorRequest::PauseSubscription {
+            tenant_id,
+            subscription: name,
+            actor: Some(actor),
+            reason: Some(decision.reason),
+        }
+    } else {
+        OperatorRequest::ResumeSubscription {
+            tenant_id,
+            subscription: name,
+            actor: Some(actor),
+            reason: Some(decision.reason),
+        }
+    };
+    answer(backend, json, request, |v: &serde_json::Value| {
+        if pause {
+            format!(
+                "paused {}{}\n",
+                v["subscription"].as_str().unwrap_or("?"),
+                if v["newly"].as_bool() == Some(false) {
+                    " (it was paused already)"
+                } else {
+                    ""
+                }
+            )
+        } else {
+            format!(
+                "resumed {}: {} waiting message(s) due now\n",
+                v["subscription"].as_str().unwrap_or("?"),
+                v["due"].as_u64().unwrap_or(0)
+            )
+        }
+    })
+    .await
+}
+
+#[derive(Subcommand)]
+pub enum EventsAction {
+    /// Send stored events of a range to one subscription again (or for the first time: a new
+    /// subscriber catching up, or one recovering from its own outage). A resumable job: its
+    /// cursor is stored, so an interrupted run resumes when run again with the same range;
+    /// the same idempotency keys, so the subscriber deduplicates. Events whose payload
+    /// retention purged are skipped and counted.
+    Replay(ReplayArgs),
+    /// One stored event: what it is, where it stands, its data.
+    Show {
+        #[arg(long)]
+        tenant: String,
+        /// The provider's event id.
+        #[arg(long)]
+        id: String,
+    },
+}
+
+#[derive(Args)]
+pub struct ReplayArgs {
+    /// The subscription's name.
+    #[arg(long = "route")]
+    pub subscription: String,
+    #[arg(long)]
+    pub tenant: String,
+    /// Only this source's events.
+    #[arg(long)]
+    pub source: Option<String>,
+    /// Only these event types (repeatable; exact names or globs), within the subscription's.
+    #[arg(long = "type")]
+    pub types: Vec<String>,
+    /// First received at or after (RFC 3339).
+    #[arg(long)]
+    pub since: DateTime<Utc>,
+    /// First received before (RFC 3339; default now).
+    #[arg(long)]
+    pub until: Option<DateTime<Utc>>,
+    /// Events a second (default: the subscription's rate limit, else 100).
+    #[arg(long)]
+    pub rate: Option<f64>,
+    #[command(flatten)]
+    pub decision: Decision,
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct Replayed {
+    replay: shared::subscriptions::replay::ReplayProgress,
+}
+
+pub async fn events(backend: &Backend, json: bool, action: EventsAction) -> Exit {
+    match action {
+        EventsAction::Show { tenant, id } => {
+            let request = OperatorRequest::ShowEvent {
+                tenant_id: tenant,
+                external_id: id,
+            };
+            answer(backend, json, request, |v: &serde_json::Value| {
+                serde_json::to_string_pretty(v).unwrap_or_default() + "\n"
+            })
+            .await
+        }
+        EventsAction::Replay(args) => replay_to_subscription(backend, json, args).await,
+    }
+}
+
+/// Runs the replay step by step (each step at most ten seconds of the operator's time) until
+/// its range is done: a bar on a terminal, a JSON line per step with `--json`.
+async fn replay_to_subscription(backend: &Backend, json: bool, args: ReplayArgs) -> Exit {
+    let actor = match args.decision.actor() {
+        Ok(actor) => actor,
+        Err(e) => return fail(e),
+    };
+    // Fixed once, so every step (and a run after an interruption, given the same --until)
+    // names the same job.
+    let until = args.until.unwrap_or_else(Utc::now);
+    let replay = shared::subscriptions::replay::ReplayRequest {
+        tenant_id: args.tenant,
+        subscription: args.subscription,
+        source_id: args.source,
+        event_types: args.types,
+        since: args.since,
+        until,
+        rate: args.rate,
+    };
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        let bar = ProgressBar::new(0);
+        bar.set_style(
+            ProgressStyle::with_template("{bar:40} {pos}/{len} events ({msg}) {elapsed}")
+                .unwrap_or_else(|_| ProgressStyle::default_bar()),
+        );
+        bar
+    };
+    let mut read_before = None;
+    loop {
+        let request = OperatorRequest::ReplayToSubscription {
+            replay: replay.clone(),
+            seconds: Some(10),
+            actor: Some(actor.clone()),
+            reason: Some(args.decision.reason.clone()),
+        };
+        let progress = match backend.call::<Replayed>(&request).await {
+            Ok(r) => r.replay,
+            Err(e) => {
+                bar.abandon();
+                return fail(e);
+            }
+        };
+        if json {
+            println!("{}", serde_json::to_string(&progress).unwrap_or_default());
+        } else {
+            let total = *read_before.get_or_insert(progress.remaining);
+            bar.set_length(total.max(1) as u64);
+            bar.set_position((total - progress.remaining).max(0) as u64);
+            bar.set_message(format!(
+                "replay {}, {} queued, {} purged skipped",
+                progress.replay_id, progress.queued, progress.skipped_purged
+            ));
+        }
+        if progress.finished {
+            bar.finish();
+            if !json {
+                println!(
+                    "replay {} finished: {} message(s) queued for the outbox, {} event(s) skipped (payload purged)",
+                    progress.replay_id, progress.queued, progress.skipped_purged
+                );
+            }
+            return 0;
+        }
+    }
+}

@@ -65,6 +65,11 @@ enum Command {
         #[command(subcommand)]
         action: RoutesAction,
     },
+    /// Stored events: replay a range to a subscription, show one.
+    Events {
+        #[command(subcommand)]
+        action: commands::EventsAction,
+    },
     /// Check a captured delivery's signature and say exactly why it fails. Exit 0 valid, 1 not.
     Verify(VerifyArgs),
     /// Print the headers a provider would sign a body with (for curl and tests).
@@ -162,8 +167,9 @@ struct ServeArgs {
     /// queue to read what arrived (a local stand-in such as moto only).
     #[arg(long, requires = "routes")]
     create_destinations: bool,
-    /// How often the drain and the outbox run, in milliseconds.
-    #[arg(long, default_value_t = 1000)]
+    /// How often the drain and the outbox look for new work when they found none, in
+    /// milliseconds (DRAIN_IDLE_POLL_MS and OUTBOX_IDLE_POLL_MS in AWS).
+    #[arg(long, default_value_t = 100)]
     pipeline_interval_ms: u64,
     /// How often backfill, reconcile and retention run, in seconds.
     #[arg(long, default_value_t = 10)]
@@ -209,8 +215,26 @@ enum RoutesAction {
     Check { file: PathBuf },
     /// Replace the stored routes with a route file's (validated first; all or nothing).
     Apply { file: PathBuf },
-    /// List the stored routes.
+    /// List the stored routes and subscriptions.
     List,
+    /// Every subscription: running or paused, its undelivered messages and the oldest's age, its
+    /// failed ones (through --function too).
+    Subscriptions,
+    /// Pause a subscription: its messages wait, nothing is dropped (recorded with --reason).
+    Pause {
+        #[command(flatten)]
+        subscription: commands::SubscriptionName,
+        #[command(flatten)]
+        decision: commands::Decision,
+    },
+    /// Resume a paused subscription (paused by an operator, or by a 410 Gone): what waited is
+    /// sent.
+    Resume {
+        #[command(flatten)]
+        subscription: commands::SubscriptionName,
+        #[command(flatten)]
+        decision: commands::Decision,
+    },
 }
 
 #[derive(Args)]
@@ -328,6 +352,44 @@ async fn main() -> ExitCode {
         Command::Serve(args) => run_serve(args).await,
         Command::Migrate => migrate().await,
         Command::Sources { action } => run_sources(action).await,
+        Command::Routes {
+            action: RoutesAction::Subscriptions,
+        } => match operator_backend().await {
+            Ok(b) => return exit(commands::list_subscriptions(&b, json).await),
+            Err(e) => Err(e),
+        },
+        Command::Routes {
+            action:
+                RoutesAction::Pause {
+                    subscription,
+                    decision,
+                },
+        } => match operator_backend().await {
+            Ok(b) => {
+                return exit(
+                    commands::pause_or_resume(&b, json, true, subscription, decision).await,
+                );
+            }
+            Err(e) => Err(e),
+        },
+        Command::Routes {
+            action:
+                RoutesAction::Resume {
+                    subscription,
+                    decision,
+                },
+        } => match operator_backend().await {
+            Ok(b) => {
+                return exit(
+                    commands::pause_or_resume(&b, json, false, subscription, decision).await,
+                );
+            }
+            Err(e) => Err(e),
+        },
+        Command::Events { action } => match operator_backend().await {
+            Ok(b) => return exit(commands::events(&b, json, action).await),
+            Err(e) => Err(e),
+        },
         Command::Routes { action } => run_routes(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
@@ -433,12 +495,36 @@ fn print_routes(routes: &[shared::outbox::routes::Route]) {
         println!("no routes");
     }
     for r in routes {
+        let what = match &r.subscription {
+            Some(s) => {
+                let types = if s.selection.event_types.is_empty() {
+                    "every type".to_owned()
+                } else {
+                    s.selection.event_types.join(",")
+                };
+                let filter = s
+                    .selection
+                    .filter
+                    .as_ref()
+                    .map(|f| {
+                        let values: Vec<String> = f.values.iter().map(|v| v.to_string()).collect();
+                        format!(" where {} in [{}]", f.pointer, values.join(", "))
+                    })
+                    .unwrap_or_default();
+                format!("event {} ({types}{filter})", s.name)
+            }
+            None => r.action.clone(),
+        };
         println!(
-            "{}\tsource={}\t{}\t→ {}",
+            "{}\tsource={}\t{}\t→ {}{}",
             r.tenant_id,
             r.source_id.as_deref().unwrap_or("*"),
-            r.action,
-            r.destination.describe()
+            what,
+            r.destination.describe(),
+            r.signing_secret_ref
+                .as_deref()
+                .map(|s| format!(" (signed with {s})"))
+                .unwrap_or_default()
         );
     }
 }
@@ -462,8 +548,12 @@ async fn run_routes(action: RoutesAction) -> CmdResult {
         }
         RoutesAction::List => {
             let pool = pool().await?;
-            let list = routes::list(&pool).await.map_err(|e| e.to_string())?;
+            let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
+            let list = routes::list(&mut conn).await.map_err(|e| e.to_string())?;
             print_routes(&list);
+        }
+        RoutesAction::Subscriptions | RoutesAction::Pause { .. } | RoutesAction::Resume { .. } => {
+            return Err("answered through the operator backend".into());
         }
     }
     Ok(())
@@ -530,10 +620,14 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
     let registry = Arc::new(EffectRegistry::standard());
+    let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
     let drainer = Drainer::new(
         ingestor.pool().clone(),
         registry.clone(),
-        vars.drain().map_err(|e| e.to_string())?,
+        shared::drain::DrainSettings {
+            idle_poll: every,
+            ..vars.drain().map_err(|e| e.to_string())?
+        },
     );
     let target = args
         .outbox_target
@@ -566,11 +660,12 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         ingestor.pool().clone(),
         OutboxSettings {
             endpoints,
+            idle_poll: every,
             ..OutboxSettings::new(&target)
         },
     )
-    .map_err(|e| e.to_string())?;
-    let every = Duration::from_millis(args.pipeline_interval_ms.max(10));
+    .map_err(|e| e.to_string())?
+    .with_secrets(Arc::new(settings.secrets.open().await));
     let drainer = Arc::new(drainer);
     let _pipeline = serve::spawn_pipeline(drainer.clone(), Some(Arc::new(sender)), every);
     let secrets = settings.secrets.open().await;

@@ -130,6 +130,18 @@ pub fn status(r: &StatusReport) -> String {
         "OUTBOX        pending {}, overdue (> 1 h) {}, failed {}",
         r.outbox.pending, r.outbox.overdue, r.outbox.failed
     );
+    for sub in &r.subscriptions {
+        let _ = writeln!(
+            out,
+            "SUBSCRIPTION  {}/{}{}: undelivered {}, oldest {}, failed {}",
+            sub.tenant_id,
+            sub.name,
+            if sub.paused { " (paused)" } else { "" },
+            sub.undelivered,
+            age(sub.oldest_age_seconds),
+            sub.failed
+        );
+    }
     let _ = writeln!(out, "DEAD LETTERS  open {}", r.open_dead_letters);
     match &r.buffer {
         None => {}
@@ -513,6 +525,32 @@ pub fn tombstones(list: &[Tombstone]) -> String {
             time(Some(x.created_at)),
             x.created_by.clone(),
             x.reason.clone(),
+        ]);
+    }
+    format!("{t}\n")
+}
+
+/// Subscriptions and what each has not delivered.
+pub fn subscriptions(list: &[shared::store::subscriptions::Undelivered]) -> String {
+    if list.is_empty() {
+        return "no subscriptions\n".into();
+    }
+    let mut t = table(&[
+        "tenant",
+        "subscription",
+        "state",
+        "undelivered",
+        "oldest undelivered",
+        "failed",
+    ]);
+    for s in list {
+        t.add_row(vec![
+            s.tenant_id.clone(),
+            s.name.clone(),
+            if s.paused { "paused" } else { "running" }.to_owned(),
+            s.undelivered.to_string(),
+            format!("{:.0} s", s.oldest_age_seconds),
+            s.failed.to_string(),
         ]);
     }
     format!("{t}\n")

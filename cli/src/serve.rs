@@ -29,39 +29,53 @@ pub struct Runner {
 }
 
 /// `POST /webhooks/{source_id}`, `POST /operator`, `POST /outbox-sink` (a stand-in target that
-/// logs what the outbox delivers) and `GET /health`. `max_body_bytes` is the ingest limit: the
+/// logs what the outbox delivers), `POST /subscriber-sink?secret=<ref>` (a stand-in subscriber
+/// that verifies each delivery's Standard Webhooks signature with that secret and logs it) and
+/// `GET /health`. `max_body_bytes` is the ingest limit: the
 /// router lets one byte more through so the handler, not the router, answers 413.
 pub fn router(runner: Runner, max_body_bytes: usize) -> Router {
     Router::new()
         .route("/webhooks/{source_id}", post(receive))
         .route("/operator", post(operate))
         .route("/outbox-sink", post(sink))
+        .route("/subscriber-sink", post(subscriber_sink))
         .route("/health", get(|| async { "ok" }))
         .layer(DefaultBodyLimit::max(max_body_bytes.saturating_add(1)))
         .with_state(runner)
 }
 
-/// Runs a drain pass and an outbox pass every `every`, until the task is dropped.
+/// Runs the drain and the outbox as the scheduled functions do, each staying for new work and
+/// looking again every poll of its settings (`idle_poll`), until the task is dropped: an event
+/// reaches the outbox and its subscribers within a poll or two, not at the next minute.
 pub fn spawn_pipeline(
     drainer: Arc<Drainer>,
     sender: Option<Arc<OutboxSender>>,
     every: std::time::Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        let mut tick = tokio::time::interval(every);
-        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            tick.tick().await;
-            let pass_ends = std::time::Instant::now() + std::time::Duration::from_secs(10);
-            if let Err(error) = drainer.drain_until(pass_ends).await {
-                tracing::warn!(%error, "drain pass failed");
+        // Passes of a second: each one with work says what it did (`drain pass finished`), an
+        // idle one says nothing, and the log follows the work by a second, not a minute.
+        let stint = std::time::Duration::from_secs(1);
+        let drain = async {
+            loop {
+                if let Err(error) = drainer.stay_until(std::time::Instant::now() + stint).await {
+                    tracing::warn!(%error, "drain pass failed");
+                    tokio::time::sleep(every).await;
+                }
             }
-            if let Some(sender) = &sender
-                && let Err(error) = sender.send_until(pass_ends).await
-            {
-                tracing::warn!(%error, "outbox pass failed");
+        };
+        let send = async {
+            let Some(sender) = &sender else {
+                return std::future::pending::<()>().await;
+            };
+            loop {
+                if let Err(error) = sender.stay_until(std::time::Instant::now() + stint).await {
+                    tracing::warn!(%error, "outbox pass failed");
+                    tokio::time::sleep(every).await;
+                }
             }
-        }
+        };
+        tokio::join!(drain, send);
     })
 }
 
@@ -289,6 +303,58 @@ async fn sink(headers: HeaderMap, body: Bytes) -> StatusCode {
         "outbox-sink received"
     );
     StatusCode::NO_CONTENT
+}
+
+#[derive(serde::Deserialize)]
+struct SinkQuery {
+    secret: String,
+}
+
+/// A subscriber as a team would write one: verifies the signature (401 when it does not hold),
+/// then logs what arrived.
+async fn subscriber_sink(
+    State(runner): State<Runner>,
+    axum::extract::Query(query): axum::extract::Query<SinkQuery>,
+    headers: HeaderMap,
+    body: Bytes,
+) -> StatusCode {
+    let id = headers
+        .get("webhook-id")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_owned();
+    let secrets = match runner.ingestor.secrets().secrets(&query.secret).await {
+        Ok(secrets) => secrets,
+        Err(error) => {
+            tracing::warn!(secret_ref = %query.secret, %error, "subscriber-sink has no secret to verify with");
+            return StatusCode::INTERNAL_SERVER_ERROR;
+        }
+    };
+    let verified = shared::signature::verify(
+        shared::domain::Scheme::StandardWebhooks,
+        &headers,
+        &body,
+        &secrets,
+        std::time::Duration::from_secs(300),
+        chrono::Utc::now().timestamp(),
+    );
+    let envelope = serde_json::from_slice::<serde_json::Value>(&body).unwrap_or_default();
+    match verified {
+        Ok(_) => {
+            tracing::info!(
+                webhook_id = %id,
+                event_type = envelope["type"].as_str().unwrap_or("?"),
+                source = envelope["source"].as_str().unwrap_or("?"),
+                provider_event_id = envelope["providerid"].as_str().unwrap_or("?"),
+                "subscriber-sink received a delivery: signature verified"
+            );
+            StatusCode::NO_CONTENT
+        }
+        Err(error) => {
+            tracing::warn!(webhook_id = %id, %error, "subscriber-sink refused a delivery: signature not verified");
+            StatusCode::UNAUTHORIZED
+        }
+    }
 }
 
 /// Serves until the listener fails or the task is dropped.

@@ -207,3 +207,26 @@ ensure_cfn_lint() {
   "$STATE_DIR/moto-venv/bin/pip" install -q cfn-lint >&2 || die "pip install cfn-lint failed"
   CFN_LINT=("$STATE_DIR/moto-venv/bin/cfn-lint")
 }
+
+# The Standard Webhooks reference library (PyPI `standardwebhooks`): the tests verify the
+# outbox's signed deliveries with it, independently of this code. From python3 when it has the
+# library, else from PyPI into a venv under $STATE_DIR. Exports STANDARD_WEBHOOKS_PYTHON.
+ensure_standard_webhooks() {
+  local py
+  for py in "${STANDARD_WEBHOOKS_PYTHON:-}" python3 "$STATE_DIR/verifier-venv/bin/python"; do
+    if [ -n "$py" ] && command -v "$py" >/dev/null && "$py" -c 'import standardwebhooks' >/dev/null 2>&1; then
+      export STANDARD_WEBHOOKS_PYTHON="$py"
+      return 0
+    fi
+  done
+  command -v python3 >/dev/null || apt_install python3 python3-venv || die "python3 is needed for the Standard Webhooks reference library"
+  say "installing standardwebhooks from PyPI into $STATE_DIR/verifier-venv"
+  rm -rf "$STATE_DIR/verifier-venv"
+  if ! python3 -m venv "$STATE_DIR/verifier-venv" >/dev/null 2>&1; then
+    apt_install python3-venv >/dev/null 2>&1 || true
+    rm -rf "$STATE_DIR/verifier-venv"
+    python3 -m venv "$STATE_DIR/verifier-venv" >&2 || die "python3 -m venv failed; install python3-venv"
+  fi
+  "$STATE_DIR/verifier-venv/bin/pip" install -q standardwebhooks >&2 || die "pip install standardwebhooks failed"
+  export STANDARD_WEBHOOKS_PYTHON="$STATE_DIR/verifier-venv/bin/python"
+}

@@ -386,6 +386,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             backoff_cap: self.seconds("DRAIN_BACKOFF_CAP_SECONDS", d.backoff_cap)?,
             vacuum_after_rows: self.parsed("DRAIN_VACUUM_AFTER_ROWS", d.vacuum_after_rows)?,
             vacuum_interval: self.seconds("DRAIN_VACUUM_INTERVAL_SECONDS", d.vacuum_interval)?,
+            idle_poll: self.millis("DRAIN_IDLE_POLL_MS", d.idle_poll)?,
         };
         settings.validate().map_err(|reason| ConfigError::Invalid {
             var: "DRAIN_*",
@@ -537,6 +538,8 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             batch_size: self.parsed("OUTBOX_BATCH_SIZE", d.batch_size)?,
             max_attempts: self.parsed("OUTBOX_MAX_ATTEMPTS", d.max_attempts)?,
             request_timeout: self.millis("OUTBOX_TIMEOUT_MS", d.request_timeout)?,
+            http_concurrency: self.parsed("OUTBOX_CONCURRENCY", d.http_concurrency)?,
+            idle_poll: self.millis("OUTBOX_IDLE_POLL_MS", d.idle_poll)?,
             ..d
         };
         settings.validate().map_err(|reason| ConfigError::Invalid {

@@ -39,6 +39,7 @@ use crate::store::dead_letters::{self, ReplayFilter};
 use crate::store::event_queue::{self, ClaimedEvent};
 use crate::store::unrepaired_losses;
 use crate::store::{self, StoreError};
+use crate::subscriptions;
 
 /// Drain settings, with the defaults named here.
 #[derive(Debug, Clone)]
@@ -51,6 +52,9 @@ pub struct DrainSettings {
     /// Vacuum the queue after this many rows left it (and at most every `vacuum_interval`).
     pub vacuum_after_rows: u64,
     pub vacuum_interval: Duration,
+    /// How long a pass that found nothing ready waits before looking again, when it stays in
+    /// its invocation for new work ([`Drainer::stay_until`]); zero: it returns instead.
+    pub idle_poll: Duration,
 }
 
 impl Default for DrainSettings {
@@ -62,6 +66,7 @@ impl Default for DrainSettings {
             backoff_cap: Duration::from_secs(15 * 60),
             vacuum_after_rows: 20_000,
             vacuum_interval: Duration::from_secs(5),
+            idle_poll: Duration::from_millis(100),
         }
     }
 }
@@ -123,6 +128,10 @@ pub struct DrainOutcome {
     /// savepoint per group (not counted in `batches` or `claimed`; nothing of them committed).
     #[serde(default)]
     pub redone: u64,
+    /// Outbox messages written for subscriptions: one per (processed event, subscription that
+    /// takes it).
+    #[serde(default)]
+    pub forwarded: u64,
 }
 
 impl DrainOutcome {
@@ -143,6 +152,7 @@ impl DrainOutcome {
         self.repairs_failed += other.repairs_failed;
         self.deferred += other.deferred;
         self.redone += other.redone;
+        self.forwarded += other.forwarded;
     }
 }
 
@@ -186,6 +196,18 @@ impl Drainer {
     /// Drains until a batch comes back short (nothing more is ready) or `deadline` passes.
     #[tracing::instrument(skip_all, err)]
     pub async fn drain_until(&self, deadline: Instant) -> Result<DrainOutcome, StoreError> {
+        self.pass(deadline, false).await
+    }
+
+    /// Drains until `deadline`, waiting for new work when nothing is ready (a poll of the
+    /// queue's claim index every `idle_poll`) instead of returning: a scheduled invocation stays
+    /// in its minute, so an event committed meanwhile is processed within a poll.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn stay_until(&self, deadline: Instant) -> Result<DrainOutcome, StoreError> {
+        self.pass(deadline, true).await
+    }
+
+    async fn pass(&self, deadline: Instant, stay: bool) -> Result<DrainOutcome, StoreError> {
         let mut total = DrainOutcome::default();
         // One connection for the whole pass: taken from the pool and given back per batch, it
         // costs a round trip each time (sqlx pings a connection as it returns to the pool).
@@ -200,9 +222,17 @@ impl Drainer {
                     return Err(e);
                 }
             };
-            total.add(&batch);
+            // A poll that found nothing is not a batch worth counting.
+            if !(stay && batch.claimed == 0) {
+                total.add(&batch);
+            }
             if batch.claimed < self.settings.batch_size as u64 && batch.deferred == 0 {
-                break;
+                // An idle poll of zero: return when nothing is ready, as a pass without `stay`.
+                if !stay || self.settings.idle_poll.is_zero() {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(self.settings.idle_poll.min(left)).await;
             }
         }
         total.publish();
@@ -219,6 +249,7 @@ impl Drainer {
                 repairs_failed = total.repairs_failed,
                 deferred = total.deferred,
                 redone = total.redone,
+                forwarded = total.forwarded,
                 vacuums = total.vacuums,
                 backlog,
                 oldest_pending_age_seconds = oldest,
@@ -325,6 +356,10 @@ impl Drainer {
         let u = &unrecorded;
         event_queue::record_expectations(&mut *tx, &u.0, &u.1, &u.2).await?;
         unrepaired_losses::clear(&mut *tx, &repaired.0, &repaired.1).await?;
+        // Subscriptions hear of the events this batch processed, in its transaction. A repair
+        // re-asserts effects only: a subscription made after its event is served by a replay.
+        let processed: Vec<&ClaimedEvent> = claimed.iter().filter(|e| !e.repair).collect();
+        let forwarded = subscriptions::fan_out(&mut tx, &processed).await?;
         tx.commit().await?;
 
         let mut outcome = DrainOutcome {
@@ -332,6 +367,7 @@ impl Drainer {
             claimed: claimed.len() as u64,
             processed: claimed.len() as u64,
             repairs: repaired.0.len() as u64,
+            forwarded,
             ..DrainOutcome::default()
         };
         if self.vacuum_due(outcome.claimed) {
@@ -375,6 +411,7 @@ impl Drainer {
             .await?
         }
         let mut decisions = Decisions::default();
+        let mut done: Vec<&ClaimedEvent> = Vec::new();
         let mut deferred = 0;
         for ((event, verdict), handler) in claimed.iter().zip(verdicts).zip(&handlers) {
             let Some(applied) = verdict else {
@@ -406,6 +443,7 @@ impl Drainer {
             match applied {
                 Ok(_) => {
                     let expects = handler.expects(event);
+                    done.push(event);
                     decisions.done.0.push(event.tenant_id.clone());
                     decisions.done.1.push(event.external_id.clone());
                     decisions.done.2.push(expects.as_str());
@@ -447,6 +485,7 @@ impl Drainer {
         unrepaired_losses::clear(&mut *tx, &repaired.0, &repaired.1).await?;
         event_queue::retry_later(&mut *tx, &r.0, &r.1, &r.2, &r.3).await?;
         dead_letters::bury(&mut *tx, &x.0, &x.1, &x.2, &x.3).await?;
+        let forwarded = subscriptions::fan_out(&mut tx, &done).await?;
         tx.commit().await?;
 
         let mut outcome = DrainOutcome {
@@ -460,6 +499,7 @@ impl Drainer {
             repairs_failed: decisions.repairs_failed,
             deferred,
             redone: 0,
+            forwarded,
         };
         if self.vacuum_due(d.0.len() as u64 + fixed.0.len() as u64 + outcome.dead_lettered) {
             event_queue::vacuum(&mut *conn).await?;
@@ -674,6 +714,7 @@ pub async fn replay_letters(
                 let expects = registry.handler_for(&event).expects(&event);
                 dead_letters::mark_replayed(&mut *tx, letter.dead_letter_id, expects.as_str())
                     .await?;
+                subscriptions::fan_out(&mut tx, &[&event]).await?;
                 outcome.replayed += 1;
             }
             Err(EffectError::Aborted(error)) => return Err(error),

@@ -270,6 +270,11 @@ impl Ingestor {
         self.database.pool()
     }
 
+    /// Where the signing secrets are read.
+    pub fn secrets(&self) -> &Arc<SecretStore> {
+        &self.secrets
+    }
+
     /// The buffer mode this ingest runs in.
     pub fn buffer_mode(&self) -> BufferMode {
         self.buffer

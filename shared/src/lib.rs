@@ -32,6 +32,7 @@ pub mod sources;
 pub mod stale;
 pub mod status;
 pub mod store;
+pub mod subscriptions;
 pub mod telemetry;
 
 pub use domain::{ExternalId, FieldLocator, Scheme, SecretVersion, SourceId, TenantId};

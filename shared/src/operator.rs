@@ -186,6 +186,47 @@ pub enum OperatorRequest {
         #[serde(default)]
         reason: Option<String>,
     },
+    /// Every subscription with its undelivered and failed counts, its oldest undelivered age,
+    /// and whether it is paused.
+    ListSubscriptions,
+    /// Pauses a subscription: its messages wait, parked, until it is resumed; none is dropped.
+    PauseSubscription {
+        tenant_id: String,
+        subscription: String,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Resumes a paused subscription (an operator's pause or a 410 Gone's): its parked
+    /// messages are due at once.
+    ResumeSubscription {
+        tenant_id: String,
+        subscription: String,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Sends stored events of a range to one subscription again (or for the first time), as a
+    /// resumable job: runs for up to `seconds` (default 10, at most 600) and answers where it
+    /// stands; asked again with the same range, it resumes.
+    ReplayToSubscription {
+        #[serde(flatten)]
+        replay: crate::subscriptions::replay::ReplayRequest,
+        #[serde(default)]
+        seconds: Option<u64>,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// One stored event: what it is, where it stands, and its data (the envelope's `data`) unless
+    /// retention purged it. What a subscriber calls for an envelope sent without its data.
+    ShowEvent {
+        tenant_id: String,
+        external_id: String,
+    },
     /// The latest recorded state changes, newest first: who asked, why, what they touched.
     ListActions {
         #[serde(default)]
@@ -300,6 +341,35 @@ pub enum OperatorResponse {
     },
     KeptFiled {
         filed_kept: crate::buffer::filing::FiledKept,
+    },
+    Subscriptions {
+        subscriptions: Vec<crate::store::subscriptions::Undelivered>,
+    },
+    SubscriptionPaused {
+        tenant_id: String,
+        subscription: String,
+        /// False: it was paused already (the first pause's record stands).
+        newly: bool,
+    },
+    SubscriptionResumed {
+        tenant_id: String,
+        subscription: String,
+        /// The pause lifted (none: it was not paused).
+        lifted: Option<crate::store::subscriptions::Pause>,
+        /// Parked messages made due.
+        due: u64,
+    },
+    Replayed {
+        replay: crate::subscriptions::replay::ReplayProgress,
+    },
+    Event {
+        event: Box<crate::store::webhook_events::StoredEvent>,
+        /// JSON, or a form's fields, as the envelope carries it.
+        data: Option<serde_json::Value>,
+        /// Anything else, base64.
+        data_base64: Option<String>,
+        /// Retention purged the payload.
+        purged: bool,
     },
     OutboxDiscarded {
         discarded: Vec<i64>,
@@ -729,9 +799,153 @@ pub async fn handle_invoked(
             tx.commit().await.map_err(StoreError::from)?;
             Ok(OperatorResponse::KeptFiled { filed_kept: filed })
         }
+        OperatorRequest::ListSubscriptions => Ok(OperatorResponse::Subscriptions {
+            subscriptions: crate::store::subscriptions::undelivered(pool).await?,
+        }),
+        OperatorRequest::PauseSubscription {
+            tenant_id,
+            subscription,
+            actor,
+            reason,
+        } => {
+            let asked = asked("pause_subscription", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            known_subscription(&mut tx, &tenant_id, &subscription).await?;
+            let newly = crate::store::subscriptions::pause(
+                &mut *tx,
+                &tenant_id,
+                &subscription,
+                asked.reason,
+                asked.actor,
+            )
+            .await?;
+            let request = serde_json::json!({"tenant_id": tenant_id, "subscription": subscription});
+            let affected = serde_json::json!([request]);
+            let outcome = serde_json::json!({"newly": newly});
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, Some(&outcome), true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            tracing::info!(%tenant_id, %subscription, newly, actor = asked.actor, "subscription paused");
+            Ok(OperatorResponse::SubscriptionPaused {
+                tenant_id,
+                subscription,
+                newly,
+            })
+        }
+        OperatorRequest::ResumeSubscription {
+            tenant_id,
+            subscription,
+            actor,
+            reason,
+        } => {
+            let asked = asked("resume_subscription", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            known_subscription(&mut tx, &tenant_id, &subscription).await?;
+            let (lifted, due) =
+                crate::store::subscriptions::resume(&mut tx, &tenant_id, &subscription).await?;
+            let request = serde_json::json!({"tenant_id": tenant_id, "subscription": subscription});
+            let affected = serde_json::json!([request]);
+            let outcome = serde_json::json!({"lifted": lifted, "due": due});
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &affected, Some(&outcome), true),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            tracing::info!(%tenant_id, %subscription, due, actor = asked.actor, "subscription resumed");
+            Ok(OperatorResponse::SubscriptionResumed {
+                tenant_id,
+                subscription,
+                lifted,
+                due,
+            })
+        }
+        OperatorRequest::ReplayToSubscription {
+            replay,
+            seconds,
+            actor,
+            reason,
+        } => {
+            let asked = asked("replay_to_subscription", &actor, &reason)?;
+            let budget = std::time::Duration::from_secs(seconds.unwrap_or(10).clamp(1, 600));
+            let deadline = std::time::Instant::now() + budget;
+            let progress = crate::subscriptions::replay::run(
+                pool,
+                &replay,
+                asked.actor,
+                Some(asked.reason),
+                deadline,
+            )
+            .await
+            .map_err(|e| match e {
+                crate::subscriptions::replay::ReplayError::Store(e) => OperatorError::from(e),
+                other => OperatorError::BadRequest(other.to_string()),
+            })?;
+            let request = to_json(&replay);
+            let affected = serde_json::json!([progress.replay_id]);
+            operator_actions::record(
+                pool,
+                &asked.record(
+                    invocation,
+                    &request,
+                    &affected,
+                    Some(&to_json(&progress)),
+                    true,
+                ),
+            )
+            .await?;
+            Ok(OperatorResponse::Replayed { replay: progress })
+        }
+        OperatorRequest::ShowEvent {
+            tenant_id,
+            external_id,
+        } => {
+            let event = crate::store::webhook_events::find(pool, &tenant_id, &external_id)
+                .await?
+                .ok_or_else(|| {
+                    OperatorError::BadRequest(format!(
+                        "tenant {tenant_id} has no event {external_id}"
+                    ))
+                })?;
+            use crate::subscriptions::envelope::{Data, data_of};
+            let (data, data_base64) = match event.payload.as_deref().map(data_of) {
+                Some(Data::Json(v) | Data::Form(v)) => (Some(v), None),
+                Some(Data::Binary(bytes)) => {
+                    use base64::Engine as _;
+                    (
+                        None,
+                        Some(base64::engine::general_purpose::STANDARD.encode(bytes)),
+                    )
+                }
+                None => (None, None),
+            };
+            Ok(OperatorResponse::Event {
+                purged: event.payload.is_none(),
+                event: Box::new(event),
+                data,
+                data_base64,
+            })
+        }
         OperatorRequest::ListActions { limit } => Ok(OperatorResponse::Actions {
             actions: operator_actions::list(pool, limit.unwrap_or(DEFAULT_LIMIT)).await?,
         }),
+    }
+}
+
+/// Refuses a request naming a subscription the route file does not hold.
+async fn known_subscription(
+    conn: &mut sqlx::PgConnection,
+    tenant_id: &str,
+    name: &str,
+) -> Result<(), OperatorError> {
+    match crate::store::subscriptions::find(&mut *conn, tenant_id, name).await? {
+        Some(_) => Ok(()),
+        None => Err(OperatorError::BadRequest(format!(
+            "tenant {tenant_id} has no subscription {name} (hookctl routes list)"
+        ))),
     }
 }
 

@@ -174,6 +174,9 @@ pub struct StatusReport {
     #[serde(skip)]
     gaps_within_buffer_hold: i64,
     pub passes: Vec<PassStatus>,
+    /// Every subscription: its undelivered and failed messages, the oldest's age, paused or not.
+    #[serde(default)]
+    pub subscriptions: Vec<crate::store::subscriptions::Undelivered>,
     /// The checks that breached in the latest anomaly run.
     pub breaching_checks: Vec<StoredResult>,
     /// When the latest anomaly run measured (`None`: never).
@@ -283,6 +286,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
     )
     .await?;
     let (open_gaps, gaps_in_grace) = (gaps.past_grace, gaps.in_grace);
+    let subscriptions = store::subscriptions::undelivered(pool).await?;
     let checks = store::anomaly::latest_results(pool).await?;
     let checks_measured_at = checks.first().map(|c| c.measured_at);
     let breaching_checks: Vec<StoredResult> = checks.into_iter().filter(|c| c.breached).collect();
@@ -357,6 +361,7 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
         gaps_in_grace,
         gaps_within_buffer_hold: gaps.within_buffer_hold,
         passes,
+        subscriptions,
         breaching_checks,
         checks_measured_at,
         buffer: None,

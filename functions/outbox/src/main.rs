@@ -9,7 +9,9 @@ async fn main() -> Result<(), lambda_runtime::Error> {
     let settings = vars.outbox()?;
     let margin = vars.deadline_margin()?;
     let database = shared::database::Database::from_vars(&vars).await?;
-    let sender = OutboxSender::new(database.pool().clone(), settings)?;
+    // Routes that sign their HTTP deliveries name their secret (`signing_secret_ref`).
+    let sender = OutboxSender::new(database.pool().clone(), settings)?
+        .with_secrets(std::sync::Arc::new(vars.secret_store().await?));
     let metrics = shared::metrics::install_emf()?;
     let (database, sender) = (&database, &sender);
     run(service_fn(move |event| async move {

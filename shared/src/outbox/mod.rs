@@ -15,18 +15,31 @@
 //! `status`), adds the route and resends it.
 
 pub mod destinations;
+pub mod limiter;
 pub mod routes;
 
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use futures_util::StreamExt as _;
 
 use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::drain::retry_delay;
+use crate::secrets::{SecretSet, SecretStore};
 use crate::store::StoreError;
 use crate::store::outbox::{self, OutboxMessage};
+use crate::store::subscriptions as stored_subscriptions;
+use crate::subscriptions;
 use destinations::{AwsDestinationEndpoints, Delivery, Destination, Destinations, Outgoing};
-use routes::RouteTable;
+use routes::{RouteTable, Target};
+
+/// Who paused a subscription whose subscriber answered 410 Gone.
+pub const GONE_ACTOR: &str = "outbox:410-gone";
 
 #[derive(Debug, Clone)]
 pub struct OutboxSettings {
@@ -40,6 +53,11 @@ pub struct OutboxSettings {
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     pub request_timeout: Duration,
+    /// Calls in flight at once (HTTP: one message a call; AWS: ten).
+    pub http_concurrency: usize,
+    /// How long a pass that found nothing due waits before looking again, when it stays in its
+    /// invocation for new work ([`OutboxSender::stay_until`]); zero: it returns instead.
+    pub idle_poll: Duration,
 }
 
 impl OutboxSettings {
@@ -52,6 +70,8 @@ impl OutboxSettings {
             backoff_base: Duration::from_secs(2),
             backoff_cap: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(10),
+            http_concurrency: 16,
+            idle_poll: Duration::from_millis(100),
         }
     }
 
@@ -101,12 +121,42 @@ pub struct OutboxOutcome {
     /// Failed at once: no route covers them (no attempt spent).
     #[serde(default)]
     pub unrouted: u64,
+    /// Subscriptions' messages parked: their subscription is paused (no attempt spent).
+    #[serde(default)]
+    pub parked: u64,
+    /// Subscriptions' messages handed back for later: over their rate limit (no attempt spent).
+    #[serde(default)]
+    pub deferred: u64,
+    /// Subscriptions paused because their subscriber answered 410 Gone.
+    #[serde(default)]
+    pub paused: u64,
+    /// Subscriptions' messages sent without their data: over the destination's limit.
+    #[serde(default)]
+    pub data_omitted: u64,
+}
+
+impl OutboxOutcome {
+    pub fn add(&mut self, other: &OutboxOutcome) {
+        self.leased += other.leased;
+        self.delivered += other.delivered;
+        self.retried += other.retried;
+        self.failed += other.failed;
+        self.handed_back += other.handed_back;
+        self.unrouted += other.unrouted;
+        self.parked += other.parked;
+        self.deferred += other.deferred;
+        self.paused += other.paused;
+        self.data_omitted += other.data_omitted;
+    }
 }
 
 pub struct OutboxSender {
     pool: PgPool,
     destinations: Destinations,
     settings: OutboxSettings,
+    /// Where routes' signing secrets are read (`signing_secret_ref`).
+    secrets: Option<Arc<SecretStore>>,
+    limiter: limiter::RateLimiter,
 }
 
 impl OutboxSender {
@@ -116,23 +166,47 @@ impl OutboxSender {
             pool,
             destinations,
             settings,
+            secrets: None,
+            limiter: limiter::RateLimiter::default(),
         })
+    }
+
+    /// Reads routes' signing secrets from `secrets`.
+    pub fn with_secrets(mut self, secrets: Arc<SecretStore>) -> Self {
+        self.secrets = Some(secrets);
+        self
     }
 
     /// Sends until a batch comes back short or `deadline` passes; no request outlives it.
     #[tracing::instrument(skip_all, err)]
     pub async fn send_until(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
+        self.pass(deadline, false).await
+    }
+
+    /// Sends until `deadline`, waiting for new work when none is due (a poll of the
+    /// `outbox_undelivered` index every `idle_poll`) instead of returning: a scheduled
+    /// invocation stays in its minute, so a message written meanwhile goes out within a poll,
+    /// not at the next schedule.
+    #[tracing::instrument(skip_all, err)]
+    pub async fn stay_until(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
+        self.pass(deadline, true).await
+    }
+
+    async fn pass(&self, deadline: Instant, stay: bool) -> Result<OutboxOutcome, StoreError> {
         let mut total = OutboxOutcome::default();
         while Instant::now() < deadline {
             let batch = self.run_once(deadline).await?;
-            total.leased += batch.leased;
-            total.delivered += batch.delivered;
-            total.retried += batch.retried;
-            total.failed += batch.failed;
-            total.handed_back += batch.handed_back;
-            total.unrouted += batch.unrouted;
-            if batch.leased < self.settings.batch_size as u64 || batch.handed_back > 0 {
+            total.add(&batch);
+            if batch.handed_back > 0 {
                 break;
+            }
+            if batch.leased < self.settings.batch_size as u64 {
+                // An idle poll of zero: return when nothing is ready, as a pass without `stay`.
+                if !stay || self.settings.idle_poll.is_zero() {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(self.settings.idle_poll.min(left)).await;
             }
         }
         // Measured after sending, so a healthy pass reports what it could not deliver (issue 23:
@@ -147,6 +221,10 @@ impl OutboxSender {
                 failed = total.failed,
                 unrouted = total.unrouted,
                 handed_back = total.handed_back,
+                parked = total.parked,
+                deferred = total.deferred,
+                paused = total.paused,
+                data_omitted = total.data_omitted,
                 "outbox pass finished"
             );
         } else {
@@ -155,17 +233,26 @@ impl OutboxSender {
         Ok(total)
     }
 
-    /// Where a message goes: its source's route, its tenant's, else the default target.
-    fn route(&self, routes: &RouteTable, m: &OutboxMessage) -> Result<Destination, String> {
+    /// Where a message goes: its source's route, its tenant's, else the default target (never
+    /// for a subscription's message: its subscription names where).
+    fn route(&self, routes: &RouteTable, m: &OutboxMessage) -> Result<Target, String> {
         match routes.find(&m.tenant_id, m.source_id.as_deref(), &m.action) {
-            Some(Ok(destination)) => Ok(destination.clone()),
+            Some(Ok(target)) => Ok(target.clone()),
             Some(Err(reason)) => Err(format!(
                 "the stored route for {} of tenant {} is invalid ({reason}): apply the route file again, then resend",
                 m.action, m.tenant_id
             )),
-            None => match &self.settings.target_url {
-                Some(url) => Ok(Destination::Http { url: url.clone() }),
-                None => Err(routes::unrouted_reason(
+            None => match (&self.settings.target_url, subscriptions::name_of(&m.action)) {
+                (_, Some(name)) => Err(format!(
+                    "subscription {name} of tenant {} is not in the route file: add it back (hookctl routes apply), then resend",
+                    m.tenant_id
+                )),
+                (Some(url), None) => Ok(Target {
+                    destination: Destination::Http { url: url.clone() },
+                    signing_secret_ref: None,
+                    rate_limit: None,
+                }),
+                (None, None) => Err(routes::unrouted_reason(
                     &m.tenant_id,
                     m.source_id.as_deref(),
                     &m.action,
@@ -174,8 +261,24 @@ impl OutboxSender {
         }
     }
 
-    /// Leases one batch and delivers it, destination by destination, one call at a time, until
-    /// `deadline`: what is left when it passes is handed back untried.
+    /// The signing secrets a route names, or the outcome of every message it would sign.
+    async fn signing(&self, secret_ref: &str) -> Result<Arc<SecretSet>, Delivery> {
+        let Some(store) = &self.secrets else {
+            return Err(Delivery::Refused(format!(
+                "the route signs with {secret_ref:?} but this sender has no secret store"
+            )));
+        };
+        match store.secrets(secret_ref).await {
+            Ok(set) => Ok(set),
+            Err(e) if e.is_misconfiguration() => Err(Delivery::Refused(format!("not sent: {e}"))),
+            Err(e) => Err(Delivery::Transient(format!("not sent: {e}"))),
+        }
+    }
+
+    /// Leases one batch and delivers it: routed, paused subscriptions' messages parked, those
+    /// over a subscription's rate deferred, then every call made, up to `http_concurrency` at
+    /// once, until `deadline`: what is left when it passes is handed back untried. Outcomes are
+    /// committed together: the delivered messages of a destination in one statement.
     pub async fn run_once(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
         let messages = outbox::lease(
             &self.pool,
@@ -190,65 +293,151 @@ impl OutboxSender {
         if messages.is_empty() {
             return Ok(outcome);
         }
-        let routes = RouteTable::load(&self.pool).await?;
-        // Grouped by destination, in the order leased (the oldest due first).
-        let mut groups: Vec<(Destination, Vec<Outgoing<'_>>)> = Vec::new();
+        let (routes, paused) = {
+            let mut conn = self.pool.acquire().await?;
+            let routes = RouteTable::load(&mut conn).await?;
+            let forwards = messages
+                .iter()
+                .any(|m| subscriptions::name_of(&m.action).is_some());
+            let paused: HashSet<(String, String)> = if forwards {
+                stored_subscriptions::pauses(&mut *conn)
+                    .await?
+                    .into_iter()
+                    .map(|p| (p.tenant_id, p.name))
+                    .collect()
+            } else {
+                HashSet::new()
+            };
+            (routes, paused)
+        };
+        // Grouped by target, in the order leased (the oldest due first).
+        let mut groups: Vec<(Target, Vec<Outgoing<'_>>)> = Vec::new();
+        let (mut parked, mut deferred) = (Vec::new(), (Vec::new(), Vec::new()));
         for message in &messages {
-            match self.route(&routes, message) {
-                Ok(destination) => match groups.iter_mut().find(|(d, _)| *d == destination) {
-                    Some((_, group)) => group.push(Outgoing::new(message)),
-                    None => groups.push((destination, vec![Outgoing::new(message)])),
-                },
+            let target = match self.route(&routes, message) {
+                Ok(target) => target,
                 Err(why) => {
                     tracing::warn!(outbox_id = message.outbox_id, action = %message.action, %why, "outbox message has no route");
                     outbox::mark_unrouted(&self.pool, message.outbox_id, &why).await?;
                     crate::metrics::outbox_delivery("none", "unrouted", 1);
                     outcome.unrouted += 1;
+                    continue;
+                }
+            };
+            if let Some(name) = subscriptions::name_of(&message.action) {
+                if paused.contains(&(message.tenant_id.clone(), name.to_owned())) {
+                    parked.push(message.outbox_id);
+                    continue;
+                }
+                if let Some(rate) = target.rate_limit
+                    && let Some(wait) = self.limiter.wait(&message.tenant_id, name, rate)
+                {
+                    deferred.0.push(message.outbox_id);
+                    deferred.1.push(wait.as_millis() as i64);
+                    continue;
+                }
+            }
+            let o = Outgoing::to(message, &target.destination);
+            match groups.iter_mut().find(|(t, _)| *t == target) {
+                Some((_, group)) => group.push(o),
+                None => groups.push((target, vec![o])),
+            }
+        }
+        outcome.parked = stored_subscriptions::park(&self.pool, &parked).await?;
+        outcome.deferred =
+            stored_subscriptions::defer(&self.pool, &deferred.0, &deferred.1).await?;
+        // A route's signing secrets, read once per batch; a route whose secret cannot be read
+        // sends nothing unsigned: its messages are settled with the reason.
+        let mut unsignable: Vec<(usize, Delivery)> = Vec::new();
+        for (i, (target, group)) in groups.iter_mut().enumerate() {
+            if let Some(secret_ref) = &target.signing_secret_ref {
+                match self.signing(secret_ref).await {
+                    Ok(set) => group.iter_mut().for_each(|o| o.signing = Some(set.clone())),
+                    Err(why) => unsignable.push((i, why)),
                 }
             }
         }
         let plan: Vec<(&Destination, &[Outgoing<'_>])> = groups
             .iter()
-            .flat_map(|(d, group)| {
-                destinations::calls(d, group)
+            .enumerate()
+            .filter(|(i, _)| !unsignable.iter().any(|(u, _)| u == i))
+            .flat_map(|(_, (t, group))| {
+                destinations::calls(&t.destination, group)
                     .into_iter()
-                    .map(move |c| (d, c))
+                    .map(move |c| (&t.destination, c))
             })
             .collect();
-        for (j, (destination, call)) in plan.iter().enumerate() {
-            let Some(left) = deadline
-                .checked_duration_since(Instant::now())
-                .filter(|left| !left.is_zero())
-            else {
-                let untried: Vec<i64> = plan[j..]
-                    .iter()
-                    .flat_map(|(_, c)| c.iter().map(|o| o.message.outbox_id))
-                    .collect();
-                outcome.handed_back = outbox::release(&self.pool, &untried).await?;
-                break;
+        // Every call, up to `http_concurrency` in flight; one that would start after the
+        // deadline is not made (`None`).
+        // Each call's future boxed with its type named: a spawned task (the local runner's
+        // pipeline, the function's handler) must see it as `Send` for every lifetime.
+        type Try<'f> = Pin<Box<dyn Future<Output = Option<Vec<Delivery>>> + Send + 'f>>;
+        let calls: Vec<Try<'_>> = plan
+            .iter()
+            .map(|&(destination, call)| -> Try<'_> {
+                Box::pin(async move {
+                    let left = deadline
+                        .checked_duration_since(Instant::now())
+                        .filter(|left| !left.is_zero())?;
+                    Some(
+                        self.destinations
+                            .deliver(destination, call, left.min(self.settings.request_timeout))
+                            .await,
+                    )
+                })
+            })
+            .collect();
+        let tries: Vec<Option<Vec<Delivery>>> = futures_util::stream::iter(calls)
+            .buffered(self.settings.http_concurrency.max(1))
+            .collect()
+            .await;
+        let mut untried = Vec::new();
+        let mut delivered: Vec<(String, &'static str, Vec<i64>)> = Vec::new();
+        let mut others: Vec<(&OutboxMessage, Delivery, String, &'static str)> = Vec::new();
+        for (i, why) in unsignable {
+            let (t, group) = &groups[i];
+            for o in group {
+                others.push((
+                    o.message,
+                    why.clone(),
+                    t.destination.describe(),
+                    t.destination.kind().as_str(),
+                ));
+            }
+        }
+        for ((destination, call), tried) in plan.iter().zip(tries) {
+            let Some(outcomes) = tried else {
+                untried.extend(call.iter().map(|o| o.message.outbox_id));
+                continue;
             };
-            let outcomes = self
-                .destinations
-                .deliver(destination, call, left.min(self.settings.request_timeout))
-                .await;
-            let described = destination.describe();
-            let kind = destination.kind().as_str();
-            // The call's delivered entries in one statement; each other entry on its own.
-            let mut delivered = Vec::new();
+            let (described, kind) = (destination.describe(), destination.kind().as_str());
             for (o, delivery) in call.iter().zip(outcomes) {
+                if o.data_omitted {
+                    outcome.data_omitted += 1;
+                    crate::metrics::outbox_delivery(kind, "data_omitted", 1);
+                }
                 match delivery {
-                    Delivery::Delivered => delivered.push(o.message.outbox_id),
-                    other => {
-                        self.settle(o.message, other, &described, kind, &mut outcome)
-                            .await?
+                    Delivery::Delivered => {
+                        match delivered.iter_mut().find(|(d, _, _)| *d == described) {
+                            Some((_, _, ids)) => ids.push(o.message.outbox_id),
+                            None => {
+                                delivered.push((described.clone(), kind, vec![o.message.outbox_id]))
+                            }
+                        }
                     }
+                    other => others.push((o.message, other, described.clone(), kind)),
                 }
             }
-            if !delivered.is_empty() {
-                outbox::mark_delivered_many(&self.pool, &delivered, &described).await?;
-                crate::metrics::outbox_delivery(kind, "delivered", delivered.len() as u64);
-                outcome.delivered += delivered.len() as u64;
-            }
+        }
+        outcome.handed_back = outbox::release(&self.pool, &untried).await?;
+        for (described, kind, ids) in delivered {
+            outbox::mark_delivered_many(&self.pool, &ids, &described).await?;
+            crate::metrics::outbox_delivery(kind, "delivered", ids.len() as u64);
+            outcome.delivered += ids.len() as u64;
+        }
+        for (message, delivery, described, kind) in others {
+            self.settle(message, delivery, &described, kind, &mut outcome)
+                .await?;
         }
         Ok(outcome)
     }
@@ -287,7 +476,26 @@ impl OutboxSender {
                 crate::metrics::outbox_delivery(kind, "retried", 1);
                 outcome.retried += 1;
             }
-            Delivery::Transient(why) | Delivery::Refused(why) => {
+            Delivery::Gone(why) if subscriptions::name_of(&message.action).is_some() => {
+                // The subscriber wants no more: the subscription is paused, its message parked
+                // with the rest, nothing dropped and no attempt spent.
+                let name = subscriptions::name_of(&message.action).unwrap_or_default();
+                tracing::warn!(outbox_id = message.outbox_id, subscription = name, destination, %why, "subscriber answered 410 Gone: subscription paused");
+                let reason = format!("{why} from {destination}");
+                stored_subscriptions::pause(
+                    &self.pool,
+                    &message.tenant_id,
+                    name,
+                    &reason,
+                    GONE_ACTOR,
+                )
+                .await?;
+                stored_subscriptions::park(&self.pool, &[message.outbox_id]).await?;
+                crate::metrics::outbox_delivery(kind, "paused", 1);
+                outcome.parked += 1;
+                outcome.paused += 1;
+            }
+            Delivery::Transient(why) | Delivery::Refused(why) | Delivery::Gone(why) => {
                 tracing::warn!(outbox_id = message.outbox_id, action = %message.action, destination, %why, "outbox message failed for good");
                 outbox::mark_failed(&self.pool, message.outbox_id, &why, destination).await?;
                 crate::metrics::outbox_delivery(kind, "failed", 1);
@@ -295,5 +503,17 @@ impl OutboxSender {
             }
         }
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn the_gone_check_counts_the_pauses_the_sender_makes() {
+        let check = crate::store::anomaly::GLOBAL_CHECKS
+            .iter()
+            .find(|c| c.name == "subscriptions_paused_by_gone")
+            .expect("the check exists");
+        assert!(check.sql.contains(&format!("'{}'", super::GONE_ACTOR)));
     }
 }

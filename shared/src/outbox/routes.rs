@@ -17,6 +17,18 @@
 //! destination = "eventbridge"
 //! bus = "orders"                # a name or an ARN
 //! event_source = "acme.payments" # the entries' Source (default "webhook-receiver")
+//!
+//! [[route]]                     # a subscription: the verified event itself
+//! tenant = "acme"
+//! source = "acme-github"        # optional
+//! action = "event"
+//! name = "issue-tracker"        # unique in the tenant; its messages' action is event:<name>
+//! types = ["issues.*", "pull_request.opened"]  # optional: exact names or globs
+//! filter = { pointer = "/repository/full_name", in = ["acme/api"] }  # optional (or equals = ...)
+//! destination = "http"
+//! url = "https://tracker.internal/hooks"
+//! signing_secret_ref = "acme/tracker-signing"  # whsec_...: Standard Webhooks signatures
+//! rate_limit = 20               # optional: deliveries a second
 //! ```
 
 use std::collections::{HashMap, HashSet};
@@ -29,22 +41,59 @@ use super::destinations::Destination;
 use crate::effects::entity::ENTITY_CHANGED;
 use crate::effects::payments::FULFIL_ORDER;
 use crate::store::outbox_routes::{self, RouteRow};
+use crate::store::subscriptions::{self as stored_subscriptions, SubscriptionRow};
 use crate::store::{self, StoreError};
+use crate::subscriptions::{self, EVENT, PayloadFilter, Selection};
 
-/// The actions the effects write to the outbox: a route must name one of them.
-pub const ACTIONS: &[&str] = &[ENTITY_CHANGED, FULFIL_ORDER];
+/// The actions a route may name: the effects' outbox actions, and `event`, a subscription.
+pub const ACTIONS: &[&str] = &[ENTITY_CHANGED, FULFIL_ORDER, EVENT];
 
 /// The entries' `Source` of an EventBridge route that names none.
 pub use super::destinations::DEFAULT_EVENT_SOURCE;
 
 /// One route: the action of a tenant (or of one of its sources) and where it goes.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Route {
     pub tenant_id: String,
     /// `None`: every source of the tenant that has no route of its own for the action.
     pub source_id: Option<String>,
     pub action: String,
     pub destination: Destination,
+    /// HTTP only: the Standard Webhooks secret (`whsec_...`) its deliveries are signed with.
+    pub signing_secret_ref: Option<String>,
+    /// The action `event`: the subscription's name and what it takes.
+    pub subscription: Option<SubscriptionSpec>,
+}
+
+/// What a subscription (a route of action `event`) adds to a route.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SubscriptionSpec {
+    pub name: String,
+    pub selection: Selection,
+    /// At most this many deliveries a second.
+    pub rate_limit: Option<f64>,
+}
+
+impl Route {
+    /// The outbox action of its messages: the action, or `event:<name>` for a subscription.
+    pub fn message_action(&self) -> String {
+        match &self.subscription {
+            Some(s) => subscriptions::action_of(&s.name),
+            None => self.action.clone(),
+        }
+    }
+}
+
+/// A subscription's payload filter as written: a JSON pointer and the value it must equal, or
+/// the values it may take.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FilterSpec {
+    pub pointer: String,
+    #[serde(default)]
+    pub equals: Option<serde_json::Value>,
+    #[serde(default, rename = "in")]
+    pub one_of: Option<Vec<serde_json::Value>>,
 }
 
 /// A route as written in a route file.
@@ -67,6 +116,18 @@ pub struct RouteSpec {
     pub queue_url: Option<String>,
     #[serde(default)]
     pub topic_arn: Option<String>,
+    #[serde(default)]
+    pub signing_secret_ref: Option<String>,
+    /// A subscription's name (action `event` only).
+    #[serde(default)]
+    pub name: Option<String>,
+    /// A subscription's event types: exact names or globs.
+    #[serde(default)]
+    pub types: Option<Vec<String>>,
+    #[serde(default)]
+    pub filter: Option<FilterSpec>,
+    #[serde(default)]
+    pub rate_limit: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -109,6 +170,9 @@ pub enum RoutesError {
 
 impl RouteSpec {
     fn what(&self) -> String {
+        if let Some(name) = &self.name {
+            return format!("subscription {name} of {}", self.tenant);
+        }
         match &self.source {
             Some(source) => format!("{} of {}/{}", self.action, self.tenant, source),
             None => format!("{} of {}", self.action, self.tenant),
@@ -172,18 +236,114 @@ impl RouteSpec {
             "sqs" => Destination::sqs(need(self.queue_url.clone(), "queue_url")?)?,
             _ => Destination::sns(need(self.topic_arn.clone(), "topic_arn")?)?,
         };
+        if let Some(secret) = &self.signing_secret_ref {
+            if self.destination != "http" {
+                return Err(format!(
+                    "signing_secret_ref signs HTTP deliveries; a {} destination is reached with IAM",
+                    self.destination
+                ));
+            }
+            if secret.trim().is_empty() {
+                return Err("signing_secret_ref is empty".into());
+            }
+        }
+        let subscription = self.subscription()?;
         Ok(Route {
             tenant_id: self.tenant,
             source_id: self.source,
             action: self.action,
             destination,
+            signing_secret_ref: self.signing_secret_ref,
+            subscription,
         })
+    }
+
+    fn subscription(&self) -> Result<Option<SubscriptionSpec>, String> {
+        if self.action != EVENT {
+            for (field, set) in [
+                ("name", self.name.is_some()),
+                ("types", self.types.is_some()),
+                ("filter", self.filter.is_some()),
+                ("rate_limit", self.rate_limit.is_some()),
+            ] {
+                if set {
+                    return Err(format!(
+                        "{field} belongs to a subscription (action = \"event\"), not to {}",
+                        self.action
+                    ));
+                }
+            }
+            return Ok(None);
+        }
+        let name = self
+            .name
+            .clone()
+            .ok_or("a subscription (action = \"event\") needs a name")?;
+        if !subscriptions::valid_name(&name) {
+            return Err(format!(
+                "name {name:?} is not a subscription name (1 to 63 of a-z 0-9 . _ -, starting with a letter or digit)"
+            ));
+        }
+        let event_types = self.types.clone().unwrap_or_default();
+        if event_types.iter().any(|t| t.trim().is_empty()) {
+            return Err("types holds an empty event type".into());
+        }
+        let filter = match &self.filter {
+            None => None,
+            Some(f) => {
+                if !(f.pointer.is_empty() || f.pointer.starts_with('/')) {
+                    return Err(format!(
+                        "filter pointer {:?} is not a JSON pointer (it starts with /)",
+                        f.pointer
+                    ));
+                }
+                let values = match (&f.equals, &f.one_of) {
+                    (Some(v), None) => vec![v.clone()],
+                    (None, Some(vs)) if !vs.is_empty() => vs.clone(),
+                    (None, Some(_)) => return Err("filter in = [] matches nothing".into()),
+                    _ => {
+                        return Err(
+                            "a filter takes equals = <value> or in = [<values>], one of them"
+                                .into(),
+                        );
+                    }
+                };
+                Some(PayloadFilter {
+                    pointer: f.pointer.clone(),
+                    values,
+                })
+            }
+        };
+        if let Some(rate) = self.rate_limit
+            && !(rate.is_finite() && rate > 0.0)
+        {
+            return Err(format!(
+                "rate_limit {rate} is not a positive number of deliveries a second"
+            ));
+        }
+        Ok(Some(SubscriptionSpec {
+            name,
+            selection: Selection {
+                event_types,
+                filter,
+            },
+            rate_limit: self.rate_limit,
+        }))
     }
 }
 
 fn duplicate_free(routes: &[Route]) -> Result<(), RoutesError> {
     let mut seen = HashSet::new();
+    let mut names = HashSet::new();
     for r in routes {
+        if let Some(s) = &r.subscription {
+            if !names.insert((&r.tenant_id, &s.name)) {
+                return Err(RoutesError::Duplicate {
+                    what: format!("subscription {} of tenant {}", s.name, r.tenant_id),
+                });
+            }
+            continue;
+        }
         if !seen.insert((&r.tenant_id, &r.source_id, &r.action)) {
             return Err(RoutesError::Duplicate {
                 what: describe(&r.tenant_id, r.source_id.as_deref(), &r.action),
@@ -244,7 +404,56 @@ impl From<&Route> for RouteRow {
             kind: kind.to_owned(),
             target,
             event_source,
+            signing_secret_ref: r.signing_secret_ref.clone(),
         }
+    }
+}
+
+impl Route {
+    /// The subscription's row, when the route is one.
+    fn subscription_row(&self) -> Option<SubscriptionRow> {
+        let s = self.subscription.as_ref()?;
+        let (kind, target, event_source) = self.destination.to_columns();
+        let filter = s.selection.filter.as_ref();
+        Some(SubscriptionRow {
+            tenant_id: self.tenant_id.clone(),
+            name: s.name.clone(),
+            source_id: self.source_id.clone(),
+            event_types: s.selection.event_types.clone(),
+            payload_pointer: filter.map(|f| f.pointer.clone()),
+            payload_values: filter.map(|f| serde_json::Value::Array(f.values.clone())),
+            kind: kind.to_owned(),
+            target,
+            event_source,
+            signing_secret_ref: self.signing_secret_ref.clone(),
+            rate_limit: s.rate_limit,
+        })
+    }
+}
+
+impl TryFrom<SubscriptionRow> for Route {
+    type Error = StoreError;
+
+    fn try_from(row: SubscriptionRow) -> Result<Self, StoreError> {
+        let destination =
+            Destination::from_columns(&row.kind, &row.target, row.event_source.clone()).map_err(
+                |reason| StoreError::Corrupt {
+                    what: "outbox subscription",
+                    reason,
+                },
+            )?;
+        Ok(Route {
+            subscription: Some(SubscriptionSpec {
+                name: row.name.clone(),
+                selection: row.selection(),
+                rate_limit: row.rate_limit,
+            }),
+            tenant_id: row.tenant_id,
+            source_id: row.source_id,
+            action: EVENT.to_owned(),
+            destination,
+            signing_secret_ref: row.signing_secret_ref,
+        })
     }
 }
 
@@ -262,6 +471,8 @@ impl TryFrom<RouteRow> for Route {
             source_id: row.source_id,
             action: row.action,
             destination,
+            signing_secret_ref: row.signing_secret_ref,
+            subscription: None,
         })
     }
 }
@@ -274,14 +485,16 @@ pub async fn apply(pool: &PgPool, routes: &[Route]) -> Result<(), RoutesError> {
     let mut tx = pool.begin().await.map_err(StoreError::from)?;
     outbox_routes::lock_for_apply(&mut *tx).await?;
     outbox_routes::delete_all(&mut *tx).await?;
+    stored_subscriptions::delete_all(&mut *tx).await?;
     for route in routes {
-        outbox_routes::insert(&mut *tx, &RouteRow::from(route)).await?;
+        match route.subscription_row() {
+            Some(row) => stored_subscriptions::insert(&mut *tx, &row).await?,
+            None => outbox_routes::insert(&mut *tx, &RouteRow::from(route)).await?,
+        }
     }
-    if let Some((tenant, source_id)) = outbox_routes::unknown_sources(&mut *tx)
-        .await?
-        .into_iter()
-        .next()
-    {
+    let mut unknown = outbox_routes::unknown_sources(&mut *tx).await?;
+    unknown.extend(stored_subscriptions::unknown_sources(&mut *tx).await?);
+    if let Some((tenant, source_id)) = unknown.into_iter().next() {
         let action = routes
             .iter()
             .find(|r| r.tenant_id == tenant && r.source_id.as_deref() == Some(&source_id))
@@ -297,23 +510,62 @@ pub async fn apply(pool: &PgPool, routes: &[Route]) -> Result<(), RoutesError> {
     Ok(())
 }
 
-/// The stored routes.
-pub async fn list(executor: impl sqlx::PgExecutor<'_>) -> Result<Vec<Route>, StoreError> {
-    store::outbox_routes::list(executor)
+/// The stored routes, subscriptions after the effects' routes.
+pub async fn list(conn: &mut sqlx::PgConnection) -> Result<Vec<Route>, StoreError> {
+    let mut routes = store::outbox_routes::list(&mut *conn)
         .await?
         .into_iter()
         .map(Route::try_from)
-        .collect()
+        .collect::<Result<Vec<_>, _>>()?;
+    for row in stored_subscriptions::list(&mut *conn).await? {
+        routes.push(Route::try_from(row)?);
+    }
+    Ok(routes)
 }
 
 type RouteKey = (String, Option<String>, String);
 
+/// Where a route sends its messages, and how.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Target {
+    pub destination: Destination,
+    /// HTTP: the secret its deliveries are signed with.
+    pub signing_secret_ref: Option<String>,
+    /// A subscription's: at most this many deliveries a second.
+    pub rate_limit: Option<f64>,
+}
+
+impl Target {
+    fn of(route: Route) -> (RouteKey, Self) {
+        let key = match &route.subscription {
+            // A subscription's name is unique in its tenant: its messages are found by it.
+            Some(s) => (
+                route.tenant_id.clone(),
+                None,
+                subscriptions::action_of(&s.name),
+            ),
+            None => (
+                route.tenant_id.clone(),
+                route.source_id.clone(),
+                route.action.clone(),
+            ),
+        };
+        let target = Target {
+            rate_limit: route.subscription.as_ref().and_then(|s| s.rate_limit),
+            signing_secret_ref: route.signing_secret_ref,
+            destination: route.destination,
+        };
+        (key, target)
+    }
+}
+
 /// The routes, looked up as the sender needs them.
 #[derive(Debug, Clone, Default)]
 pub struct RouteTable {
-    /// (tenant, source, action) → destination, or why the stored route is not one: a bad row
-    /// fails the messages it would route, with its reason, and no other.
-    by_key: HashMap<RouteKey, Result<Destination, String>>,
+    /// (tenant, source, action) → target, or why the stored route is not one: a bad row fails
+    /// the messages it would route, with its reason, and no other. A subscription's under
+    /// (tenant, none, `event:<name>`).
+    by_key: HashMap<RouteKey, Result<Target, String>>,
 }
 
 impl RouteTable {
@@ -321,23 +573,42 @@ impl RouteTable {
         Self {
             by_key: routes
                 .into_iter()
-                .map(|r| ((r.tenant_id, r.source_id, r.action), Ok(r.destination)))
+                .map(|r| {
+                    let (key, target) = Target::of(r);
+                    (key, Ok(target))
+                })
                 .collect(),
         }
     }
 
-    pub async fn load(executor: impl sqlx::PgExecutor<'_>) -> Result<Self, StoreError> {
-        let rows = store::outbox_routes::list(executor).await?;
-        Ok(Self {
-            by_key: rows
-                .into_iter()
-                .map(|row| {
-                    let destination =
-                        Destination::from_columns(&row.kind, &row.target, row.event_source);
-                    ((row.tenant_id, row.source_id, row.action), destination)
-                })
-                .collect(),
-        })
+    pub async fn load(conn: &mut sqlx::PgConnection) -> Result<Self, StoreError> {
+        let mut by_key = HashMap::new();
+        for row in store::outbox_routes::list(&mut *conn).await? {
+            let target = Destination::from_columns(&row.kind, &row.target, row.event_source).map(
+                |destination| Target {
+                    destination,
+                    signing_secret_ref: row.signing_secret_ref,
+                    rate_limit: None,
+                },
+            );
+            by_key.insert((row.tenant_id, row.source_id, row.action), target);
+        }
+        for row in stored_subscriptions::list(&mut *conn).await? {
+            let key = (
+                row.tenant_id.clone(),
+                None,
+                subscriptions::action_of(&row.name),
+            );
+            let target = Destination::from_columns(&row.kind, &row.target, row.event_source).map(
+                |destination| Target {
+                    destination,
+                    signing_secret_ref: row.signing_secret_ref,
+                    rate_limit: row.rate_limit,
+                },
+            );
+            by_key.insert(key, target);
+        }
+        Ok(Self { by_key })
     }
 
     /// The source's own route for the action, else the tenant's.
@@ -346,7 +617,7 @@ impl RouteTable {
         tenant: &str,
         source: Option<&str>,
         action: &str,
-    ) -> Option<&Result<Destination, String>> {
+    ) -> Option<&Result<Target, String>> {
         let key = |source: Option<&str>| {
             (
                 tenant.to_owned(),
@@ -421,7 +692,10 @@ url = "https://beta.example/fulfil"
         let table = RouteTable::new(routes);
         assert!(matches!(
             table.find("acme", Some("acme-stripe"), "fulfil_order"),
-            Some(Ok(Destination::EventBridge { .. }))
+            Some(Ok(Target {
+                destination: Destination::EventBridge { .. },
+                ..
+            }))
         ));
         assert!(
             table
@@ -431,7 +705,10 @@ url = "https://beta.example/fulfil"
         );
         assert!(matches!(
             table.find("acme", Some("any"), "entity.changed"),
-            Some(Ok(Destination::Sqs { .. }))
+            Some(Ok(Target {
+                destination: Destination::Sqs { .. },
+                ..
+            }))
         ));
         assert!(table.find("gamma", None, "entity.changed").is_none());
     }

@@ -459,12 +459,33 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // A paused subscription's messages (parked: due never) wait by an operator's decision or
+    // its subscriber's 410; they are counted below, not as late.
     check(
         "outbox_oldest_undelivered_seconds",
         "latency",
-        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox WHERE status = 'pending'",
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox \
+         WHERE status = 'pending' AND next_attempt_at < 'infinity'",
         Some(0.0),
         Some(OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS),
+    ),
+    // Subscriptions: the oldest message a running subscription has not delivered (its
+    // subscriber down, slow, or refusing), and the subscriptions their subscriber paused by
+    // answering 410 Gone: someone must ask it and resume or remove the subscription.
+    check(
+        "subscription_oldest_undelivered_seconds",
+        "latency",
+        "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 FROM outbox \
+         WHERE status = 'pending' AND action LIKE 'event:%' AND next_attempt_at < 'infinity'",
+        Some(0.0),
+        Some(OUTBOX_OLDEST_UNDELIVERED_LIMIT_SECONDS),
+    ),
+    check(
+        "subscriptions_paused_by_gone",
+        "machinery",
+        "SELECT count(*)::float8 FROM subscription_pauses WHERE actor = 'outbox:410-gone'",
+        ZERO.0,
+        ZERO.1,
     ),
 ];
 

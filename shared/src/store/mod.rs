@@ -24,6 +24,7 @@ pub mod reconcile;
 pub mod retention;
 pub mod schema;
 pub mod sources;
+pub mod subscriptions;
 pub mod unrepaired_losses;
 pub mod webhook_events;
 

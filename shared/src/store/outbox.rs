@@ -206,10 +206,11 @@ pub async fn counts(
 }
 
 /// Seconds since the oldest undelivered (pending) message was written; 0 when none waits. Reads
-/// the pending rows only (the `outbox_undelivered` partial index).
+/// the pending rows only (the `outbox_undelivered` partial index). A paused subscription's
+/// messages (parked) wait by decision, not late: they are shown per subscription instead.
 pub async fn oldest_undelivered_age(executor: impl PgExecutor<'_>) -> Result<f64, StoreError> {
     const SQL: &str = "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 \
-         FROM outbox WHERE status = 'pending'";
+         FROM outbox WHERE status = 'pending' AND next_attempt_at < 'infinity'";
     Ok(sqlx::query_scalar(SQL).fetch_one(executor).await?)
 }
 

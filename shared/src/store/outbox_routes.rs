@@ -14,11 +14,13 @@ pub struct RouteRow {
     pub kind: String,
     pub target: String,
     pub event_source: Option<String>,
+    #[serde(default)]
+    pub signing_secret_ref: Option<String>,
 }
 
 /// Every route, tenant by tenant.
 pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<RouteRow>, StoreError> {
-    const SQL: &str = "SELECT tenant_id, source_id, action, kind, target, event_source \
+    const SQL: &str = "SELECT tenant_id, source_id, action, kind, target, event_source, signing_secret_ref \
          FROM outbox_routes ORDER BY tenant_id, action, source_id NULLS FIRST";
     Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }
@@ -31,8 +33,8 @@ pub async fn delete_all(executor: impl PgExecutor<'_>) -> Result<u64, StoreError
 
 /// Writes one route.
 pub async fn insert(executor: impl PgExecutor<'_>, row: &RouteRow) -> Result<(), StoreError> {
-    const SQL: &str = "INSERT INTO outbox_routes (tenant_id, source_id, action, kind, target, event_source) \
-         VALUES ($1, $2, $3, $4, $5, $6)";
+    const SQL: &str = "INSERT INTO outbox_routes (tenant_id, source_id, action, kind, target, event_source, signing_secret_ref) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7)";
     sqlx::query(SQL)
         .bind(&row.tenant_id)
         .bind(&row.source_id)
@@ -40,6 +42,7 @@ pub async fn insert(executor: impl PgExecutor<'_>, row: &RouteRow) -> Result<(),
         .bind(&row.kind)
         .bind(&row.target)
         .bind(&row.event_source)
+        .bind(&row.signing_secret_ref)
         .execute(executor)
         .await?;
     Ok(())

@@ -149,14 +149,15 @@ pub async fn undelivered_outbox(
 }
 
 /// Makes overdue outbox rows due now (their backoff, or a lease that expired, pushed them out).
-/// A row a sender holds leased is left to it: made due, a second sender would POST it too.
+/// A row a sender holds leased is left to it: made due, a second sender would POST it too. A
+/// paused subscription's message (parked: due never) waits for its resume.
 pub async fn hurry_outbox(
     executor: impl PgExecutor<'_>,
     window_seconds: f64,
 ) -> Result<u64, StoreError> {
     const SQL: &str = "UPDATE outbox SET next_attempt_at = now() \
          WHERE status = 'pending' AND created_at < now() - make_interval(secs => $1) AND next_attempt_at > now() \
-           AND (leased_until IS NULL OR leased_until <= now())";
+           AND next_attempt_at < 'infinity' AND (leased_until IS NULL OR leased_until <= now())";
     Ok(sqlx::query(SQL)
         .bind(window_seconds)
         .execute(executor)

@@ -925,3 +925,39 @@ pub async fn activity_by_source(
         .map(SourceActivity::from_row)
         .collect::<Result<_, _>>()?)
 }
+
+/// One stored event as an operator (or a subscriber fetching what its envelope left out) reads
+/// it: what it is, where it stands, and its payload unless retention purged it.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct StoredEvent {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub event_type: String,
+    pub entity_id: Option<String>,
+    pub entity_version: Option<i64>,
+    pub status: String,
+    pub first_received_at: chrono::DateTime<chrono::Utc>,
+    pub last_seen_at: chrono::DateTime<chrono::Utc>,
+    pub delivery_count: i32,
+    pub conflict_count: i32,
+    pub processed_at: Option<chrono::DateTime<chrono::Utc>>,
+    #[serde(skip)]
+    pub payload: Option<Vec<u8>>,
+}
+
+/// The event by its key.
+pub async fn find(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    external_id: &str,
+) -> Result<Option<StoredEvent>, StoreError> {
+    const SQL: &str = "SELECT tenant_id, external_id, source_id, event_type, entity_id, entity_version, \
+             status, first_received_at, last_seen_at, delivery_count, conflict_count, processed_at, payload \
+         FROM webhook_events WHERE tenant_id = $1 AND external_id = $2";
+    Ok(sqlx::query_as(SQL)
+        .bind(tenant_id)
+        .bind(external_id)
+        .fetch_optional(executor)
+        .await?)
+}

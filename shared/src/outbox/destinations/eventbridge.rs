@@ -20,7 +20,7 @@ pub(super) async fn put_events(
             PutEventsRequestEntry::builder()
                 .event_bus_name(bus)
                 .source(event_source)
-                .detail_type(&o.message.action)
+                .detail_type(o.detail_type())
                 .detail(&o.body)
                 .build()
         })

@@ -1,9 +1,11 @@
-//! The HTTP destination: one POST per message, with the `Idempotency-Key` header.
+//! The HTTP destination: one POST per message, with the `Idempotency-Key` header and, when its
+//! route names a signing secret, the Standard Webhooks headers (`webhook-id`,
+//! `webhook-timestamp`, `webhook-signature`; `subscriptions::signing`).
 
 use std::time::Duration;
 
-use super::Delivery;
-use crate::store::outbox::OutboxMessage;
+use super::{Delivery, Outgoing};
+use crate::subscriptions::signing;
 
 pub(super) fn client(request_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
     // Never follow a redirect: reqwest would turn a 301/302/303 POST into a bodiless GET,
@@ -15,25 +17,49 @@ pub(super) fn client(request_timeout: Duration) -> Result<reqwest::Client, reqwe
         .build()
 }
 
-pub(super) async fn post(
-    http: &reqwest::Client,
-    url: &str,
-    message: &OutboxMessage,
-    timeout: Duration,
-) -> Delivery {
-    let body = serde_json::json!({
+/// The bytes POSTed: a subscription's envelope as it is; an effect's action, event and payload.
+fn body_of(o: &Outgoing<'_>) -> Vec<u8> {
+    if o.forwarded {
+        return o.body.as_bytes().to_vec();
+    }
+    let message = o.message;
+    serde_json::json!({
         "action": message.action,
         "tenant_id": message.tenant_id,
         "event_id": message.external_id,
         "payload": message.payload,
-    });
-    let sent = http
+    })
+    .to_string()
+    .into_bytes()
+}
+
+pub(super) async fn post(
+    http: &reqwest::Client,
+    url: &str,
+    o: &Outgoing<'_>,
+    timeout: Duration,
+) -> Delivery {
+    let message = o.message;
+    let body = body_of(o);
+    let mut request = http
         .post(url)
         .header("Idempotency-Key", &message.idempotency_key)
-        .timeout(timeout)
-        .json(&body)
-        .send()
-        .await;
+        .header(reqwest::header::CONTENT_TYPE, "application/json")
+        .timeout(timeout);
+    if let Some(secrets) = &o.signing {
+        let timestamp = chrono::Utc::now().timestamp();
+        match signing::signature(secrets, &message.idempotency_key, timestamp, &body) {
+            Ok(signature) => {
+                request = request
+                    .header("webhook-id", &message.idempotency_key)
+                    .header("webhook-timestamp", timestamp.to_string())
+                    .header("webhook-signature", signature);
+            }
+            // Nothing is sent unsigned to a route that asks for signatures.
+            Err(e) => return Delivery::Refused(format!("not sent: {e}")),
+        }
+    }
+    let sent = request.body(body).send().await;
     match sent {
         Ok(response) if response.status().is_success() => Delivery::Delivered,
         Ok(response) if response.status().is_redirection() => {
@@ -45,7 +71,9 @@ pub(super) async fn post(
         Ok(response) => {
             let status = response.status();
             let why = format!("target answered {status}");
-            if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
+            if status.as_u16() == 410 {
+                Delivery::Gone(why)
+            } else if status.is_server_error() || status.as_u16() == 408 || status.as_u16() == 429 {
                 Delivery::Transient(why)
             } else {
                 Delivery::Refused(why)

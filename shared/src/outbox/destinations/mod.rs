@@ -178,6 +178,16 @@ impl Destination {
         }
     }
 
+    /// The largest body one message may carry here, with room for its attributes: EventBridge
+    /// and SNS take 256 KiB an entry, SQS 1 MiB a message, HTTP what the target takes.
+    pub fn max_body_bytes(&self) -> usize {
+        match self {
+            Destination::Http { .. } => usize::MAX,
+            Destination::EventBridge { .. } | Destination::Sns { .. } => 256 * 1024 - 2048,
+            Destination::Sqs { .. } => 1024 * 1024 - 2048,
+        }
+    }
+
     /// How many messages one call carries.
     fn entries_per_call(&self) -> usize {
         match self {
@@ -235,27 +245,83 @@ pub enum Delivery {
     Transient(String),
     /// Refused for good: a missing queue, a denied permission, a message the service rejects.
     Refused(String),
+    /// The subscriber answered 410 Gone: it wants no more. A subscription is paused (its
+    /// messages wait); any other message is refused.
+    Gone(String),
 }
 
-/// A message as it goes out: its row and the body every destination but HTTP carries.
+/// A message as it goes out: its row and the body it carries.
 pub struct Outgoing<'a> {
     pub message: &'a OutboxMessage,
-    /// The consumer's JSON: [`envelope`].
+    /// The consumer's JSON: an effect's [`envelope`], a subscription's CloudEvents envelope
+    /// (`subscriptions::envelope`), without its data when over the destination's limit.
     pub body: String,
+    /// A subscription's message (action `event:<name>`).
+    pub forwarded: bool,
+    /// Sent without its data: the envelope was over the destination's limit.
+    pub data_omitted: bool,
+    /// HTTP: the secrets its Standard Webhooks signature is made with.
+    pub signing: Option<std::sync::Arc<crate::secrets::SecretSet>>,
 }
 
 impl<'a> Outgoing<'a> {
+    /// An effect's message, or a subscription's with its data whatever its size.
     pub fn new(message: &'a OutboxMessage) -> Self {
+        let forwarded = crate::subscriptions::name_of(&message.action).is_some();
         Self {
             message,
-            body: envelope(message).to_string(),
+            body: if forwarded {
+                message.payload.to_string()
+            } else {
+                envelope(message).to_string()
+            },
+            forwarded,
+            data_omitted: false,
+            signing: None,
         }
+    }
+
+    /// The message as `destination` takes it: a subscription's envelope over the destination's
+    /// limit goes without its data, marked so, with the request that fetches it.
+    pub fn to(message: &'a OutboxMessage, destination: &Destination) -> Self {
+        let mut o = Self::new(message);
+        if o.forwarded
+            && o.body.len() > destination.max_body_bytes()
+            && let Some(slim) = crate::subscriptions::envelope::without_data(&message.payload)
+        {
+            o.body = slim.to_string();
+            o.data_omitted = true;
+        }
+        o
+    }
+
+    /// EventBridge's `DetailType`: a subscription's event type, an effect's action.
+    pub fn detail_type(&self) -> &str {
+        if self.forwarded {
+            self.message
+                .payload
+                .get("type")
+                .and_then(|t| t.as_str())
+                .unwrap_or(&self.message.action)
+        } else {
+            &self.message.action
+        }
+    }
+
+    /// A subscription's (type, source, tenant), as message attributes.
+    pub fn forwarded_attributes(&self) -> Vec<(&'static str, &str)> {
+        if !self.forwarded {
+            return Vec::new();
+        }
+        crate::subscriptions::envelope::attributes(&self.message.payload)
+            .map(|a| a.to_vec())
+            .unwrap_or_default()
     }
 }
 
 /// What a consumer of EventBridge (the event's `detail`), SQS (the body) or SNS (the message)
-/// receives: the action, whose event it is, the idempotency key to deduplicate with, and the
-/// effect's payload.
+/// receives of an effect: the action, whose event it is, the idempotency key to deduplicate
+/// with, and the effect's payload.
 pub fn envelope(message: &OutboxMessage) -> serde_json::Value {
     serde_json::json!({
         "action": message.action,
@@ -267,7 +333,8 @@ pub fn envelope(message: &OutboxMessage) -> serde_json::Value {
 }
 
 /// The `MessageGroupId` of a FIFO entry: the entity the message is about (`thing:42` for an
-/// entity change, `order:ord_1` for a fulfilment), so one entity's messages stay in order and
+/// entity change, `order:ord_1` for a fulfilment, `<source>:<subject>` for a subscription's
+/// event that names its entity), so one entity's messages stay in order and
 /// different entities' do not wait for each other; the event id when it names none. A value SQS
 /// would refuse (over 128 characters, or outside ASCII punctuation and alphanumerics) is
 /// replaced by its SHA-256, which keeps the grouping.
@@ -278,6 +345,13 @@ pub fn group_of(message: &OutboxMessage) -> String {
         serde_json::Value::Number(n) => Some(n.to_string()),
         _ => None,
     };
+    let forwarded_subject = crate::subscriptions::name_of(&message.action).and_then(|_| {
+        Some(format!(
+            "{}:{}",
+            text(p.get("sourceid")?)?,
+            text(p.get("subject")?)?
+        ))
+    });
     let group = match (
         p.get("entity_type").and_then(text),
         p.get("entity_id").and_then(text),
@@ -285,6 +359,7 @@ pub fn group_of(message: &OutboxMessage) -> String {
     ) {
         (Some(kind), Some(id), _) => format!("{kind}:{id}"),
         (_, _, Some(order)) => format!("order:{order}"),
+        _ if forwarded_subject.is_some() => forwarded_subject.unwrap_or_default(),
         _ => format!("event:{}", message.external_id),
     };
     let allowed = |c: char| c.is_ascii_alphanumeric() || c.is_ascii_punctuation();
@@ -521,7 +596,7 @@ impl Destinations {
                 Destination::Http { url } => {
                     let mut outcomes = Vec::with_capacity(call.len());
                     for o in call {
-                        outcomes.push(http::post(&self.http, url, o.message, timeout).await);
+                        outcomes.push(http::post(&self.http, url, o, timeout).await);
                     }
                     outcomes
                 }

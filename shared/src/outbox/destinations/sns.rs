@@ -33,6 +33,11 @@ pub(super) async fn publish_batch(
                     ("tenant_id", attribute(&m.tenant_id)),
                 ]
                 .into_iter()
+                .chain(
+                    o.forwarded_attributes()
+                        .into_iter()
+                        .map(|(k, v)| (k, attribute(v))),
+                )
                 .filter_map(|(k, v)| Some((k.to_owned(), v?)))
                 .collect(),
             ));

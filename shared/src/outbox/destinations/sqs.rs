@@ -34,6 +34,11 @@ pub(super) async fn send_batch(
                     ("idempotency_key", attribute(&m.idempotency_key)),
                 ]
                 .into_iter()
+                .chain(
+                    o.forwarded_attributes()
+                        .into_iter()
+                        .map(|(k, v)| (k, attribute(v))),
+                )
                 .filter_map(|(k, v)| Some((k.to_owned(), v?)))
                 .collect(),
             ));
