@@ -34,6 +34,14 @@ fn messages() -> usize {
         .unwrap_or(500)
 }
 
+/// A setting the run may override (BENCH_OUTBOX_BATCH, BENCH_OUTBOX_WORKERS), else the default.
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(default)
+}
+
 fn endpoint() -> AwsEndpoint {
     AwsEndpoint {
         endpoint_url: Some(
@@ -93,6 +101,8 @@ async fn sender_rate(pool: &PgPool, destination: Destination, kind: &str, n: usi
         pool.clone(),
         OutboxSettings {
             endpoints: AwsDestinationEndpoints::all(endpoint()),
+            batch_size: env_or("BENCH_OUTBOX_BATCH", OutboxSettings::routed().batch_size),
+            workers: env_or("BENCH_OUTBOX_WORKERS", OutboxSettings::routed().workers),
             ..OutboxSettings::routed()
         },
     )
@@ -220,6 +230,10 @@ async fn main() {
         "{:>12} limit: the sender at least 0.50x the concurrent bare loop",
         ""
     );
+    if std::env::var("BENCH_OUTBOX_KINDS").as_deref() == Ok("http") {
+        db.drop().await;
+        return;
+    }
 
     let destination = Destination::eventbridge(bus.clone(), "bench.webhooks".into()).unwrap();
     let sent = sender_rate(&pool, destination, "eventbridge", n).await;

@@ -539,6 +539,7 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
             max_attempts: self.parsed("OUTBOX_MAX_ATTEMPTS", d.max_attempts)?,
             request_timeout: self.millis("OUTBOX_TIMEOUT_MS", d.request_timeout)?,
             http_concurrency: self.parsed("OUTBOX_CONCURRENCY", d.http_concurrency)?,
+            workers: self.parsed("OUTBOX_WORKERS", d.workers)?,
             idle_poll: self.millis("OUTBOX_IDLE_POLL_MS", d.idle_poll)?,
             ..d
         };

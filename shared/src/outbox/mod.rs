@@ -53,8 +53,10 @@ pub struct OutboxSettings {
     pub backoff_base: Duration,
     pub backoff_cap: Duration,
     pub request_timeout: Duration,
-    /// Calls in flight at once (HTTP: one message a call; AWS: ten).
+    /// Calls in flight at once, all workers together (HTTP: one message a call; AWS: ten).
     pub http_concurrency: usize,
+    /// Batches in hand at once: each worker leases, sends and settles its own.
+    pub workers: usize,
     /// How long a pass that found nothing due waits before looking again, when it stays in its
     /// invocation for new work ([`OutboxSender::stay_until`]); zero: it returns instead.
     pub idle_poll: Duration,
@@ -71,6 +73,7 @@ impl OutboxSettings {
             backoff_cap: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(10),
             http_concurrency: 16,
+            workers: 2,
             idle_poll: Duration::from_millis(100),
         }
     }
@@ -157,6 +160,8 @@ pub struct OutboxSender {
     /// Where routes' signing secrets are read (`signing_secret_ref`).
     secrets: Option<Arc<SecretStore>>,
     limiter: limiter::RateLimiter,
+    /// `http_concurrency` permits: the calls in flight, all workers together.
+    in_flight: tokio::sync::Semaphore,
 }
 
 impl OutboxSender {
@@ -165,9 +170,10 @@ impl OutboxSender {
         Ok(Self {
             pool,
             destinations,
-            settings,
             secrets: None,
             limiter: limiter::RateLimiter::default(),
+            in_flight: tokio::sync::Semaphore::new(settings.http_concurrency.max(1)),
+            settings,
         })
     }
 
@@ -193,21 +199,13 @@ impl OutboxSender {
     }
 
     async fn pass(&self, deadline: Instant, stay: bool) -> Result<OutboxOutcome, StoreError> {
+        // `workers` loops, each leasing its own batches: one commits its outcomes and leases
+        // again while another's calls are in flight, so the database's share and the
+        // destinations' overlap. Their calls share one bound (`http_concurrency`).
+        let workers = (0..self.settings.workers.max(1)).map(|_| self.work(deadline, stay));
         let mut total = OutboxOutcome::default();
-        while Instant::now() < deadline {
-            let batch = self.run_once(deadline).await?;
-            total.add(&batch);
-            if batch.handed_back > 0 {
-                break;
-            }
-            if batch.leased < self.settings.batch_size as u64 {
-                // An idle poll of zero: return when nothing is ready, as a pass without `stay`.
-                if !stay || self.settings.idle_poll.is_zero() {
-                    break;
-                }
-                let left = deadline.saturating_duration_since(Instant::now());
-                tokio::time::sleep(self.settings.idle_poll.min(left)).await;
-            }
+        for done in futures_util::future::join_all(workers).await {
+            total.add(&done?);
         }
         // Measured after sending, so a healthy pass reports what it could not deliver (issue 23:
         // a target going down shows here within minutes, long before the retry budget ends).
@@ -229,6 +227,28 @@ impl OutboxSender {
             );
         } else {
             tracing::debug!("outbox pass: nothing due");
+        }
+        Ok(total)
+    }
+
+    /// One worker of a pass: batches until one comes back short (or, staying, until the
+    /// deadline).
+    async fn work(&self, deadline: Instant, stay: bool) -> Result<OutboxOutcome, StoreError> {
+        let mut total = OutboxOutcome::default();
+        while Instant::now() < deadline {
+            let batch = self.run_once(deadline).await?;
+            total.add(&batch);
+            if batch.handed_back > 0 {
+                break;
+            }
+            if batch.leased < self.settings.batch_size as u64 {
+                // An idle poll of zero: return when nothing is ready, as a pass without `stay`.
+                if !stay || self.settings.idle_poll.is_zero() {
+                    break;
+                }
+                let left = deadline.saturating_duration_since(Instant::now());
+                tokio::time::sleep(self.settings.idle_poll.min(left)).await;
+            }
         }
         Ok(total)
     }
@@ -376,6 +396,7 @@ impl OutboxSender {
             .iter()
             .map(|&(destination, call)| -> Try<'_> {
                 Box::pin(async move {
+                    let _slot = self.in_flight.acquire().await.ok()?;
                     let left = deadline
                         .checked_duration_since(Instant::now())
                         .filter(|left| !left.is_zero())?;
