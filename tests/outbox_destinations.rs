@@ -379,6 +379,39 @@ async fn a_fifo_queue_keeps_an_entity_in_order_and_drops_a_resent_message(pool: 
     );
 }
 
+/// The sender makes its calls concurrently, but a FIFO destination's one after another: forty
+/// changes of one entity, four calls of ten, arrive in the order written.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_fifo_queue_gets_an_entity_in_order_across_calls(pool: PgPool) {
+    let moto = moto().await;
+    let (queue_url, _) = moto.queue(&format!("{}.fifo", unique("ordered"))).await;
+    let ids: Vec<String> = (1..=40).map(|v| format!("o-{v:02}")).collect();
+    let rows_in: Vec<(&str, &str, i64)> = ids
+        .iter()
+        .enumerate()
+        .map(|(i, id)| (id.as_str(), "a", i as i64 + 1))
+        .collect();
+    outbox_rows(&pool, &rows_in).await;
+    routes::apply(
+        &pool,
+        &[route(
+            "entity.changed",
+            Destination::sqs(queue_url.clone()).unwrap(),
+        )],
+    )
+    .await
+    .unwrap();
+    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
+    send_until_settled(&sender, &pool).await;
+    let arrived = moto.drain_queue(&queue_url, Duration::from_secs(2)).await;
+    let got: Vec<&str> = arrived
+        .iter()
+        .map(|(b, _)| b["event_id"].as_str().unwrap())
+        .collect();
+    let want: Vec<&str> = ids.iter().map(String::as_str).collect();
+    assert_eq!(got, want, "one entity's messages in order across calls");
+}
+
 /// SNS refuses one entry of a PublishBatch (a message over its 256 KiB limit, written here
 /// straight into the outbox: no effect writes one that large today) and takes the others: the
 /// refused one ends failed with SNS's reason after one try; the others are delivered and reach

@@ -55,7 +55,9 @@ pub struct OutboxSettings {
     pub request_timeout: Duration,
     /// Calls in flight at once, all workers together (HTTP: one message a call; AWS: ten).
     pub http_concurrency: usize,
-    /// Batches in hand at once: each worker leases, sends and settles its own.
+    /// Batches in hand at once: each worker leases, sends and settles its own. Above one, two
+    /// workers' batches may hold messages of one entity, and a FIFO destination may then
+    /// receive them out of order.
     pub workers: usize,
     /// How long a pass that found nothing due waits before looking again, when it stays in its
     /// invocation for new work ([`OutboxSender::stay_until`]); zero: it returns instead.
@@ -73,7 +75,7 @@ impl OutboxSettings {
             backoff_cap: Duration::from_secs(3600),
             request_timeout: Duration::from_secs(10),
             http_concurrency: 16,
-            workers: 2,
+            workers: 1,
             idle_poll: Duration::from_millis(100),
         }
     }
@@ -199,9 +201,9 @@ impl OutboxSender {
     }
 
     async fn pass(&self, deadline: Instant, stay: bool) -> Result<OutboxOutcome, StoreError> {
-        // `workers` loops, each leasing its own batches: one commits its outcomes and leases
-        // again while another's calls are in flight, so the database's share and the
-        // destinations' overlap. Their calls share one bound (`http_concurrency`).
+        // `workers` loops (one by default), each leasing its own batches: with more, one
+        // commits its outcomes and leases again while another's calls are in flight. Their
+        // calls share one bound (`http_concurrency`).
         let workers = (0..self.settings.workers.max(1)).map(|_| self.work(deadline, stay));
         let mut total = OutboxOutcome::default();
         for done in futures_util::future::join_all(workers).await {
@@ -388,30 +390,52 @@ impl OutboxSender {
             })
             .collect();
         // Every call, up to `http_concurrency` in flight; one that would start after the
-        // deadline is not made (`None`).
-        // Each call's future boxed with its type named: a spawned task (the local runner's
-        // pipeline, the function's handler) must see it as `Send` for every lifetime.
-        type Try<'f> = Pin<Box<dyn Future<Output = Option<Vec<Delivery>>> + Send + 'f>>;
-        let calls: Vec<Try<'_>> = plan
-            .iter()
-            .map(|&(destination, call)| -> Try<'_> {
+        // deadline is not made (`None`). A FIFO destination's calls go one after another in
+        // one lane, so one entity's messages reach it in the order leased; every other call is
+        // a lane of its own. Each lane's future is boxed with its type named: a spawned task
+        // (the local runner's pipeline, the function's handler) must see it as `Send` for
+        // every lifetime.
+        let mut lanes: Vec<Vec<usize>> = Vec::new();
+        let mut fifo_lanes: Vec<(&Destination, usize)> = Vec::new();
+        for (i, (destination, _)) in plan.iter().enumerate() {
+            if !destination.is_fifo() {
+                lanes.push(vec![i]);
+                continue;
+            }
+            match fifo_lanes.iter().find(|(d, _)| d == destination) {
+                Some((_, lane)) => lanes[*lane].push(i),
+                None => {
+                    fifo_lanes.push((destination, lanes.len()));
+                    lanes.push(vec![i]);
+                }
+            }
+        }
+        type Lane<'f> =
+            Pin<Box<dyn Future<Output = Vec<(usize, Option<Vec<Delivery>>)>> + Send + 'f>>;
+        let plan_ref = &plan;
+        let lanes: Vec<Lane<'_>> = lanes
+            .into_iter()
+            .map(|lane| -> Lane<'_> {
                 Box::pin(async move {
-                    let _slot = self.in_flight.acquire().await.ok()?;
-                    let left = deadline
-                        .checked_duration_since(Instant::now())
-                        .filter(|left| !left.is_zero())?;
-                    Some(
-                        self.destinations
-                            .deliver(destination, call, left.min(self.settings.request_timeout))
-                            .await,
-                    )
+                    let mut tried = Vec::with_capacity(lane.len());
+                    for i in lane {
+                        let (destination, call) = plan_ref[i];
+                        tried.push((i, self.try_call(destination, call, deadline).await));
+                    }
+                    tried
                 })
             })
             .collect();
-        let tries: Vec<Option<Vec<Delivery>>> = futures_util::stream::iter(calls)
-            .buffered(self.settings.http_concurrency.max(1))
-            .collect()
-            .await;
+        let mut tries: Vec<Option<Vec<Delivery>>> = vec![None; plan.len()];
+        for (i, tried) in futures_util::stream::iter(lanes)
+            .buffer_unordered(self.settings.http_concurrency.max(1))
+            .collect::<Vec<_>>()
+            .await
+            .into_iter()
+            .flatten()
+        {
+            tries[i] = tried;
+        }
         let mut untried = Vec::new();
         let mut delivered: Vec<(String, &'static str, Vec<i64>)> = Vec::new();
         let mut others: Vec<(&OutboxMessage, Delivery, String, &'static str)> = Vec::new();
@@ -461,6 +485,25 @@ impl OutboxSender {
                 .await?;
         }
         Ok(outcome)
+    }
+
+    /// One call, once a slot of `http_concurrency` is free; `None` when the deadline came
+    /// first (the call is not made).
+    async fn try_call(
+        &self,
+        destination: &Destination,
+        call: &[Outgoing<'_>],
+        deadline: Instant,
+    ) -> Option<Vec<Delivery>> {
+        let _slot = self.in_flight.acquire().await.ok()?;
+        let left = deadline
+            .checked_duration_since(Instant::now())
+            .filter(|left| !left.is_zero())?;
+        Some(
+            self.destinations
+                .deliver(destination, call, left.min(self.settings.request_timeout))
+                .await,
+        )
     }
 
     /// Records one message's try.
