@@ -819,15 +819,9 @@ pub async fn handle_invoked(
                 asked.actor,
             )
             .await?;
-            let request = serde_json::json!({"tenant_id": tenant_id, "subscription": subscription});
-            let affected = serde_json::json!([request]);
             let outcome = serde_json::json!({"newly": newly});
-            operator_actions::record(
-                &mut *tx,
-                &asked.record(invocation, &request, &affected, Some(&outcome), true),
-            )
-            .await?;
-            tx.commit().await.map_err(StoreError::from)?;
+            record_for_subscription(tx, &asked, invocation, &tenant_id, &subscription, &outcome)
+                .await?;
             tracing::info!(%tenant_id, %subscription, newly, actor = asked.actor, "subscription paused");
             Ok(OperatorResponse::SubscriptionPaused {
                 tenant_id,
@@ -846,15 +840,9 @@ pub async fn handle_invoked(
             known_subscription(&mut tx, &tenant_id, &subscription).await?;
             let (lifted, due) =
                 crate::store::subscriptions::resume(&mut tx, &tenant_id, &subscription).await?;
-            let request = serde_json::json!({"tenant_id": tenant_id, "subscription": subscription});
-            let affected = serde_json::json!([request]);
             let outcome = serde_json::json!({"lifted": lifted, "due": due});
-            operator_actions::record(
-                &mut *tx,
-                &asked.record(invocation, &request, &affected, Some(&outcome), true),
-            )
-            .await?;
-            tx.commit().await.map_err(StoreError::from)?;
+            record_for_subscription(tx, &asked, invocation, &tenant_id, &subscription, &outcome)
+                .await?;
             tracing::info!(%tenant_id, %subscription, due, actor = asked.actor, "subscription resumed");
             Ok(OperatorResponse::SubscriptionResumed {
                 tenant_id,
@@ -933,6 +921,26 @@ pub async fn handle_invoked(
             actions: operator_actions::list(pool, limit.unwrap_or(DEFAULT_LIMIT)).await?,
         }),
     }
+}
+
+/// Records a pause or resume of one subscription with the change it made, and commits both.
+async fn record_for_subscription(
+    mut tx: sqlx::Transaction<'_, sqlx::Postgres>,
+    asked: &Asked<'_>,
+    invocation: &Invocation,
+    tenant_id: &str,
+    subscription: &str,
+    outcome: &serde_json::Value,
+) -> Result<(), OperatorError> {
+    let request = serde_json::json!({"tenant_id": tenant_id, "subscription": subscription});
+    let affected = serde_json::json!([request]);
+    operator_actions::record(
+        &mut *tx,
+        &asked.record(invocation, &request, &affected, Some(outcome), true),
+    )
+    .await?;
+    tx.commit().await.map_err(StoreError::from)?;
+    Ok(())
 }
 
 /// Refuses a request naming a subscription the route file does not hold.

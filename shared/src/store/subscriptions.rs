@@ -159,19 +159,26 @@ impl ForwardRows {
     }
 }
 
-/// Writes the messages that do not exist yet; one statement. Returns how many it wrote.
-pub async fn insert_forwards(
-    executor: impl PgExecutor<'_>,
-    rows: &ForwardRows,
-) -> Result<u64, StoreError> {
-    const SQL: &str = "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
+/// The start of a statement that writes a batch of subscription messages, bound by
+/// [`bind_forwards`]; what it does with one that exists follows it.
+macro_rules! insert_forwards {
+    () => {
+        "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
          SELECT t, e, a, p::jsonb, k FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
              AS m(t, e, a, p, k) \
-         ON CONFLICT (tenant_id, external_id, action) DO NOTHING";
+         ON CONFLICT (tenant_id, external_id, action) "
+    };
+}
+
+async fn bind_forwards(
+    executor: impl PgExecutor<'_>,
+    sql: &'static str,
+    rows: &ForwardRows,
+) -> Result<u64, StoreError> {
     if rows.is_empty() {
         return Ok(0);
     }
-    Ok(sqlx::query(SQL)
+    Ok(sqlx::query(sql)
         .bind(&rows.tenant_ids)
         .bind(&rows.external_ids)
         .bind(&rows.actions)
@@ -182,6 +189,15 @@ pub async fn insert_forwards(
         .rows_affected())
 }
 
+/// Writes the messages that do not exist yet; one statement. Returns how many it wrote.
+pub async fn insert_forwards(
+    executor: impl PgExecutor<'_>,
+    rows: &ForwardRows,
+) -> Result<u64, StoreError> {
+    const SQL: &str = concat!(insert_forwards!(), "DO NOTHING");
+    bind_forwards(executor, SQL, rows).await
+}
+
 /// Writes the messages of a replay: a new one pending; one that exists and is not waiting
 /// (delivered, failed, discarded) pending again with a fresh attempt budget and the same key,
 /// its resend counted; one already waiting is left to its course. One statement.
@@ -189,25 +205,14 @@ pub async fn requeue_forwards(
     executor: impl PgExecutor<'_>,
     rows: &ForwardRows,
 ) -> Result<u64, StoreError> {
-    const SQL: &str = "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
-         SELECT t, e, a, p::jsonb, k FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-             AS m(t, e, a, p, k) \
-         ON CONFLICT (tenant_id, external_id, action) DO UPDATE SET status = 'pending', attempts = 0, \
+    const SQL: &str = concat!(
+        insert_forwards!(),
+        "DO UPDATE SET status = 'pending', attempts = 0, \
              next_attempt_at = now(), leased_until = NULL, last_error = NULL, payload = EXCLUDED.payload, \
              resent_count = outbox.resent_count + 1, resent_at = now() \
-         WHERE outbox.status <> 'pending'";
-    if rows.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(SQL)
-        .bind(&rows.tenant_ids)
-        .bind(&rows.external_ids)
-        .bind(&rows.actions)
-        .bind(&rows.envelopes)
-        .bind(&rows.keys)
-        .execute(executor)
-        .await?
-        .rows_affected())
+         WHERE outbox.status <> 'pending'"
+    );
+    bind_forwards(executor, SQL, rows).await
 }
 
 /// A pause: who, when, why.
