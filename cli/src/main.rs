@@ -646,7 +646,7 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         for r in &routes {
             eprintln!(
                 "route: {} of tenant {}{} → {}",
-                r.action,
+                r.message_action(),
                 r.tenant_id,
                 r.source_id
                     .as_deref()
@@ -1000,7 +1000,7 @@ fn check_provider(file: &std::path::Path) -> ExitCode {
         provider.signatures.len(),
         provider.vectors.len()
     );
-    let checks = catalogue::check_vectors(provider);
+    let checks = shared::signature::vectors::check_vectors(provider);
     for check in &checks {
         let verdict = match (&check.verified, check.recorded_valid) {
             (Ok(()), true) => "valid, as recorded".to_owned(),
@@ -1010,7 +1010,9 @@ fn check_provider(file: &std::path::Path) -> ExitCode {
         };
         println!("vector {} ({}): {verdict}", check.index, check.source);
     }
-    let agree = checks.iter().all(catalogue::VectorCheck::agrees);
+    let agree = checks
+        .iter()
+        .all(shared::signature::vectors::VectorCheck::agrees);
     let both = checks.iter().any(|c| c.recorded_valid) && checks.iter().any(|c| !c.recorded_valid);
     if !both {
         println!("an entry needs at least one valid vector and one refused");

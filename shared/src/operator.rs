@@ -838,8 +838,13 @@ pub async fn handle_invoked(
             let asked = asked("resume_subscription", &actor, &reason)?;
             let mut tx = pool.begin().await.map_err(StoreError::from)?;
             known_subscription(&mut tx, &tenant_id, &subscription).await?;
-            let (lifted, due) =
-                crate::store::subscriptions::resume(&mut tx, &tenant_id, &subscription).await?;
+            let (lifted, due) = crate::store::subscriptions::resume(
+                &mut tx,
+                &tenant_id,
+                &subscription,
+                &crate::subscriptions::action_of(&subscription),
+            )
+            .await?;
             let outcome = serde_json::json!({"lifted": lifted, "due": due});
             record_for_subscription(tx, &asked, invocation, &tenant_id, &subscription, &outcome)
                 .await?;

@@ -445,7 +445,7 @@ impl TryFrom<SubscriptionRow> for Route {
         Ok(Route {
             subscription: Some(SubscriptionSpec {
                 name: row.name.clone(),
-                selection: row.selection(),
+                selection: subscriptions::selection_of(&row),
                 rate_limit: row.rate_limit,
             }),
             tenant_id: row.tenant_id,

@@ -16,6 +16,7 @@ pub mod shopify;
 pub mod slack;
 pub mod standard_webhooks;
 pub mod stripe;
+pub mod vectors;
 
 use std::borrow::Cow;
 use std::time::Duration;

@@ -6,7 +6,6 @@ use sqlx::{PgConnection, PgExecutor};
 
 use super::StoreError;
 use super::event_queue::ClaimedEvent;
-use crate::subscriptions::{PayloadFilter, Selection, Subscription};
 
 /// An `outbox_subscriptions` row, column for column.
 #[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
@@ -24,47 +23,12 @@ pub struct SubscriptionRow {
     pub rate_limit: Option<f64>,
 }
 
-impl SubscriptionRow {
-    pub fn selection(&self) -> Selection {
-        let filter = match (&self.payload_pointer, &self.payload_values) {
-            (Some(pointer), Some(serde_json::Value::Array(values))) => Some(PayloadFilter {
-                pointer: pointer.clone(),
-                values: values.clone(),
-            }),
-            // A filter whose values are not a list matches nothing rather than everything.
-            (Some(pointer), Some(_)) => Some(PayloadFilter {
-                pointer: pointer.clone(),
-                values: Vec::new(),
-            }),
-            _ => None,
-        };
-        Selection {
-            event_types: self.event_types.clone(),
-            filter,
-        }
-    }
-}
-
 /// Every subscription, tenant by tenant.
 pub async fn list(executor: impl PgExecutor<'_>) -> Result<Vec<SubscriptionRow>, StoreError> {
     const SQL: &str = "SELECT tenant_id, name, source_id, event_types, payload_pointer, payload_values, \
          kind, target, event_source, signing_secret_ref, rate_limit \
          FROM outbox_subscriptions ORDER BY tenant_id, name";
     Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
-}
-
-/// What the drain matches events against.
-pub async fn matching(conn: &mut PgConnection) -> Result<Vec<Subscription>, StoreError> {
-    Ok(list(conn)
-        .await?
-        .into_iter()
-        .map(|row| Subscription {
-            selection: row.selection(),
-            tenant_id: row.tenant_id,
-            name: row.name,
-            source_id: row.source_id,
-        })
-        .collect())
 }
 
 /// One subscription, by tenant and name.
@@ -247,12 +211,13 @@ pub async fn pause(
         == 1)
 }
 
-/// Resumes a subscription: its pause removed and its parked messages due at once. Returns the
-/// pause it lifted and how many messages it made due.
+/// Resumes a subscription: its pause removed and its parked messages (of outbox action
+/// `action`) due at once. Returns the pause it lifted and how many messages it made due.
 pub async fn resume(
     conn: &mut PgConnection,
     tenant_id: &str,
     name: &str,
+    action: &str,
 ) -> Result<(Option<Pause>, u64), StoreError> {
     const LIFT: &str = "DELETE FROM subscription_pauses WHERE tenant_id = $1 AND name = $2 \
          RETURNING tenant_id, name, paused_at, reason, actor";
@@ -265,7 +230,7 @@ pub async fn resume(
         .await?;
     let due = sqlx::query(DUE)
         .bind(tenant_id)
-        .bind(crate::subscriptions::action_of(name))
+        .bind(action)
         .execute(&mut *conn)
         .await?
         .rows_affected();

@@ -22,7 +22,7 @@ use sqlx::PgConnection;
 use crate::effects::outbox_key;
 use crate::store::StoreError;
 use crate::store::event_queue::ClaimedEvent;
-use crate::store::subscriptions::{self as stored, ForwardRows};
+use crate::store::subscriptions::{self as stored, ForwardRows, SubscriptionRow};
 
 /// The route action of a subscription.
 pub const EVENT: &str = "event";
@@ -105,6 +105,22 @@ pub fn glob(pattern: &str, text: &str) -> bool {
     p[pi..].iter().all(|c| *c == '*')
 }
 
+/// What a stored subscription takes. A filter whose stored values are not a list matches
+/// nothing rather than everything.
+pub fn selection_of(row: &SubscriptionRow) -> Selection {
+    let filter = match (&row.payload_pointer, &row.payload_values) {
+        (Some(pointer), Some(values)) => Some(PayloadFilter {
+            pointer: pointer.clone(),
+            values: values.as_array().cloned().unwrap_or_default(),
+        }),
+        _ => None,
+    };
+    Selection {
+        event_types: row.event_types.clone(),
+        filter,
+    }
+}
+
 /// A stored subscription as the drain matches it.
 #[derive(Debug, Clone)]
 pub struct Subscription {
@@ -130,7 +146,18 @@ impl Subscriptions {
     }
 
     pub async fn load(conn: &mut PgConnection) -> Result<Self, StoreError> {
-        Ok(Self::new(stored::matching(conn).await?))
+        Ok(Self::new(
+            stored::list(conn)
+                .await?
+                .into_iter()
+                .map(|row| Subscription {
+                    selection: selection_of(&row),
+                    tenant_id: row.tenant_id,
+                    name: row.name,
+                    source_id: row.source_id,
+                })
+                .collect(),
+        ))
     }
 
     pub fn is_empty(&self) -> bool {

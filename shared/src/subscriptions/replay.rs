@@ -106,7 +106,7 @@ pub async fn run(
         .rate
         .or(subscription.rate_limit)
         .unwrap_or(DEFAULT_RATE);
-    let selection = subscription.selection();
+    let selection = super::selection_of(&subscription);
     let narrowed = Selection {
         event_types: request.event_types.clone(),
         filter: None,
