@@ -927,3 +927,92 @@ async fn aws_subscribers_get_attributes_and_a_too_large_envelope_goes_without_da
         .unwrap();
     assert!(small["data"].is_object());
 }
+
+/// The operator's commands as a user runs them: `hookctl routes pause` and `resume` exit 0 and
+/// are recorded with the actor; pausing a subscription the route file lacks exits 2; `hookctl
+/// events replay --json` exits 0 once its range is done and its messages reach the subscriber;
+/// `--until` before `--since` exits 2 and queues nothing.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_subscription_commands_exit_as_documented(pool: PgPool) {
+    use hookctl::backend::Backend;
+    use hookctl::commands::{self, Decision, EventsAction, ReplayArgs, SubscriptionName};
+    let app = github_app(&pool).await;
+    let (url, state) = subscriber().await;
+    for i in 0..4 {
+        let d = github_event(&format!("c-{i}"), "issues", "opened");
+        app.post(GITHUB, d.headers, &d.body).await;
+    }
+    run_pipeline(&pool, Duration::from_secs(30)).await;
+    routes::apply(&pool, &[subscription_route(&url, "cli", &["issues"])])
+        .await
+        .unwrap();
+    let backend = Backend::direct(pool.clone());
+    let decision = |reason: &str| Decision {
+        reason: reason.into(),
+        actor: Some("bob".into()),
+    };
+    let name = |name: &str| SubscriptionName {
+        tenant: TENANT.into(),
+        name: name.into(),
+    };
+    assert_eq!(
+        commands::pause_or_resume(&backend, true, true, name("cli"), decision("deploying")).await,
+        0
+    );
+    assert_eq!(
+        commands::pause_or_resume(&backend, true, true, name("nope"), decision("typo")).await,
+        2,
+        "a subscription the route file lacks"
+    );
+    assert_eq!(
+        commands::pause_or_resume(&backend, true, false, name("cli"), decision("deployed")).await,
+        0
+    );
+    let replay = |since: chrono::DateTime<chrono::Utc>, until| ReplayArgs {
+        subscription: "cli".into(),
+        tenant: TENANT.into(),
+        source: None,
+        types: vec![],
+        since,
+        until: Some(until),
+        rate: None,
+        decision: decision("catch up"),
+    };
+    let now = chrono::Utc::now();
+    let refused = commands::events(
+        &backend,
+        true,
+        EventsAction::Replay(replay(now, now - chrono::Duration::hours(1))),
+    )
+    .await;
+    assert_eq!(refused, 2);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM outbox WHERE action = 'event:cli'"
+        )
+        .await,
+        0
+    );
+    let done = commands::events(
+        &backend,
+        true,
+        EventsAction::Replay(replay(
+            now - chrono::Duration::hours(1),
+            now + chrono::Duration::seconds(1),
+        )),
+    )
+    .await;
+    assert_eq!(done, 0);
+    run_pipeline(&pool, Duration::from_secs(30)).await;
+    assert_eq!(state.lock().unwrap().arrivals.len(), 4);
+    assert_eq!(
+        scalar(
+            &pool,
+            "SELECT count(*) FROM operator_actions WHERE actor = 'bob' \
+             AND action IN ('pause_subscription', 'resume_subscription', 'replay_to_subscription')"
+        )
+        .await,
+        3
+    );
+}
