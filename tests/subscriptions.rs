@@ -1016,3 +1016,68 @@ async fn the_subscription_commands_exit_as_documented(pool: PgPool) {
         3
     );
 }
+
+/// Day 60: retention purges an event's payload, and the copies subscriptions hold go with it.
+/// A delivered message keeps no data past the payload horizon; a message still waiting (its
+/// subscription paused) is sent after the purge without data, marked `purged`, with the request
+/// that says so.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_payload_purge_takes_the_data_out_of_subscription_messages(pool: PgPool) {
+    let app = github_app(&pool).await;
+    let (url, state) = subscriber().await;
+    routes::apply(
+        &pool,
+        &[
+            subscription_route(&url, "now", &[]),
+            subscription_route(&url, "later", &[]),
+        ],
+    )
+    .await
+    .unwrap();
+    shared::store::subscriptions::pause(&pool, TENANT, "later", "its subscriber is down", "alice")
+        .await
+        .unwrap();
+    let d = github_event("p-1", "issues", "opened");
+    app.post(GITHUB, d.headers, &d.body).await;
+    run_pipeline(&pool, Duration::from_secs(30)).await;
+    assert_eq!(state.lock().unwrap().arrivals.len(), 1);
+
+    let purged = shared::store::retention::purge_payloads(&pool, 0.0, 100)
+        .await
+        .unwrap();
+    assert_eq!(purged.purged, 1);
+    let kept: Vec<(String, serde_json::Value)> =
+        sqlx::query_as("SELECT action, payload FROM outbox ORDER BY action")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kept.len(), 2);
+    for (action, envelope) in &kept {
+        assert!(
+            envelope.get("data").is_none(),
+            "{action} kept the data: {envelope}"
+        );
+        assert_eq!(envelope["dataomitted"], "purged", "{action}");
+        assert_eq!(envelope["providerid"], "p-1");
+    }
+    shared::store::subscriptions::resume(
+        &mut pool.acquire().await.unwrap(),
+        TENANT,
+        "later",
+        &shared::subscriptions::action_of("later"),
+    )
+    .await
+    .unwrap();
+    run_pipeline(&pool, Duration::from_secs(30)).await;
+    let arrivals = state.lock().unwrap().arrivals.clone();
+    assert_eq!(arrivals.len(), 2);
+    let late: serde_json::Value = serde_json::from_slice(&arrivals[1].body).unwrap();
+    assert!(late.get("data").is_none(), "{late}");
+    assert_eq!(late["dataomitted"], "purged");
+    let fetch: serde_json::Value =
+        serde_json::from_str(late["datafetch"].as_str().unwrap()).unwrap();
+    assert_eq!(
+        (fetch["action"].as_str(), fetch["external_id"].as_str()),
+        (Some("show_event"), Some("p-1"))
+    );
+}

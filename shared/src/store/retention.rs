@@ -5,6 +5,23 @@ use sqlx::PgExecutor;
 
 use super::StoreError;
 
+/// A CTE for a statement whose `purged` CTE names the events whose payload it cleared: their
+/// subscriptions' messages lose the copy of the data their envelope carries, marked `purged`
+/// with the operator request that says so (`subscriptions::envelope`), so no copy of a payload
+/// outlives its horizon. A message still waiting is sent so.
+macro_rules! forwarded_data_purged {
+    () => {
+        " forwarded_data_purged AS ( \
+             UPDATE outbox AS o SET payload = (o.payload - 'data' - 'data_base64') || jsonb_build_object( \
+                 'dataomitted', 'purged', \
+                 'datafetch', jsonb_build_object('action', 'show_event', 'tenant_id', o.tenant_id, \
+                                                 'external_id', o.external_id)::text) \
+             FROM purged AS p \
+             WHERE o.tenant_id = p.tenant_id AND o.external_id = p.external_id \
+               AND o.action LIKE 'event:%' AND (o.payload ? 'data' OR o.payload ? 'data_base64')), "
+    };
+}
+
 /// What one batch of [`purge_payloads`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PayloadBatch {
@@ -30,7 +47,8 @@ pub async fn purge_payloads(
 ) -> Result<PayloadBatch, StoreError> {
     // The cursor: the instant and, at it, the last event examined; from a row a previous build
     // moved (`after_at` not `through`), every event at the instant.
-    const SQL: &str = "WITH stored AS ( \
+    const SQL: &str = concat!(
+        "WITH stored AS ( \
              SELECT through, after_at, after_tenant_id, after_external_id \
              FROM retention_cursors WHERE name = 'payloads'), \
          cursor AS ( \
@@ -48,8 +66,9 @@ pub async fn purge_payloads(
              UPDATE webhook_events AS e SET payload = NULL FROM batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \
                AND e.status <> 'pending' AND e.payload IS NOT NULL \
-             RETURNING e.tenant_id, e.external_id), \
-         awaiting AS ( \
+             RETURNING e.tenant_id, e.external_id), ",
+        forwarded_data_purged!(),
+        " awaiting AS ( \
              INSERT INTO payloads_awaiting_processing (tenant_id, external_id) \
              SELECT b.tenant_id, b.external_id FROM batch AS b \
              WHERE b.has_payload AND NOT EXISTS ( \
@@ -63,7 +82,8 @@ pub async fn purge_payloads(
              SELECT 'payloads', first_received_at, first_received_at, tenant_id, external_id FROM last \
              ON CONFLICT (name) DO UPDATE SET through = EXCLUDED.through, after_at = EXCLUDED.after_at, \
                  after_tenant_id = EXCLUDED.after_tenant_id, after_external_id = EXCLUDED.after_external_id) \
-         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged)";
+         SELECT (SELECT count(*) FROM batch), (SELECT count(*) FROM purged)"
+    );
     let (examined, purged): (i64, i64) = sqlx::query_as(SQL)
         .bind(age_seconds)
         .bind(limit)
@@ -121,7 +141,8 @@ pub async fn purge_processed_since_passed(
     executor: impl PgExecutor<'_>,
     limit: i64,
 ) -> Result<AwaitingPass, StoreError> {
-    const SQL: &str = "WITH due AS ( \
+    const SQL: &str = concat!(
+        "WITH due AS ( \
              SELECT w.tenant_id, w.external_id, (e.tenant_id IS NULL OR e.payload IS NULL) AS nothing_left \
              FROM payloads_awaiting_processing AS w \
              LEFT JOIN webhook_events AS e ON e.tenant_id = w.tenant_id AND e.external_id = w.external_id \
@@ -131,13 +152,15 @@ pub async fn purge_processed_since_passed(
              UPDATE webhook_events AS e SET payload = NULL FROM due \
              WHERE e.tenant_id = due.tenant_id AND e.external_id = due.external_id \
                AND e.status <> 'pending' AND e.payload IS NOT NULL \
-             RETURNING e.tenant_id, e.external_id), \
-         forgotten AS ( \
+             RETURNING e.tenant_id, e.external_id), ",
+        forwarded_data_purged!(),
+        " forgotten AS ( \
              DELETE FROM payloads_awaiting_processing AS w USING due \
              WHERE w.tenant_id = due.tenant_id AND w.external_id = due.external_id \
                AND (due.nothing_left OR EXISTS ( \
                    SELECT 1 FROM purged AS p WHERE p.tenant_id = w.tenant_id AND p.external_id = w.external_id))) \
-         SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM purged)";
+         SELECT (SELECT count(*) FROM due), (SELECT count(*) FROM purged)"
+    );
     let (examined, purged): (i64, i64) =
         sqlx::query_as(SQL).bind(limit).fetch_one(executor).await?;
     Ok(AwaitingPass {
