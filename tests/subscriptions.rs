@@ -1081,3 +1081,23 @@ async fn a_payload_purge_takes_the_data_out_of_subscription_messages(pool: PgPoo
         (Some("show_event"), Some("p-1"))
     );
 }
+
+/// A subscription naming a source its tenant does not have is refused with the route file
+/// whole, as a route naming one is: nothing of the file is stored.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_subscription_to_an_unknown_source_is_refused_whole(pool: PgPool) {
+    let _app = github_app(&pool).await;
+    let text = format!(
+        "[[route]]\ntenant = \"{TENANT}\"\naction = \"event\"\nname = \"fine\"\ndestination = \"http\"\nurl = \"https://x.example\"\n\
+         [[route]]\ntenant = \"{TENANT}\"\nsource = \"nope\"\naction = \"event\"\nname = \"stray\"\ndestination = \"http\"\nurl = \"https://x.example\"\n"
+    );
+    let refused = routes::apply(&pool, &routes::parse_routes("r.toml", &text).unwrap())
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(refused.contains("nope"), "{refused}");
+    assert_eq!(
+        scalar(&pool, "SELECT count(*) FROM outbox_subscriptions").await,
+        0
+    );
+}

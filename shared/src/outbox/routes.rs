@@ -492,9 +492,11 @@ pub async fn apply(pool: &PgPool, routes: &[Route]) -> Result<(), RoutesError> {
             None => outbox_routes::insert(&mut *tx, &RouteRow::from(route)).await?,
         }
     }
-    let mut unknown = outbox_routes::unknown_sources(&mut *tx).await?;
-    unknown.extend(stored_subscriptions::unknown_sources(&mut *tx).await?);
-    if let Some((tenant, source_id)) = unknown.into_iter().next() {
+    if let Some((tenant, source_id)) = outbox_routes::unknown_sources(&mut *tx)
+        .await?
+        .into_iter()
+        .next()
+    {
         let action = routes
             .iter()
             .find(|r| r.tenant_id == tenant && r.source_id.as_deref() == Some(&source_id))

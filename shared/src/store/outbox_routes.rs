@@ -55,11 +55,13 @@ pub async fn lock_for_apply(executor: impl PgExecutor<'_>) -> Result<(), StoreEr
     Ok(())
 }
 
-/// The (tenant, source) pairs named by routes that no stored source has.
+/// The (tenant, source) pairs named by routes or subscriptions that no stored source has.
 pub async fn unknown_sources(
     executor: impl PgExecutor<'_>,
 ) -> Result<Vec<(String, String)>, StoreError> {
-    const SQL: &str = "SELECT r.tenant_id, r.source_id FROM outbox_routes AS r \
+    const SQL: &str = "SELECT r.tenant_id, r.source_id FROM ( \
+             SELECT tenant_id, source_id FROM outbox_routes \
+             UNION SELECT tenant_id, source_id FROM outbox_subscriptions) AS r \
          WHERE r.source_id IS NOT NULL AND NOT EXISTS ( \
              SELECT 1 FROM sources AS s WHERE s.source_id = r.source_id AND s.tenant_id = r.tenant_id) \
          ORDER BY 1, 2";

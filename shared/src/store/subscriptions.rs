@@ -77,17 +77,6 @@ pub async fn insert(
     Ok(())
 }
 
-/// The (tenant, source) pairs named by subscriptions that no stored source has.
-pub async fn unknown_sources(
-    executor: impl PgExecutor<'_>,
-) -> Result<Vec<(String, String)>, StoreError> {
-    const SQL: &str = "SELECT r.tenant_id, r.source_id FROM outbox_subscriptions AS r \
-         WHERE r.source_id IS NOT NULL AND NOT EXISTS ( \
-             SELECT 1 FROM sources AS s WHERE s.source_id = r.source_id AND s.tenant_id = r.tenant_id) \
-         ORDER BY 1, 2";
-    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
-}
-
 /// The outbox rows of a drain batch's subscriptions, column by column.
 #[derive(Debug, Default)]
 pub struct ForwardRows {
@@ -413,21 +402,34 @@ pub async fn find_job(
         .await?)
 }
 
+/// The events a replay job reads: processed, of its tenant (and source), first received in its
+/// range, after its cursor. Bound by [`bind_replay_range!`] as `$1`..`$7`.
+macro_rules! replay_range {
+    () => {
+        " WHERE e.tenant_id = $1 AND e.first_received_at >= $2 AND e.first_received_at < $3 \
+           AND ($4::text IS NULL OR e.source_id = $4) AND e.status = 'processed' \
+           AND ($5::timestamptz IS NULL OR (e.first_received_at, e.tenant_id, e.external_id) > ($5, $6, $7)) "
+    };
+}
+
+macro_rules! bind_replay_range {
+    ($query:expr, $job:expr) => {
+        $query
+            .bind(&$job.tenant_id)
+            .bind($job.since)
+            .bind($job.until)
+            .bind(&$job.source_id)
+            .bind($job.cursor_received_at)
+            .bind(&$job.cursor_tenant_id)
+            .bind(&$job.cursor_external_id)
+    };
+}
+
 /// How many stored events the replay's range holds from its cursor on (its progress bar's
 /// length).
 pub async fn remaining(executor: impl PgExecutor<'_>, job: &ReplayJob) -> Result<i64, StoreError> {
-    const SQL: &str = "SELECT count(*) FROM webhook_events AS e \
-         WHERE e.tenant_id = $1 AND e.first_received_at >= $2 AND e.first_received_at < $3 \
-           AND ($4::text IS NULL OR e.source_id = $4) AND e.status = 'processed' \
-           AND ($5::timestamptz IS NULL OR (e.first_received_at, e.tenant_id, e.external_id) > ($5, $6, $7))";
-    Ok(sqlx::query_scalar(SQL)
-        .bind(&job.tenant_id)
-        .bind(job.since)
-        .bind(job.until)
-        .bind(&job.source_id)
-        .bind(job.cursor_received_at)
-        .bind(&job.cursor_tenant_id)
-        .bind(&job.cursor_external_id)
+    const SQL: &str = concat!("SELECT count(*) FROM webhook_events AS e", replay_range!());
+    Ok(bind_replay_range!(sqlx::query_scalar(SQL), job)
         .fetch_one(executor)
         .await?)
 }
@@ -439,22 +441,15 @@ pub async fn next_events(
     job: &ReplayJob,
     limit: i64,
 ) -> Result<Vec<ClaimedEvent>, StoreError> {
-    const SQL: &str = "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
+    const SQL: &str = concat!(
+        "SELECT e.tenant_id, e.external_id, e.source_id, s.scheme, e.event_type, e.entity_id, \
              e.entity_version, e.version_tiebreak, e.payload, e.payload_sha256, e.first_received_at, \
              e.attempts, false AS repair \
-         FROM webhook_events AS e JOIN sources AS s ON s.source_id = e.source_id \
-         WHERE e.tenant_id = $1 AND e.first_received_at >= $2 AND e.first_received_at < $3 \
-           AND ($4::text IS NULL OR e.source_id = $4) AND e.status = 'processed' \
-           AND ($5::timestamptz IS NULL OR (e.first_received_at, e.tenant_id, e.external_id) > ($5, $6, $7)) \
-         ORDER BY e.first_received_at, e.tenant_id, e.external_id LIMIT $8";
-    Ok(sqlx::query_as(SQL)
-        .bind(&job.tenant_id)
-        .bind(job.since)
-        .bind(job.until)
-        .bind(&job.source_id)
-        .bind(job.cursor_received_at)
-        .bind(&job.cursor_tenant_id)
-        .bind(&job.cursor_external_id)
+         FROM webhook_events AS e JOIN sources AS s ON s.source_id = e.source_id",
+        replay_range!(),
+        "ORDER BY e.first_received_at, e.tenant_id, e.external_id LIMIT $8"
+    );
+    Ok(bind_replay_range!(sqlx::query_as(SQL), job)
         .bind(limit)
         .fetch_all(executor)
         .await?)
