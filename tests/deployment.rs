@@ -591,6 +591,17 @@ fn every_scheduled_function_times_out_before_its_next_run() {
             }
         }
     }
+    // The drain's reservation, when set, leaves room for two: a rule refuses one.
+    let (tag, assertion) =
+        tagged(&t["Rules"]["DrainReservationLeavesRoomForTheOverlap"]["Assertions"][0]["Assert"])
+            .unwrap();
+    assert_eq!(tag, "Not");
+    let (tag, equals) = tagged(&assertion[0]).unwrap();
+    assert_eq!(tag, "Equals");
+    assert_eq!(
+        (reference(&equals[0]).as_deref(), equals[1].as_str()),
+        (Some("DrainReservedConcurrency"), Some("1"))
+    );
 }
 
 /// X-Ray on every function; the ingest function deploys as a canary that its own 5xx and
@@ -2122,4 +2133,46 @@ fn every_destination_kind_alarms_on_its_failures_and_is_on_the_dashboard() {
             kind.as_str()
         );
     }
+}
+
+/// Routes and subscriptions that sign their HTTP deliveries name a Secrets Manager secret: the
+/// outbox may read those secrets (`OutboxSigningSecretArns`, an optional list) besides the
+/// database's, read only, and nothing more when none is named; a CMK-encrypted one is
+/// decrypted through the same policy as every other secret.
+#[test]
+fn the_outbox_reads_exactly_the_signing_secrets_its_parameter_names() {
+    let t = template();
+    let outbox = &t["Resources"]["OutboxFunction"];
+    let reads: Vec<Value> = outbox["Properties"]["Policies"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .flat_map(|p| p["Statement"].as_sequence().cloned().unwrap_or_default())
+        .filter(|s| actions(s).iter().any(|a| a.starts_with("secretsmanager:")))
+        .collect();
+    assert_eq!(reads.len(), 1, "one statement reads secrets");
+    assert_eq!(actions(&reads[0]), ["secretsmanager:GetSecretValue"]);
+    let (tag, branches) = tagged(&reads[0]["Resource"]).expect("a conditional resource");
+    assert_eq!(tag, "If");
+    let branches = branches.as_sequence().unwrap();
+    assert_eq!(branches[0].as_str(), Some("HasOutboxSigningSecrets"));
+    let named = format!("{:?}", branches[1]);
+    assert!(
+        named.contains("OutboxSigningSecretArns") && named.contains("DatabaseSecretArn"),
+        "with signing secrets: the database's and those: {named}"
+    );
+    assert_eq!(
+        reference(&branches[2]).as_deref(),
+        Some("DatabaseSecretArn"),
+        "without: the database's alone"
+    );
+    let p = &t["Parameters"]["OutboxSigningSecretArns"];
+    assert_eq!(
+        (p["Type"].as_str(), p["Default"].as_str()),
+        (Some("CommaDelimitedList"), Some(""))
+    );
+    assert!(
+        format!("{:?}", t["Conditions"]["HasOutboxSigningSecrets"])
+            .contains("OutboxSigningSecretArns")
+    );
 }
