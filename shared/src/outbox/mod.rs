@@ -365,9 +365,8 @@ impl OutboxSender {
                 None => groups.push((target, vec![o])),
             }
         }
-        outcome.parked = stored_subscriptions::park(&self.pool, &parked).await?;
-        outcome.deferred =
-            stored_subscriptions::defer(&self.pool, &deferred.0, &deferred.1).await?;
+        outcome.parked = outbox::park(&self.pool, &parked).await?;
+        outcome.deferred = outbox::defer(&self.pool, &deferred.0, &deferred.1).await?;
         // A route's signing secrets, read once per batch; a route whose secret cannot be read
         // sends nothing unsigned: its messages are settled with the reason.
         let mut unsignable: Vec<(usize, Delivery)> = Vec::new();
@@ -554,7 +553,7 @@ impl OutboxSender {
                     GONE_ACTOR,
                 )
                 .await?;
-                stored_subscriptions::park(&self.pool, &[message.outbox_id]).await?;
+                outbox::park(&self.pool, &[message.outbox_id]).await?;
                 crate::metrics::outbox_delivery(kind, "paused", 1);
                 outcome.parked += 1;
                 outcome.paused += 1;

@@ -58,6 +58,43 @@ pub async fn release(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Resul
         .rows_affected())
 }
 
+/// Parks leased messages of a paused subscription: pending, due never, until a resume makes
+/// them due. No attempt spent.
+pub async fn park(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE outbox SET next_attempt_at = 'infinity', leased_until = NULL \
+         WHERE outbox_id = ANY($1) AND status = 'pending'";
+    if outbox_ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(outbox_ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
+/// Hands leased messages back, each due after its delay (a subscription's rate limit): no
+/// attempt spent. One statement.
+pub async fn defer(
+    executor: impl PgExecutor<'_>,
+    outbox_ids: &[i64],
+    delays_ms: &[i64],
+) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => d.ms / 1000.0), \
+             leased_until = NULL \
+         FROM unnest($1::bigint[], $2::bigint[]) AS d(id, ms) \
+         WHERE o.outbox_id = d.id AND o.status = 'pending'";
+    if outbox_ids.is_empty() {
+        return Ok(0);
+    }
+    Ok(sqlx::query(SQL)
+        .bind(outbox_ids)
+        .bind(delays_ms)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}
+
 /// Records where the rows of the `settled` CTE (their `outbox_id`) were tried: `$2` is the
 /// destination. The `outbox_destinations` table is written only here, in the statement that
 /// settles the outbox row, and deleted with it by retention.
