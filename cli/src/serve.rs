@@ -53,9 +53,14 @@ pub fn spawn_pipeline(
     every: std::time::Duration,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
-        // Passes of a second: each one with work says what it did (`drain pass finished`), an
-        // idle one says nothing, and the log follows the work by a second, not a minute.
-        let stint = std::time::Duration::from_secs(1);
+        // The drain in passes of a second: each one with work says what it did (`drain pass
+        // finished`), an idle one says nothing, and the log follows the work by a second. The
+        // outbox in passes of a minute, as deployed: the end of a pass cuts the calls then in
+        // flight short, and each of those is sent again (its key kept).
+        let (stint, send_stint) = (
+            std::time::Duration::from_secs(1),
+            std::time::Duration::from_secs(60),
+        );
         let drain = async {
             loop {
                 if let Err(error) = drainer.stay_until(std::time::Instant::now() + stint).await {
@@ -69,7 +74,10 @@ pub fn spawn_pipeline(
                 return std::future::pending::<()>().await;
             };
             loop {
-                if let Err(error) = sender.stay_until(std::time::Instant::now() + stint).await {
+                if let Err(error) = sender
+                    .stay_until(std::time::Instant::now() + send_stint)
+                    .await
+                {
                     tracing::warn!(%error, "outbox pass failed");
                     tokio::time::sleep(every).await;
                 }

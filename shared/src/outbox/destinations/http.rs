@@ -5,6 +5,7 @@
 use std::time::Duration;
 
 use super::{Delivery, Outgoing};
+use crate::store::outbox::OutboxMessage;
 use crate::subscriptions::signing;
 
 pub(super) fn client(request_timeout: Duration) -> Result<reqwest::Client, reqwest::Error> {
@@ -17,12 +18,8 @@ pub(super) fn client(request_timeout: Duration) -> Result<reqwest::Client, reqwe
         .build()
 }
 
-/// The bytes POSTed: a subscription's envelope as it is; an effect's action, event and payload.
-fn body_of(o: &Outgoing<'_>) -> Vec<u8> {
-    if o.forwarded {
-        return o.body.as_bytes().to_vec();
-    }
-    let message = o.message;
+/// What an effect's POST carries: its action, event and payload.
+pub(super) fn body_of(message: &OutboxMessage) -> String {
     serde_json::json!({
         "action": message.action,
         "tenant_id": message.tenant_id,
@@ -30,7 +27,6 @@ fn body_of(o: &Outgoing<'_>) -> Vec<u8> {
         "payload": message.payload,
     })
     .to_string()
-    .into_bytes()
 }
 
 pub(super) async fn post(
@@ -40,7 +36,7 @@ pub(super) async fn post(
     timeout: Duration,
 ) -> Delivery {
     let message = o.message;
-    let body = body_of(o);
+    let body = o.body.as_bytes();
     let mut request = http
         .post(url)
         .header("Idempotency-Key", &message.idempotency_key)
@@ -48,7 +44,7 @@ pub(super) async fn post(
         .timeout(timeout);
     if let Some(secrets) = &o.signing {
         let timestamp = chrono::Utc::now().timestamp();
-        match signing::signature(secrets, &message.idempotency_key, timestamp, &body) {
+        match signing::signature(secrets, &message.idempotency_key, timestamp, body) {
             Ok(signature) => {
                 request = request
                     .header("webhook-id", &message.idempotency_key)
@@ -59,7 +55,7 @@ pub(super) async fn post(
             Err(e) => return Delivery::Refused(format!("not sent: {e}")),
         }
     }
-    let sent = request.body(body).send().await;
+    let sent = request.body(body.to_vec()).send().await;
     match sent {
         Ok(response) if response.status().is_success() => Delivery::Delivered,
         Ok(response) if response.status().is_redirection() => {

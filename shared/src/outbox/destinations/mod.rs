@@ -253,8 +253,9 @@ pub enum Delivery {
 /// A message as it goes out: its row and the body it carries.
 pub struct Outgoing<'a> {
     pub message: &'a OutboxMessage,
-    /// The consumer's JSON: an effect's [`envelope`], a subscription's CloudEvents envelope
-    /// (`subscriptions::envelope`), without its data when over the destination's limit.
+    /// What the call carries: an effect's [`envelope`] (over HTTP, its action, event and
+    /// payload), a subscription's CloudEvents envelope (`subscriptions::envelope`), without its
+    /// data when over the destination's limit. Serialised once, here.
     pub body: String,
     /// A subscription's message (action `event:<name>`).
     pub forwarded: bool,
@@ -281,9 +282,20 @@ impl<'a> Outgoing<'a> {
         }
     }
 
-    /// The message as `destination` takes it: a subscription's envelope over the destination's
-    /// limit goes without its data, marked so, with the request that fetches it.
+    /// The message as `destination` takes it: an effect's over HTTP as its action, event and
+    /// payload (the body HTTP targets have always had); a subscription's envelope over the
+    /// destination's limit without its data, marked so, with the request that fetches it.
     pub fn to(message: &'a OutboxMessage, destination: &Destination) -> Self {
+        let forwarded = crate::subscriptions::name_of(&message.action).is_some();
+        if !forwarded && destination.kind() == Kind::Http {
+            return Self {
+                message,
+                body: http::body_of(message),
+                forwarded,
+                data_omitted: false,
+                signing: None,
+            };
+        }
         let mut o = Self::new(message);
         if o.forwarded
             && o.body.len() > destination.max_body_bytes()
