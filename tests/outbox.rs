@@ -762,3 +762,113 @@ async fn the_upgrade_keeps_every_stored_message(pool: PgPool) {
         "{refused}"
     );
 }
+
+/// A sender's bookkeeping commits without waiting for the WAL flush, and nothing else does: the
+/// setting lives in its own transaction, so the connection, back in the pool, serves ingest and
+/// the drain with `synchronous_commit` as the server has it (a 2xx is never answered before the
+/// event is on disk).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn only_the_senders_own_transactions_commit_without_waiting_for_the_disk(pool: PgPool) {
+    let one = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect_with(pool.connect_options().as_ref().clone())
+        .await
+        .unwrap();
+    let show = "SELECT current_setting('synchronous_commit')";
+    let server: String = sqlx::query_scalar(show).fetch_one(&one).await.unwrap();
+    assert_eq!(server, "on");
+
+    let mut tx = shared::store::outbox::relaxed(&one).await.unwrap();
+    let inside: String = sqlx::query_scalar(show).fetch_one(&mut *tx).await.unwrap();
+    tx.commit().await.unwrap();
+    let after: String = sqlx::query_scalar(show).fetch_one(&one).await.unwrap();
+
+    assert_eq!(inside, "off", "the sender's transaction waits for the disk");
+    assert_eq!(
+        after, "on",
+        "the relaxed setting outlived the sender's transaction on its connection"
+    );
+}
+
+/// A batch stops once its payloads pass the bound a sender is given (a function holds two
+/// batches in memory), the first message always taken so one larger than the bound still goes;
+/// what it left is due for the next lease, in order.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_lease_stops_at_its_payload_bound_and_always_takes_one(pool: PgPool) {
+    // Five messages of about 1 000 bytes each, stored as written (too small to compress).
+    sqlx::query(
+        "INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
+         SELECT 't', 'e' || i, 'entity.changed', \
+                jsonb_build_object('filler', (SELECT string_agg(md5(i::text || ':' || j), '') FROM generate_series(1, 30) AS j)), \
+                'k' || i \
+         FROM generate_series(1, 5) AS i",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let lease = |max_bytes: i64| {
+        let pool = pool.clone();
+        async move {
+            let mut tx = shared::store::outbox::relaxed(&pool).await.unwrap();
+            let leased = shared::store::outbox::lease(&mut *tx, 100, max_bytes, 60.0)
+                .await
+                .unwrap();
+            tx.commit().await.unwrap();
+            leased
+                .into_iter()
+                .map(|m| m.external_id)
+                .collect::<Vec<_>>()
+        }
+    };
+
+    assert_eq!(lease(1).await, ["e1"], "the first message is always taken");
+    assert_eq!(
+        lease(2_500).await,
+        ["e2", "e3", "e4"],
+        "taken while the payloads before each were under the bound"
+    );
+    assert_eq!(lease(1 << 20).await, ["e5"]);
+    assert!(lease(1 << 20).await.is_empty(), "each message leased once");
+}
+
+/// A lease lasts no longer than its pass can use it: no call starts after the pass's deadline
+/// nor outlives the request timeout, so a sender that dies mid-pass (a function killed at its
+/// timeout) frees its messages a request timeout after that deadline, not after the
+/// (batch size + 1) request timeouts a whole batch sent one by one could take (over half an hour
+/// at the defaults).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_sender_that_dies_frees_its_messages_soon_after_its_deadline(pool: PgPool) {
+    outbox_rows(&pool, 3).await;
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (target, url) = serve_target(Target {
+        gate: Some(gate.clone()),
+        ..Target::default()
+    })
+    .await;
+    let settings = settings(&url);
+    assert!(settings.lease() > Duration::from_secs(1000), "{settings:?}");
+    let sender = Arc::new(OutboxSender::new(pool.clone(), settings).unwrap());
+    let sending = {
+        let sender = sender.clone();
+        tokio::spawn(async move {
+            sender
+                .send_until(Instant::now() + Duration::from_secs(2))
+                .await
+        })
+    };
+    target.arrived.notified().await;
+    sending.abort();
+    let held_for: f64 = sqlx::query_scalar(
+        "SELECT EXTRACT(EPOCH FROM max(leased_until) - now())::float8 FROM outbox WHERE status = 'pending'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    gate.add_permits(100);
+
+    // The deadline (2 s), one request timeout (10 s) and the margin to commit (5 s).
+    assert!(
+        held_for > 0.0 && held_for <= 17.0,
+        "a dead sender's messages stay hidden for {held_for} s"
+    );
+}

@@ -374,7 +374,7 @@ fn sequential_scans_of(plan: &serde_json::Value, relation: &str, out: &mut usize
 }
 
 /// `hookctl status` counts the outbox's pending, overdue and failed messages through the
-/// partial indexes that hold only those (`outbox_undelivered`, `outbox_failed`): the delivered
+/// partial indexes that hold only those (`outbox_due`, `outbox_failed`): the delivered
 /// ones are nearly all of the table and grow with the traffic kept (one for every tenth event
 /// in this fill). Counted as one filter over both states, no index matched and status read the
 /// whole outbox: 60 ms of its 140 ms at 5 M events.
@@ -671,5 +671,69 @@ async fn gap_detection_reads_its_window_of_the_sequence_index(pool: PgPool) {
     assert!(
         !reads.is_empty() && reads.iter().all(|(_, rows)| *rows <= WINDOW as f64),
         "a window of {WINDOW} numbers read more events: {reads:?}"
+    );
+}
+
+/// The scans of `plan` (and below) that read `relation`, with the rows each really returned
+/// (auto_explain's `log_analyze`).
+fn reads_of(plan: &serde_json::Value, relation: &str, out: &mut Vec<(String, f64)>) {
+    let text = |k: &str| plan[k].as_str().unwrap_or_default();
+    if text("Relation Name") == relation && text("Node Type").contains("Scan") {
+        let rows = plan["Actual Rows"].as_f64().unwrap_or_default()
+            * plan["Actual Loops"].as_f64().unwrap_or(1.0);
+        out.push((
+            format!("{} {}", text("Node Type"), text("Index Name")),
+            rows,
+        ));
+    }
+    for child in plan["Plans"].as_array().into_iter().flatten() {
+        reads_of(child, relation, out);
+    }
+}
+
+/// A sender's lease takes the oldest due messages through the index that keeps them in that
+/// order, reading about as many as it takes: after a destination's outage a backlog of every
+/// message it missed is due at once, and a lease that sorted every pending message (the planner
+/// chose a sequential scan and a sort once most of them were due) cost a read of the whole
+/// backlog for every batch of fifty.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_lease_reads_the_due_messages_it_takes_not_the_whole_backlog(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    const BACKLOG: i64 = 10_000;
+    sqlx::query(
+        "UPDATE outbox SET status = 'pending', delivered_at = NULL, next_attempt_at = now() - interval '1 minute' \
+         WHERE outbox_id IN (SELECT outbox_id FROM outbox ORDER BY outbox_id DESC LIMIT $1)",
+    )
+    .bind(BACKLOG)
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("VACUUM ANALYZE outbox")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
+    let leased = shared::store::outbox::lease(&explaining, 50, 8 << 20, 60.0)
+        .await
+        .unwrap();
+    drop(_guard);
+    assert_eq!(leased.len(), 50);
+
+    let plans = explained(&notices);
+    let lease = plans
+        .iter()
+        .find(|p| p.query.contains("UPDATE outbox"))
+        .expect("the lease was explained");
+    let mut reads = Vec::new();
+    reads_of(&lease.plan, "outbox", &mut reads);
+    let read: f64 = reads.iter().map(|(_, rows)| rows).sum();
+    assert!(
+        !reads.iter().any(|(node, _)| node.starts_with("Seq Scan")),
+        "the lease scanned the backlog: {reads:?}"
+    );
+    assert!(
+        read <= 4.0 * 50.0,
+        "the lease read {read} outbox rows to take 50 of {BACKLOG} due: {reads:?}"
     );
 }

@@ -38,6 +38,64 @@ use crate::subscriptions;
 use destinations::{AwsDestinationEndpoints, Delivery, Destination, Destinations, Outgoing};
 use routes::{RouteTable, Target};
 
+/// How long a sender uses the routes and pauses it read before reading them again: a route
+/// applied or a subscription paused reaches a staying sender within this.
+const ROUTING_FRESH: Duration = Duration::from_secs(1);
+
+/// The most payload (as stored) a batch holds, beyond its first message: a sender holds two
+/// batches in memory (one in flight, the next leased), and 200 events of a mebibyte would not fit
+/// a function's 256 MB.
+pub const BATCH_PAYLOAD_BYTES: i64 = 8 * 1024 * 1024;
+
+/// Beyond the last call's end, how long a lease lasts: time to commit the outcomes.
+const LEASE_MARGIN: Duration = Duration::from_secs(5);
+
+/// The routes and the paused subscriptions, as a sender read them.
+struct Routing {
+    routes: RouteTable,
+    paused: HashSet<(String, String)>,
+    read_at: Instant,
+}
+
+impl Routing {
+    async fn load(pool: &PgPool) -> Result<Self, StoreError> {
+        let mut conn = pool.acquire().await?;
+        let routes = RouteTable::load(&mut conn).await?;
+        let paused = stored_subscriptions::pauses(&mut *conn)
+            .await?
+            .into_iter()
+            .map(|p| (p.tenant_id, p.name))
+            .collect();
+        Ok(Self {
+            routes,
+            paused,
+            read_at: Instant::now(),
+        })
+    }
+
+    fn stale(&self) -> bool {
+        self.read_at.elapsed() >= ROUTING_FRESH
+    }
+}
+
+/// A batch after its calls: what each message came to, committed together.
+struct Tried {
+    messages: Vec<OutboxMessage>,
+    /// No route sends them: (outbox id, why).
+    unrouted: Vec<(i64, String)>,
+    /// Their subscription is paused.
+    parked: Vec<i64>,
+    /// Over their subscription's rate: ids and delays in milliseconds.
+    deferred: (Vec<i64>, Vec<i64>),
+    /// Not sent: the deadline came first.
+    untried: Vec<i64>,
+    /// Delivered, per destination: (described, kind, ids).
+    delivered: Vec<(String, &'static str, Vec<i64>)>,
+    /// Every other outcome: (outbox id, outcome, destination described, kind).
+    others: Vec<(i64, Delivery, String, &'static str)>,
+    data_omitted: u64,
+}
+
 /// Who paused a subscription whose subscriber answered 410 Gone.
 pub const GONE_ACTOR: &str = "outbox:410-gone";
 
@@ -69,7 +127,9 @@ impl OutboxSettings {
         Self {
             target_url: Some(target_url.into()),
             endpoints: AwsDestinationEndpoints::default(),
-            batch_size: 50,
+            // Two hundred: the database's work per batch (a lease, one commit of its outcomes)
+            // is paid once for many calls, and overlaps the next batch's (benchmarks.md).
+            batch_size: 200,
             max_attempts: 10,
             backoff_base: Duration::from_secs(2),
             backoff_cap: Duration::from_secs(3600),
@@ -88,8 +148,9 @@ impl OutboxSettings {
         }
     }
 
-    /// How long a leased message is hidden from other senders: long enough for the whole
-    /// batch, delivered one by one, to time out, so a slow batch is never leased twice.
+    /// How long a leased message is hidden from other senders at most: long enough for the
+    /// whole batch, delivered one by one, to time out, so a slow batch is never leased twice.
+    /// A pass leases for less when its deadline comes first: no call outlives the deadline.
     pub fn lease(&self) -> Duration {
         self.request_timeout
             .saturating_mul(u32::try_from(self.batch_size + 1).unwrap_or(u32::MAX))
@@ -192,7 +253,7 @@ impl OutboxSender {
     }
 
     /// Sends until `deadline`, waiting for new work when none is due (a poll of the
-    /// `outbox_undelivered` index every `idle_poll`) instead of returning: a scheduled
+    /// `outbox_due` index every `idle_poll`) instead of returning: a scheduled
     /// invocation stays in its minute, so a message written meanwhile goes out within a poll,
     /// not at the next schedule.
     #[tracing::instrument(skip_all, err)]
@@ -234,23 +295,69 @@ impl OutboxSender {
     }
 
     /// One worker of a pass: batches until one comes back short (or, staying, until the
-    /// deadline).
+    /// deadline). Pipelined: while one batch's calls are in flight, the batch before has its
+    /// outcomes committed and the next is leased, so the database's work and the calls overlap
+    /// instead of taking turns. The calls themselves still go one batch after another, in the
+    /// order leased (a FIFO destination keeps its order).
     async fn work(&self, deadline: Instant, stay: bool) -> Result<OutboxOutcome, StoreError> {
         let mut total = OutboxOutcome::default();
-        while Instant::now() < deadline {
-            let batch = self.run_once(deadline).await?;
-            total.add(&batch);
-            if batch.handed_back > 0 {
-                break;
-            }
-            if batch.leased < self.settings.batch_size as u64 {
+        let mut routing: Option<Routing> = None;
+        let mut leased = self.lease_batch(deadline).await?;
+        let mut tried: Option<Tried> = None;
+        loop {
+            total.leased += leased.len() as u64;
+            if leased.is_empty() {
+                if let Some(t) = tried.take() {
+                    total.add(&self.commit_outcomes(t).await?);
+                }
                 // An idle poll of zero: return when nothing is ready, as a pass without `stay`.
-                if !stay || self.settings.idle_poll.is_zero() {
+                if !stay || self.settings.idle_poll.is_zero() || Instant::now() >= deadline {
                     break;
                 }
                 let left = deadline.saturating_duration_since(Instant::now());
                 tokio::time::sleep(self.settings.idle_poll.min(left)).await;
+                leased = self.lease_batch(deadline).await?;
+                continue;
             }
+            if routing.as_ref().is_none_or(Routing::stale) {
+                routing = Some(Routing::load(&self.pool).await?);
+            }
+            let routing_now = routing.as_ref().expect("loaded above");
+            // Leased ahead even after a short batch (the payload bound cuts batches short too):
+            // nothing due is a cheap answer, and the pass then ends or waits as above.
+            let ahead = Instant::now() < deadline;
+            let batch = std::mem::take(&mut leased);
+            let (delivered, committed, next) = futures_util::join!(
+                self.deliver(batch, routing_now, deadline),
+                async {
+                    match tried.take() {
+                        Some(t) => self.commit_outcomes(t).await.map(Some),
+                        None => Ok(None),
+                    }
+                },
+                async {
+                    if ahead {
+                        self.lease_batch(deadline).await
+                    } else {
+                        Ok(Vec::new())
+                    }
+                },
+            );
+            if let Some(c) = committed? {
+                total.add(&c);
+            }
+            let mut delivered = delivered?;
+            leased = next?;
+            if !delivered.untried.is_empty() {
+                // The deadline came: what was leased ahead goes back untried too.
+                total.leased += leased.len() as u64;
+                delivered
+                    .untried
+                    .extend(leased.drain(..).map(|m| m.outbox_id));
+                total.add(&self.commit_outcomes(delivered).await?);
+                break;
+            }
+            tried = Some(delivered);
         }
         Ok(total)
     }
@@ -300,54 +407,71 @@ impl OutboxSender {
     /// Leases one batch and delivers it: routed, paused subscriptions' messages parked, those
     /// over a subscription's rate deferred, then every call made, up to `http_concurrency` at
     /// once, until `deadline`: what is left when it passes is handed back untried. Outcomes are
-    /// committed together: the delivered messages of a destination in one statement.
+    /// committed together, in one transaction (the delivered messages of a destination in one
+    /// statement); it and the lease commit without waiting for the WAL flush
+    /// ([`outbox::relaxed`]: a crash can only make a message go again, with its key).
     pub async fn run_once(&self, deadline: Instant) -> Result<OutboxOutcome, StoreError> {
-        let messages = outbox::lease(
-            &self.pool,
+        let messages = self.lease_batch(deadline).await?;
+        let leased = messages.len() as u64;
+        if messages.is_empty() {
+            return Ok(OutboxOutcome::default());
+        }
+        let routing = Routing::load(&self.pool).await?;
+        let tried = self.deliver(messages, &routing, deadline).await?;
+        let mut outcome = self.commit_outcomes(tried).await?;
+        outcome.leased = leased;
+        Ok(outcome)
+    }
+
+    /// Leases a batch, held until the calls that may carry it are over: none starts after
+    /// `deadline` nor lasts longer than the request timeout, so the lease ends a request
+    /// timeout after the deadline, or sooner when the batch, sent call after call, would take
+    /// less ([`OutboxSettings::lease`]). A sender that died mid-pass frees its messages then.
+    async fn lease_batch(&self, deadline: Instant) -> Result<Vec<OutboxMessage>, StoreError> {
+        let until_deadline = deadline
+            .saturating_duration_since(Instant::now())
+            .saturating_add(self.settings.request_timeout)
+            .saturating_add(LEASE_MARGIN);
+        let lease = self.settings.lease().min(until_deadline);
+        let mut tx = outbox::relaxed(&self.pool).await?;
+        let leased = outbox::lease(
+            &mut *tx,
             self.settings.batch_size,
-            self.settings.lease().as_secs_f64(),
+            BATCH_PAYLOAD_BYTES,
+            lease.as_secs_f64(),
         )
         .await?;
-        let mut outcome = OutboxOutcome {
-            leased: messages.len() as u64,
-            ..OutboxOutcome::default()
-        };
-        if messages.is_empty() {
-            return Ok(outcome);
-        }
-        let (routes, paused) = {
-            let mut conn = self.pool.acquire().await?;
-            let routes = RouteTable::load(&mut conn).await?;
-            let forwards = messages
-                .iter()
-                .any(|m| subscriptions::name_of(&m.action).is_some());
-            let paused: HashSet<(String, String)> = if forwards {
-                stored_subscriptions::pauses(&mut *conn)
-                    .await?
-                    .into_iter()
-                    .map(|p| (p.tenant_id, p.name))
-                    .collect()
-            } else {
-                HashSet::new()
-            };
-            (routes, paused)
-        };
+        tx.commit().await?;
+        Ok(leased)
+    }
+
+    /// Routes, pauses, rate limits and every call of one leased batch, up to `http_concurrency`
+    /// in flight, until `deadline`: what each message came to, not yet committed.
+    async fn deliver(
+        &self,
+        messages: Vec<OutboxMessage>,
+        routing: &Routing,
+        deadline: Instant,
+    ) -> Result<Tried, StoreError> {
+        let mut data_omitted = 0;
         // Grouped by target, in the order leased (the oldest due first).
         let mut groups: Vec<(Target, Vec<Outgoing<'_>>)> = Vec::new();
         let (mut parked, mut deferred) = (Vec::new(), (Vec::new(), Vec::new()));
+        let mut unrouted: Vec<(i64, String)> = Vec::new();
         for message in &messages {
-            let target = match self.route(&routes, message) {
+            let target = match self.route(&routing.routes, message) {
                 Ok(target) => target,
                 Err(why) => {
                     tracing::warn!(outbox_id = message.outbox_id, action = %message.action, %why, "outbox message has no route");
-                    outbox::mark_unrouted(&self.pool, message.outbox_id, &why).await?;
-                    crate::metrics::outbox_delivery("none", "unrouted", 1);
-                    outcome.unrouted += 1;
+                    unrouted.push((message.outbox_id, why));
                     continue;
                 }
             };
             if let Some(name) = subscriptions::name_of(&message.action) {
-                if paused.contains(&(message.tenant_id.clone(), name.to_owned())) {
+                if routing
+                    .paused
+                    .contains(&(message.tenant_id.clone(), name.to_owned()))
+                {
                     parked.push(message.outbox_id);
                     continue;
                 }
@@ -365,8 +489,6 @@ impl OutboxSender {
                 None => groups.push((target, vec![o])),
             }
         }
-        outcome.parked = outbox::park(&self.pool, &parked).await?;
-        outcome.deferred = outbox::defer(&self.pool, &deferred.0, &deferred.1).await?;
         // A route's signing secrets, read once per batch; a route whose secret cannot be read
         // sends nothing unsigned: its messages are settled with the reason.
         let mut unsignable: Vec<(usize, Delivery)> = Vec::new();
@@ -437,12 +559,12 @@ impl OutboxSender {
         }
         let mut untried = Vec::new();
         let mut delivered: Vec<(String, &'static str, Vec<i64>)> = Vec::new();
-        let mut others: Vec<(&OutboxMessage, Delivery, String, &'static str)> = Vec::new();
+        let mut others: Vec<(i64, Delivery, String, &'static str)> = Vec::new();
         for (i, why) in unsignable {
             let (t, group) = &groups[i];
             for o in group {
                 others.push((
-                    o.message,
+                    o.message.outbox_id,
                     why.clone(),
                     t.destination.describe(),
                     t.destination.kind().as_str(),
@@ -457,7 +579,7 @@ impl OutboxSender {
             let (described, kind) = (destination.describe(), destination.kind().as_str());
             for (o, delivery) in call.iter().zip(outcomes) {
                 if o.data_omitted {
-                    outcome.data_omitted += 1;
+                    data_omitted += 1;
                     crate::metrics::outbox_delivery(kind, "data_omitted", 1);
                 }
                 match delivery {
@@ -469,20 +591,69 @@ impl OutboxSender {
                             }
                         }
                     }
-                    other => others.push((o.message, other, described.clone(), kind)),
+                    other => others.push((o.message.outbox_id, other, described.clone(), kind)),
                 }
             }
         }
-        outcome.handed_back = outbox::release(&self.pool, &untried).await?;
-        for (described, kind, ids) in delivered {
-            outbox::mark_delivered_many(&self.pool, &ids, &described).await?;
+        drop(plan);
+        drop(groups);
+        Ok(Tried {
+            messages,
+            unrouted,
+            parked,
+            deferred,
+            untried,
+            delivered,
+            others,
+            data_omitted,
+        })
+    }
+
+    /// Commits what a batch came to, in one transaction that does not wait for the WAL flush
+    /// ([`outbox::relaxed`]), and counts it once committed.
+    async fn commit_outcomes(&self, tried: Tried) -> Result<OutboxOutcome, StoreError> {
+        let Tried {
+            messages,
+            unrouted,
+            parked,
+            deferred,
+            untried,
+            delivered,
+            others,
+            data_omitted,
+        } = tried;
+        let mut outcome = OutboxOutcome {
+            data_omitted,
+            ..OutboxOutcome::default()
+        };
+        let mut tx = outbox::relaxed(&self.pool).await?;
+        for (outbox_id, why) in &unrouted {
+            outbox::mark_unrouted(&mut *tx, *outbox_id, why).await?;
+        }
+        outcome.parked = outbox::park(&mut *tx, &parked).await?;
+        outcome.deferred = outbox::defer(&mut *tx, &deferred.0, &deferred.1).await?;
+        outcome.handed_back = outbox::release(&mut *tx, &untried).await?;
+        for (described, _, ids) in &delivered {
+            outbox::mark_delivered_many(&mut *tx, ids, described).await?;
+        }
+        let mut settled = OutboxOutcome::default();
+        for (outbox_id, delivery, described, kind) in others {
+            let Some(message) = messages.iter().find(|m| m.outbox_id == outbox_id) else {
+                continue;
+            };
+            self.settle(&mut tx, message, delivery, &described, kind, &mut settled)
+                .await?;
+        }
+        tx.commit().await?;
+        if !unrouted.is_empty() {
+            crate::metrics::outbox_delivery("none", "unrouted", unrouted.len() as u64);
+        }
+        outcome.unrouted = unrouted.len() as u64;
+        for (_, kind, ids) in &delivered {
             crate::metrics::outbox_delivery(kind, "delivered", ids.len() as u64);
             outcome.delivered += ids.len() as u64;
         }
-        for (message, delivery, described, kind) in others {
-            self.settle(message, delivery, &described, kind, &mut outcome)
-                .await?;
-        }
+        outcome.add(&settled);
         Ok(outcome)
     }
 
@@ -508,6 +679,7 @@ impl OutboxSender {
     /// Records one message's try.
     async fn settle(
         &self,
+        conn: &mut sqlx::PgConnection,
         message: &OutboxMessage,
         delivery: Delivery,
         destination: &str,
@@ -518,7 +690,7 @@ impl OutboxSender {
         let tries = message.attempts + 1;
         match delivery {
             Delivery::Delivered => {
-                outbox::mark_delivered(&self.pool, message.outbox_id, destination).await?;
+                outbox::mark_delivered(&mut *conn, message.outbox_id, destination).await?;
                 crate::metrics::outbox_delivery(kind, "delivered", 1);
                 outcome.delivered += 1;
             }
@@ -529,7 +701,7 @@ impl OutboxSender {
                     self.settings.backoff_cap,
                 );
                 outbox::retry_later(
-                    &self.pool,
+                    &mut *conn,
                     message.outbox_id,
                     delay.as_millis() as i64,
                     &why,
@@ -546,21 +718,21 @@ impl OutboxSender {
                 tracing::warn!(outbox_id = message.outbox_id, subscription = name, destination, %why, "subscriber answered 410 Gone: subscription paused");
                 let reason = format!("{why} from {destination}");
                 stored_subscriptions::pause(
-                    &self.pool,
+                    &mut *conn,
                     &message.tenant_id,
                     name,
                     &reason,
                     GONE_ACTOR,
                 )
                 .await?;
-                outbox::park(&self.pool, &[message.outbox_id]).await?;
+                outbox::park(&mut *conn, &[message.outbox_id]).await?;
                 crate::metrics::outbox_delivery(kind, "paused", 1);
                 outcome.parked += 1;
                 outcome.paused += 1;
             }
             Delivery::Transient(why) | Delivery::Refused(why) | Delivery::Gone(why) => {
                 tracing::warn!(outbox_id = message.outbox_id, action = %message.action, destination, %why, "outbox message failed for good");
-                outbox::mark_failed(&self.pool, message.outbox_id, &why, destination).await?;
+                outbox::mark_failed(&mut *conn, message.outbox_id, &why, destination).await?;
                 crate::metrics::outbox_delivery(kind, "failed", 1);
                 outcome.failed += 1;
             }

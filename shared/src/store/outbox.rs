@@ -1,8 +1,22 @@
 //! The `outbox` table: side effects written with the processing transaction, delivered after.
 
-use sqlx::PgExecutor;
+use sqlx::{PgExecutor, PgPool, Postgres, Transaction};
 
 use super::StoreError;
+
+/// A transaction for a sender's bookkeeping (a lease, a batch's outcomes) that commits without
+/// waiting for its WAL to reach the disk (`synchronous_commit = off`, for this transaction
+/// only: nothing else on the connection is relaxed). The wait was most of a small batch's
+/// time. What a server crash can lose is the last fraction of a second of such commits, and each
+/// loss is a message sent again with its idempotency key, never a message lost: a lost lease
+/// lets another sender take it, a lost outcome leaves it pending. The message itself was
+/// written, durably, by the drain.
+pub async fn relaxed(pool: &PgPool) -> Result<Transaction<'static, Postgres>, StoreError> {
+    // One round trip: the setting travels with the BEGIN.
+    Ok(pool
+        .begin_with("BEGIN; SET LOCAL synchronous_commit = off")
+        .await?)
+}
 
 #[derive(Debug, Clone, sqlx::FromRow)]
 pub struct OutboxMessage {
@@ -21,24 +35,42 @@ pub struct OutboxMessage {
 
 /// Leases up to `limit` due messages, oldest due first and, among those due at the same time
 /// (written by one drain transaction), in the order written, so one entity's messages reach a
-/// FIFO destination in order: holds them for `lease_seconds` (no other sender takes
-/// them, reconcile does not make them due) and commits at once, so delivery happens outside any
+/// FIFO destination in order: holds them for `lease_seconds` (no other sender takes them,
+/// reconcile does not make them due) and commits at once, so delivery happens outside any
 /// transaction and a crashed sender's lease simply expires. A lease spends no attempt.
+///
+/// The batch stops once its payloads (as stored) pass `max_bytes`, the first message always
+/// taken: a sender holds a batch in memory, and a batch of large events would not fit.
+///
+/// A message is due when its time has come and no lease holds it. The lease writes
+/// `leased_until` alone, which no index holds, so the row's new version stays on its page (the
+/// outbox keeps room for it) and no index gains an entry; the due messages are read in order
+/// from `outbox_due`, skipping the few leased ones. Run it in a [`relaxed`] transaction: a
+/// lease lost to a server crash is a message sent again with its key.
 pub async fn lease(
     executor: impl PgExecutor<'_>,
     limit: i64,
+    max_bytes: i64,
     lease_seconds: f64,
 ) -> Result<Vec<OutboxMessage>, StoreError> {
-    const SQL: &str = "UPDATE outbox AS o SET next_attempt_at = now() + make_interval(secs => $2), \
-             leased_until = now() + make_interval(secs => $2) \
-         FROM (SELECT outbox_id FROM outbox WHERE status = 'pending' AND next_attempt_at <= now() \
-               ORDER BY next_attempt_at, outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED) AS due \
-         WHERE o.outbox_id = due.outbox_id \
-         RETURNING o.outbox_id, o.tenant_id, o.external_id, o.action, o.payload, o.idempotency_key, o.attempts, \
+    const SQL: &str = "WITH due AS (SELECT outbox_id, next_attempt_at, pg_column_size(payload) AS bytes FROM outbox \
+                 WHERE status = 'pending' AND next_attempt_at <= now() \
+                   AND (leased_until IS NULL OR leased_until <= now()) \
+                 ORDER BY next_attempt_at, outbox_id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             taken AS (SELECT outbox_id FROM (SELECT outbox_id, \
+                     sum(bytes) OVER (ORDER BY next_attempt_at, outbox_id) - bytes AS before FROM due) AS d \
+                 WHERE before < $2), \
+             leased AS (UPDATE outbox AS o SET leased_until = now() + make_interval(secs => $3) \
+                 WHERE o.outbox_id = ANY(ARRAY(SELECT outbox_id FROM taken)) \
+                 RETURNING o.outbox_id, o.tenant_id, o.external_id, o.action, o.payload, o.idempotency_key, \
+                     o.attempts, o.next_attempt_at) \
+         SELECT l.outbox_id, l.tenant_id, l.external_id, l.action, l.payload, l.idempotency_key, l.attempts, \
              (SELECT w.source_id FROM webhook_events AS w \
-              WHERE w.tenant_id = o.tenant_id AND w.external_id = o.external_id) AS source_id";
+              WHERE w.tenant_id = l.tenant_id AND w.external_id = l.external_id) AS source_id \
+         FROM leased AS l ORDER BY l.next_attempt_at, l.outbox_id";
     Ok(sqlx::query_as(SQL)
         .bind(limit)
+        .bind(max_bytes)
         .bind(lease_seconds)
         .fetch_all(executor)
         .await?)
@@ -229,7 +261,7 @@ pub async fn counts(
     overdue_seconds: f64,
 ) -> Result<OutboxCounts, StoreError> {
     // Each state counted on its own, so each count reads the partial index that holds only it
-    // (`outbox_undelivered`, `outbox_failed`): one filter over both states matched neither and
+    // (`outbox_due`, `outbox_failed`): one filter over both states matched neither and
     // read the whole outbox, delivered messages and all (tests/scale_plans.rs).
     const SQL: &str = "SELECT p.pending, p.overdue, \
                 (SELECT count(*) FROM outbox WHERE status = 'failed') AS failed \
@@ -243,7 +275,7 @@ pub async fn counts(
 }
 
 /// Seconds since the oldest undelivered (pending) message was written; 0 when none waits. Reads
-/// the pending rows only (the `outbox_undelivered` partial index). A paused subscription's
+/// the pending rows only (the `outbox_due` partial index). A paused subscription's
 /// messages (parked) wait by decision, not late: they are shown per subscription instead.
 pub async fn oldest_undelivered_age(executor: impl PgExecutor<'_>) -> Result<f64, StoreError> {
     const SQL: &str = "SELECT COALESCE(EXTRACT(EPOCH FROM now() - min(created_at)), 0)::float8 \

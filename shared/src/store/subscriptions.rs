@@ -247,7 +247,7 @@ pub struct Undelivered {
 }
 
 /// Every subscription's undelivered and failed counts. Reads the pending and failed rows only
-/// (the `outbox_undelivered` and `outbox_failed` partial indexes).
+/// (the `outbox_due` and `outbox_failed` partial indexes).
 pub async fn undelivered(executor: impl PgExecutor<'_>) -> Result<Vec<Undelivered>, StoreError> {
     const SQL: &str = "WITH pending AS ( \
              SELECT tenant_id, action, count(*) AS n, min(created_at) AS oldest FROM outbox \

@@ -18,15 +18,24 @@ pub(super) fn client(request_timeout: Duration) -> Result<reqwest::Client, reqwe
         .build()
 }
 
-/// What an effect's POST carries: its action, event and payload.
+/// What an effect's POST carries: its action, event and payload (serialised from the message,
+/// not from a copy of its payload; the fields in the order `json!` writes them).
+#[derive(serde::Serialize)]
+struct EffectBody<'a> {
+    action: &'a str,
+    event_id: &'a str,
+    payload: &'a serde_json::Value,
+    tenant_id: &'a str,
+}
+
 pub(super) fn body_of(message: &OutboxMessage) -> String {
-    serde_json::json!({
-        "action": message.action,
-        "tenant_id": message.tenant_id,
-        "event_id": message.external_id,
-        "payload": message.payload,
+    serde_json::to_string(&EffectBody {
+        action: &message.action,
+        event_id: &message.external_id,
+        payload: &message.payload,
+        tenant_id: &message.tenant_id,
     })
-    .to_string()
+    .unwrap_or_default()
 }
 
 pub(super) async fn post(

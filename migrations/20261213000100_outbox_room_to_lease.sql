@@ -1,0 +1,12 @@
+-- A sender leases a message by setting `leased_until` alone, a column no index holds, so the
+-- new row version can stay on its page (a HOT update, no new entry in any of the outbox's
+-- indexes): but only when the page has room for it. The drain writes a batch's messages
+-- together, filling pages to the brim, and the sender leases them together, so the page needs
+-- room for a second copy of each row. Measured on 20 000 due messages, leases and settles of
+-- 200: at fillfactor 100, 4% of the leases HOT; at 50, all of them, and a message's lease and
+-- settling took about half the time. The delivered rows, kept until retention, take twice the
+-- pages; the payloads that make them large are TOASTed and do not.
+--
+-- A storage parameter only: no rewrite, and a lock that does not block reads or writes. Pages
+-- written from now on keep the room.
+ALTER TABLE outbox SET (fillfactor = 50);
