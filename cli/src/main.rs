@@ -1010,9 +1010,21 @@ fn check_provider(file: &std::path::Path) -> ExitCode {
         };
         println!("vector {} ({}): {verdict}", check.index, check.source);
     }
+    let handshakes = shared::protocol::check_handshakes(provider);
+    for check in &handshakes {
+        let verdict = match &check.mismatch {
+            None => "answered as recorded".to_owned(),
+            Some(why) => format!("MISMATCH: {why}"),
+        };
+        println!(
+            "handshake vector {} ({}): {verdict}",
+            check.index, check.source
+        );
+    }
     let agree = checks
         .iter()
-        .all(shared::signature::vectors::VectorCheck::agrees);
+        .all(shared::signature::vectors::VectorCheck::agrees)
+        && handshakes.iter().all(|c| c.mismatch.is_none());
     let both = checks.iter().any(|c| c.recorded_valid) && checks.iter().any(|c| !c.recorded_valid);
     if !both {
         println!("an entry needs at least one valid vector and one refused");

@@ -187,3 +187,51 @@ fn providers_check_validates_a_draft_entry_and_runs_its_vectors() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("hexadecimal"));
 }
+
+/// A draft's handshake is checked with its signature: `providers check` answers each known
+/// answer as ingest would and exits 1 naming the one whose recorded answer differs.
+#[test]
+fn providers_check_answers_a_drafts_handshake_known_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let entry = include_str!("../../shared/providers/zoom.toml");
+    let draft = dir.path().join("acme_zoom.toml");
+    let write = |text: &str| {
+        std::fs::write(
+            &draft,
+            text.replace("name = \"zoom\"", "name = \"acme_zoom\""),
+        )
+        .unwrap()
+    };
+    let check = || {
+        hookctl(
+            &[
+                "providers".into(),
+                "check".into(),
+                draft.display().to_string(),
+            ],
+            "",
+            dir.path(),
+        )
+    };
+
+    write(entry);
+    let out = check();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(
+        stdout.contains("handshake vector 0 (") && stdout.contains("answered as recorded"),
+        "{stdout}"
+    );
+
+    // The recorded encryptedToken, one hex digit changed.
+    let token = "c37c6c4c0915b150208dea1135958fe6fe1b53e9231b3717c74d0fc5e17057d1";
+    assert!(entry.contains(token));
+    write(&entry.replace(token, &format!("d{}", &token[1..])));
+    let out = check();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(out.status.code(), Some(1), "{stdout}");
+    assert!(
+        stdout.contains("handshake vector 0 (") && stdout.contains("MISMATCH"),
+        "{stdout}"
+    );
+}

@@ -12,7 +12,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use sha2::Sha256;
 
-use crate::catalogue::HandshakeKind;
+use crate::catalogue::{HandshakeKind, Provider};
 use crate::domain::Scheme;
 use crate::secrets::SigningSecret;
 
@@ -59,6 +59,17 @@ pub fn handshake(
     body: &[u8],
     secret: &SigningSecret,
 ) -> Option<HandshakeReply> {
+    handshake_of(scheme.provider(), method, headers, body, secret)
+}
+
+/// [`handshake`] for an entry, as loaded (a draft `hookctl providers check` reads, too).
+pub fn handshake_of(
+    provider: &Provider,
+    method: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+    secret: &SigningSecret,
+) -> Option<HandshakeReply> {
     let challenge = |value: Option<&Value>| {
         value
             .and_then(Value::as_str)
@@ -66,9 +77,9 @@ pub fn handshake(
             .map(str::to_owned)
     };
     let json_body = || serde_json::from_slice::<Value>(body).ok();
-    match scheme.provider().handshake.kind {
+    match provider.handshake.kind {
         HandshakeKind::None => None,
-        HandshakeKind::SlackUrlVerification => handshake_challenge(scheme, body)
+        HandshakeKind::SlackUrlVerification => slack_challenge(body)
             .map(|challenge| HandshakeReply::json(json!({ "challenge": challenge }))),
         HandshakeKind::ZoomUrlValidation => {
             let v = json_body()?;
@@ -137,7 +148,16 @@ pub fn unsigned_handshake(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Option<HandshakeReply> {
-    let provider = scheme.provider();
+    unsigned_handshake_of(scheme.provider(), method, headers, body)
+}
+
+/// [`unsigned_handshake`] for an entry, as loaded.
+pub fn unsigned_handshake_of(
+    provider: &Provider,
+    method: &str,
+    headers: &HeaderMap,
+    body: &[u8],
+) -> Option<HandshakeReply> {
     if provider.handshake.kind != HandshakeKind::WoocommercePing || method != "POST" {
         return None;
     }
@@ -165,14 +185,19 @@ pub const SLACK_RETRY_REASON: &str = "x-slack-retry-reason";
 /// `{"type": "url_verification", "challenge": "..."}` with 200 and the challenge. The body has no
 /// event id; it is never an event.
 pub fn handshake_challenge(scheme: Scheme, body: &[u8]) -> Option<String> {
+    if scheme.provider().handshake.kind != HandshakeKind::SlackUrlVerification {
+        return None;
+    }
+    slack_challenge(body)
+}
+
+/// The challenge of Slack's `url_verification` body.
+fn slack_challenge(body: &[u8]) -> Option<String> {
     #[derive(Deserialize)]
     struct Handshake {
         #[serde(rename = "type")]
         kind: Option<String>,
         challenge: Option<String>,
-    }
-    if scheme.provider().handshake.kind != HandshakeKind::SlackUrlVerification {
-        return None;
     }
     let handshake: Handshake = serde_json::from_slice(body).ok()?;
     match (handshake.kind.as_deref(), handshake.challenge) {
@@ -206,8 +231,99 @@ pub fn kept_headers(scheme: Scheme) -> impl Iterator<Item = &'static str> {
     scheme.provider().kept_headers.iter().map(String::as_str)
 }
 
+/// One known answer of an entry's handshake, answered.
+#[derive(Debug, Clone)]
+pub struct HandshakeCheck {
+    pub index: usize,
+    pub source: String,
+    /// `None` when the answer is the one recorded; else what differs.
+    pub mismatch: Option<String>,
+}
+
+/// Answers every known answer of `provider`'s handshake as ingest answers a request whose
+/// signature verified (WooCommerce's ping, which carries none, as ingest answers it before
+/// verifying), and compares the answer with the one recorded: the status, the content type,
+/// and the body (as JSON when it is `application/json`). The catalogue test checks every
+/// entry's; `hookctl providers check` a draft's.
+pub fn check_handshakes(provider: &Provider) -> Vec<HandshakeCheck> {
+    provider
+        .handshake
+        .vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| {
+            let mismatch = (|| {
+                let mut headers = HeaderMap::new();
+                for (name, value) in &v.headers {
+                    let name = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+                        .map_err(|e| format!("header {name:?}: {e}"))?;
+                    let value = http::HeaderValue::from_str(value)
+                        .map_err(|e| format!("header {name}: {e}"))?;
+                    headers.append(name, value);
+                }
+                let body = v.body.as_bytes();
+                let secret = SigningSecret::new(v.secret.clone());
+                let reply = unsigned_handshake_of(provider, &v.method, &headers, body)
+                    .or_else(|| handshake_of(provider, &v.method, &headers, body, &secret))
+                    .ok_or("not answered as a handshake: it would be stored as an event")?;
+                let expected = &v.answer;
+                if reply.status != expected.status
+                    || reply.content_type != expected.content_type.as_deref()
+                {
+                    return Err(format!(
+                        "answered {} {:?}, recorded {} {:?}",
+                        reply.status, reply.content_type, expected.status, expected.content_type
+                    ));
+                }
+                let same_body = if reply.content_type == Some("application/json") {
+                    let (got, want) = (
+                        serde_json::from_str::<Value>(&reply.body),
+                        serde_json::from_str::<Value>(&expected.body),
+                    );
+                    matches!((got, want), (Ok(g), Ok(w)) if g == w)
+                } else {
+                    reply.body == expected.body
+                };
+                if !same_body {
+                    return Err(format!(
+                        "answered the body {:?}, recorded {:?}",
+                        reply.body, expected.body
+                    ));
+                }
+                Ok(())
+            })()
+            .err();
+            HandshakeCheck {
+                index,
+                source: v.source.clone(),
+                mismatch,
+            }
+        })
+        .collect()
+}
+
 #[cfg(test)]
 mod tests {
+
+    /// Every entry's handshake is answered as its known answers record (an entry with a
+    /// handshake has at least one: the loader refuses it without).
+    #[test]
+    fn every_handshake_answers_as_its_known_answers_record() {
+        let mut answered = 0;
+        for (scheme, p) in crate::catalogue::providers() {
+            for check in check_handshakes(p) {
+                assert!(
+                    check.mismatch.is_none(),
+                    "{scheme} handshake vector {} ({}): {}",
+                    check.index,
+                    check.source,
+                    check.mismatch.unwrap_or_default()
+                );
+                answered += 1;
+            }
+        }
+        assert!(answered >= 7, "only {answered} known answers");
+    }
     use super::*;
     use http::HeaderValue;
 

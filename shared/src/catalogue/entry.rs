@@ -98,6 +98,11 @@ pub struct SignatureSpec {
     /// tried; the URL as given first.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub url_variants: bool,
+    /// Percent-encodings (`%3A`, as written: upper-case hex) the provider decodes in the URL
+    /// before signing it (HubSpot v3's table). The URL is tried as given, then with these
+    /// decoded.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub url_decoded: Vec<String>,
     /// Whether this is the plain layout (`signature::plain`), worked out on first use.
     #[serde(skip)]
     pub plain: Derived<bool>,
@@ -429,6 +434,40 @@ pub struct HandshakeSpec {
     pub kind: HandshakeKind,
     #[serde(default)]
     pub docs: String,
+    /// Known answers: requests of the handshake and what the provider requires in return. An
+    /// entry with a handshake has at least one; the catalogue test answers each.
+    #[serde(default)]
+    pub vectors: Vec<HandshakeVector>,
+}
+
+/// A known answer of a handshake: the request, as it arrives (its signature verified with
+/// `secret`, which Zoom's answer is keyed with), and the answer the provider requires.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandshakeVector {
+    /// Where it comes from: the provider's documentation page or SDK test, or how it was built.
+    pub source: String,
+    #[serde(default)]
+    pub secret: String,
+    #[serde(default = "post")]
+    pub method: String,
+    #[serde(default)]
+    pub headers: std::collections::BTreeMap<String, String>,
+    #[serde(default)]
+    pub body: String,
+    pub answer: HandshakeAnswer,
+}
+
+/// What a handshake is answered: a status, and a body of a content type (`application/json`
+/// bodies compared as JSON), or no body.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HandshakeAnswer {
+    pub status: u16,
+    #[serde(default)]
+    pub content_type: Option<String>,
+    #[serde(default)]
+    pub body: String,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]

@@ -176,6 +176,27 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
         header_name("retries.marks_retries", &provider.retries.marks_retries)?;
     }
     batch_covers_the_elements_read(&provider.fields)?;
+    match (
+        provider.handshake.kind,
+        provider.handshake.vectors.is_empty(),
+    ) {
+        (HandshakeKind::None, false) => {
+            return Err(spec_error(
+                "handshake.vectors",
+                "known answers of a handshake the entry does not have (kind = \"none\")",
+            ));
+        }
+        (kind, true) if kind != HandshakeKind::None => {
+            return Err(spec_error(
+                "handshake.vectors",
+                format!(
+                    "a {} handshake needs a known answer: a [[handshake.vectors]] table with the request and the answer the provider requires",
+                    kind.as_str()
+                ),
+            ));
+        }
+        _ => {}
+    }
     for (i, vector) in provider.vectors.iter().enumerate() {
         if vector.body.is_some() == vector.body_base64.is_some() {
             return Err(spec_error(
@@ -395,6 +416,28 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
                 ));
             }
         }
+    }
+    for encoding in &spec.url_decoded {
+        let hex = encoding.strip_prefix('%').unwrap_or_default();
+        let valid = hex.len() == 2
+            && hex
+                .bytes()
+                .all(|b| b.is_ascii_digit() || (b'A'..=b'F').contains(&b))
+            && u8::from_str_radix(hex, 16).is_ok_and(|b| b.is_ascii() && b != b'%');
+        if !valid {
+            return Err(SpecError {
+                field: "url_decoded".into(),
+                reason: format!(
+                    "{encoding:?} is not a percent-encoding of an ASCII character other than % (%3A, upper-case hex)"
+                ),
+            });
+        }
+    }
+    if !spec.url_decoded.is_empty() && !spec.signed.contains(&Part::Url) {
+        return Err(SpecError {
+            field: "url_decoded".into(),
+            reason: "decodes the URL, but the layout does not sign {url}".into(),
+        });
     }
     if spec.body_sha256_query.is_some() && !spec.signed.contains(&Part::Url) {
         return Err(spec_error(
@@ -902,6 +945,36 @@ mod tests {
             "{error}"
         );
         load("hubspot", include_str!("../../providers/hubspot.toml")).unwrap();
+    }
+
+    /// Linear's type is two fields, the entity type and the action: a subscription to
+    /// `Issue:*` or `*:remove` can tell a comment created from an issue removed.
+    #[test]
+    fn linears_event_type_is_its_entity_type_and_action() {
+        let (_, linear) = providers()
+            .find(|(scheme, _)| scheme.as_str() == "linear")
+            .expect("linear is in the catalogue");
+        let (headers, body) = delivered(&linear.vectors[0]);
+        let fields = crate::extract::extract(&linear.fields.field_map(), &headers, &body).unwrap();
+        assert_eq!(fields.event_type, "Comment:create");
+    }
+
+    /// A handshake is part of what an entry promises: without a known answer (the request and
+    /// what the provider requires) the entry does not load, so no handshake goes unchecked.
+    #[test]
+    fn an_entry_with_a_handshake_and_no_known_answer_fails_to_load() {
+        let zoom = include_str!("../../providers/zoom.toml");
+        let start = zoom
+            .find("[[handshake.vectors]]")
+            .expect("zoom has a known answer");
+        let end = start + zoom[start..].find("\n[retries]").expect("retries follow");
+        let without = format!("{}{}", &zoom[..start], &zoom[end + 1..]);
+        let error = load("zoom", &without).unwrap_err().to_string();
+        assert!(
+            error.contains("handshake.vectors") && error.contains("known answer"),
+            "{error}"
+        );
+        load("zoom", zoom).unwrap();
     }
 
     /// No valid vector that is an event (not a handshake) holds a field its entry reads and

@@ -310,8 +310,24 @@ fn verify_read(
 ) -> Result<Verified, VerifyError> {
     let signed = read(spec, request.headers, request.body)?;
     let body_covered = body_digest_matches(spec, request)?;
-    let urls = match (spec.url_variants, request.url) {
-        (true, Some(url)) => url_variants(url),
+    let urls = match request.url {
+        Some(url) if spec.url_variants || !spec.url_decoded.is_empty() => {
+            let mut forms = if spec.url_variants {
+                url_variants(url)
+            } else {
+                vec![url.to_owned()]
+            };
+            let decoded: Vec<String> = forms
+                .iter()
+                .map(|form| url_decoded(form, &spec.url_decoded))
+                .collect();
+            for form in decoded {
+                if !forms.contains(&form) {
+                    forms.push(form);
+                }
+            }
+            forms
+        }
         _ => Vec::new(),
     };
     let mut matched = None;
@@ -467,6 +483,37 @@ fn query_param(url: Option<&str>, name: &str) -> Option<String> {
 }
 
 /// The URLs a signature over `url` may have been computed with, for a layout whose provider's
+/// `url` with each of `encodings` (`%3A`, exactly as listed) replaced by the character it
+/// encodes, in one pass from the left: what a provider that decodes them before signing signed
+/// (HubSpot v3). Anything else, `%3a` and `%20` included, stays as it came.
+fn url_decoded(url: &str, encodings: &[String]) -> String {
+    if encodings.is_empty() {
+        return url.to_owned();
+    }
+    let mut out = String::with_capacity(url.len());
+    let mut rest = url;
+    while let Some(at) = rest.find('%') {
+        out.push_str(&rest[..at]);
+        let candidate = rest.get(at..at + 3);
+        let decoded = candidate
+            .filter(|c| encodings.iter().any(|e| e == c))
+            .and_then(|c| u8::from_str_radix(&c[1..], 16).ok())
+            .filter(u8::is_ascii);
+        match decoded {
+            Some(byte) => {
+                out.push(char::from(byte));
+                rest = &rest[at + 3..];
+            }
+            None => {
+                out.push('%');
+                rest = &rest[at + 1..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
+}
+
 /// SDKs accept several forms of one URL (Twilio's `url_variants`): the URL as given; with its
 /// port removed, or, without one, with the scheme's default port added after the host (and after
 /// any credentials: `https://user:pass@host:443/...`), as twilio-python's and twilio-node's
