@@ -888,7 +888,7 @@ mod tests {
                 assert!(show(scheme).contains("  batch: "), "{scheme}");
             }
         }
-        assert_eq!(docs.matches("- Batches: ").count(), 5);
+        assert_eq!(docs.matches("- Batches: ").count(), 6);
     }
 
     /// The entries whose signature leaves some bytes of a delivery uncovered: their deliveries
