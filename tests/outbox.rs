@@ -76,6 +76,31 @@ fn settings(url: &str) -> OutboxSettings {
     }
 }
 
+/// A sender (the tests' settings) passing until `deadline_in` from now against a target that
+/// holds every request until `gate` has permits, once the first request has arrived: its
+/// batch leased and in flight. Returns the target, the gate, its URL and the pass.
+async fn sending_to_a_gated_target(
+    pool: &PgPool,
+    deadline_in: Duration,
+) -> (
+    Target,
+    Arc<tokio::sync::Semaphore>,
+    String,
+    tokio::task::JoinHandle<Result<shared::outbox::OutboxOutcome, shared::store::StoreError>>,
+) {
+    let gate = Arc::new(tokio::sync::Semaphore::new(0));
+    let (target, url) = serve_target(Target {
+        gate: Some(gate.clone()),
+        ..Target::default()
+    })
+    .await;
+    let sender = OutboxSender::new(pool.clone(), settings(&url)).unwrap();
+    let sending =
+        tokio::spawn(async move { sender.send_until(Instant::now() + deadline_in).await });
+    target.arrived.notified().await;
+    (target, gate, url, sending)
+}
+
 /// Ingests and drains `n` entity events, leaving `n` outbox rows.
 async fn outbox_rows(pool: &PgPool, n: usize) {
     let app = app(pool.clone()).await;
@@ -310,23 +335,9 @@ async fn a_slow_target_spends_attempts_only_on_tries(pool: PgPool) {
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn reconcile_leaves_leased_rows_to_their_sender(pool: PgPool) {
     outbox_rows(&pool, 3).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (target, url) = serve_target(Target {
-        gate: Some(gate.clone()),
-        ..Target::default()
-    })
-    .await;
-    let first = Arc::new(OutboxSender::new(pool.clone(), settings(&url)).unwrap());
-    let sending = {
-        let first = first.clone();
-        tokio::spawn(async move {
-            first
-                .send_until(Instant::now() + Duration::from_secs(30))
-                .await
-        })
-    };
     // The first sender holds the batch and waits on the target's answer to its first message.
-    target.arrived.notified().await;
+    let (target, gate, url, sending) =
+        sending_to_a_gated_target(&pool, Duration::from_secs(30)).await;
     sqlx::query("UPDATE outbox SET created_at = now() - interval '2 hours'")
         .execute(&pool)
         .await
@@ -839,24 +850,8 @@ async fn a_lease_stops_at_its_payload_bound_and_always_takes_one(pool: PgPool) {
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_sender_that_dies_frees_its_messages_soon_after_its_deadline(pool: PgPool) {
     outbox_rows(&pool, 3).await;
-    let gate = Arc::new(tokio::sync::Semaphore::new(0));
-    let (target, url) = serve_target(Target {
-        gate: Some(gate.clone()),
-        ..Target::default()
-    })
-    .await;
-    let settings = settings(&url);
-    assert!(settings.lease() > Duration::from_secs(1000), "{settings:?}");
-    let sender = Arc::new(OutboxSender::new(pool.clone(), settings).unwrap());
-    let sending = {
-        let sender = sender.clone();
-        tokio::spawn(async move {
-            sender
-                .send_until(Instant::now() + Duration::from_secs(2))
-                .await
-        })
-    };
-    target.arrived.notified().await;
+    let (_, gate, url, sending) = sending_to_a_gated_target(&pool, Duration::from_secs(2)).await;
+    assert!(settings(&url).lease() > Duration::from_secs(1000));
     sending.abort();
     let held_for: f64 = sqlx::query_scalar(
         "SELECT EXTRACT(EPOCH FROM max(leased_until) - now())::float8 FROM outbox WHERE status = 'pending'",

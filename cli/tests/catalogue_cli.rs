@@ -131,27 +131,10 @@ fn sign_signs_as_every_entry_a_shared_secret_can_sign() {
 /// not load exits 2 with the field at fault.
 #[test]
 fn providers_check_validates_a_draft_entry_and_runs_its_vectors() {
-    let dir = tempfile::tempdir().unwrap();
     let entry = include_str!("../../shared/providers/razorpay.toml");
-    let draft = dir.path().join("acme.toml");
-    let write = |text: &str| {
-        std::fs::write(
-            &draft,
-            text.replace("name = \"razorpay\"", "name = \"acme\""),
-        )
-        .unwrap()
-    };
-    let check = || {
-        hookctl(
-            &[
-                "providers".into(),
-                "check".into(),
-                draft.display().to_string(),
-            ],
-            "",
-            dir.path(),
-        )
-    };
+    let draft = Draft::new("razorpay", "acme");
+    let write = |text: &str| draft.write(text);
+    let check = || draft.check();
 
     write(entry);
     let out = check();
@@ -192,27 +175,10 @@ fn providers_check_validates_a_draft_entry_and_runs_its_vectors() {
 /// answer as ingest would and exits 1 naming the one whose recorded answer differs.
 #[test]
 fn providers_check_answers_a_drafts_handshake_known_answers() {
-    let dir = tempfile::tempdir().unwrap();
     let entry = include_str!("../../shared/providers/zoom.toml");
-    let draft = dir.path().join("acme_zoom.toml");
-    let write = |text: &str| {
-        std::fs::write(
-            &draft,
-            text.replace("name = \"zoom\"", "name = \"acme_zoom\""),
-        )
-        .unwrap()
-    };
-    let check = || {
-        hookctl(
-            &[
-                "providers".into(),
-                "check".into(),
-                draft.display().to_string(),
-            ],
-            "",
-            dir.path(),
-        )
-    };
+    let draft = Draft::new("zoom", "acme_zoom");
+    let write = |text: &str| draft.write(text);
+    let check = || draft.check();
 
     write(entry);
     let out = check();
@@ -234,4 +200,47 @@ fn providers_check_answers_a_drafts_handshake_known_answers() {
         stdout.contains("handshake vector 0 (") && stdout.contains("MISMATCH"),
         "{stdout}"
     );
+}
+
+/// A draft entry in a directory of its own: an entry of the catalogue renamed, checked with
+/// `hookctl providers check`.
+struct Draft {
+    dir: tempfile::TempDir,
+    from: &'static str,
+    name: &'static str,
+}
+
+impl Draft {
+    fn new(from: &'static str, name: &'static str) -> Self {
+        Self {
+            dir: tempfile::tempdir().unwrap(),
+            from,
+            name,
+        }
+    }
+
+    fn path(&self) -> std::path::PathBuf {
+        self.dir.path().join(format!("{}.toml", self.name))
+    }
+
+    /// Writes `text`, an entry of `from`, as the draft named `name`.
+    fn write(&self, text: &str) {
+        let renamed = text.replace(
+            &format!("name = \"{}\"", self.from),
+            &format!("name = \"{}\"", self.name),
+        );
+        std::fs::write(self.path(), renamed).unwrap();
+    }
+
+    fn check(&self) -> std::process::Output {
+        hookctl(
+            &[
+                "providers".into(),
+                "check".into(),
+                self.path().display().to_string(),
+            ],
+            "",
+            self.dir.path(),
+        )
+    }
 }

@@ -253,14 +253,7 @@ pub fn check_handshakes(provider: &Provider) -> Vec<HandshakeCheck> {
         .enumerate()
         .map(|(index, v)| {
             let mismatch = (|| {
-                let mut headers = HeaderMap::new();
-                for (name, value) in &v.headers {
-                    let name = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-                        .map_err(|e| format!("header {name:?}: {e}"))?;
-                    let value = http::HeaderValue::from_str(value)
-                        .map_err(|e| format!("header {name}: {e}"))?;
-                    headers.append(name, value);
-                }
+                let headers = crate::catalogue::vector_headers(&v.headers)?;
                 let body = v.body.as_bytes();
                 let secret = SigningSecret::new(v.secret.clone());
                 let reply = unsigned_handshake_of(provider, &v.method, &headers, body)

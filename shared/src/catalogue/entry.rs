@@ -575,3 +575,19 @@ impl Vector {
 fn post() -> String {
     "POST".into()
 }
+
+/// A vector's headers as a request carries them (names lower-cased); the first that is not a
+/// header, named.
+pub fn vector_headers(
+    headers: &std::collections::BTreeMap<String, String>,
+) -> Result<http::HeaderMap, String> {
+    let mut map = http::HeaderMap::new();
+    for (name, value) in headers {
+        let name = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
+            .map_err(|e| format!("header {name:?}: {e}"))?;
+        let value =
+            http::HeaderValue::from_str(value).map_err(|e| format!("header {name}: {e}"))?;
+        map.append(name, value);
+    }
+    Ok(map)
+}

@@ -906,17 +906,7 @@ mod tests {
 
     /// A vector's headers and body, as the request carries them.
     fn delivered(v: &Vector) -> (http::HeaderMap, Vec<u8>) {
-        let headers = v
-            .headers
-            .iter()
-            .map(|(k, val)| {
-                (
-                    http::HeaderName::from_bytes(k.to_ascii_lowercase().as_bytes()).unwrap(),
-                    http::HeaderValue::from_str(val).unwrap(),
-                )
-            })
-            .collect();
-        (headers, v.body_bytes().unwrap())
+        (vector_headers(&v.headers).unwrap(), v.body_bytes().unwrap())
     }
 
     /// The README's count of the catalogue is the count the catalogue holds.

@@ -40,14 +40,7 @@ pub fn check_vectors(provider: &'static Provider) -> Vec<VectorCheck> {
         .enumerate()
         .map(|(index, v)| {
             let verified = (|| {
-                let mut headers = http::HeaderMap::new();
-                for (name, value) in &v.headers {
-                    let name = http::HeaderName::from_bytes(name.to_ascii_lowercase().as_bytes())
-                        .map_err(|e| format!("header {name:?}: {e}"))?;
-                    let value = http::HeaderValue::from_str(value)
-                        .map_err(|e| format!("header {name}: {e}"))?;
-                    headers.append(name, value);
-                }
+                let headers = crate::catalogue::vector_headers(&v.headers)?;
                 let body = v.body_bytes().map_err(|e| format!("body_base64: {e}"))?;
                 let request = Request {
                     headers: &headers,
