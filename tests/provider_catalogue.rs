@@ -1007,3 +1007,63 @@ async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
     }
     assert_eq!(events(&pool).await.len(), 1);
 }
+
+/// Okta's admin names the header an event hook sends its secret in; a source whose hook uses
+/// another than `authorization` names it in its sources file, and that header alone admits its
+/// deliveries and its verification GET: the catalogue's `authorization` does not, for this
+/// source (stored and read back as the source's own layout).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_okta_source_reads_its_secret_from_the_header_its_admin_named(pool: PgPool) {
+    let file = std::env::temp_dir().join(format!("okta-named-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "[[source]]\nid = 'okta-named'\ntenant = '{TENANT}'\nscheme = 'okta'\n\
+             secret_ref = 'secret/okta'\nsignature_header = 'X-Okta-Hook-Secret'\n"
+        ),
+    )
+    .unwrap();
+    let sources = shared::sources::read_sources_file(&file);
+    std::fs::remove_file(&file).ok();
+    let sources = sources.unwrap();
+    let secrets =
+        SecretStore::memory([("secret/okta".to_owned(), SecretSet::new("okta-token", None))]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+
+    let body = br#"{"eventType":"com.okta.event_hook","eventId":"okta-evt-named","data":{"events":[{"uuid":"u1","eventType":"user.session.start"}]}}"#;
+    let mut usual = http::HeaderMap::new();
+    set(&mut usual, "authorization", "okta-token");
+    let (status, _, _) = send(&app, "POST", "okta-named", usual, body).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "the usual header admits it"
+    );
+
+    let mut named = http::HeaderMap::new();
+    set(&mut named, "x-okta-hook-secret", "okta-token");
+    let (status, _, reply) = send(&app, "POST", "okta-named", named.clone(), body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let mut wrong = http::HeaderMap::new();
+    set(&mut wrong, "x-okta-hook-secret", "not-the-token");
+    let (status, _, _) = send(&app, "POST", "okta-named", wrong, body).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+
+    set(
+        &mut named,
+        "x-okta-verification-challenge",
+        "X1yhHw7OLDbz6Mu2ivr3FQ",
+    );
+    let (status, _, reply) = send(&app, "GET", "okta-named", named, b"").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        serde_json::from_str::<serde_json::Value>(&reply).unwrap(),
+        serde_json::json!({"verification": "X1yhHw7OLDbz6Mu2ivr3FQ"})
+    );
+    let stored: Vec<String> = events(&app.pool)
+        .await
+        .into_iter()
+        .map(|e| e.external_id)
+        .collect();
+    assert_eq!(stored, ["okta-evt-named"]);
+}

@@ -400,6 +400,10 @@ pub struct SourceSpec {
     /// provider's (`payload` for GitHub), none for a declared source.
     #[serde(default)]
     pub json_form_field: Option<String>,
+    /// The header the provider sends the signature or token in, for a provider that lets its
+    /// admin name it (Okta's event hooks); default: the catalogue's.
+    #[serde(default)]
+    pub signature_header: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -601,6 +605,10 @@ impl SourceSpec {
             }
             (false, None) => None,
         };
+        let signature = match self.signature_header {
+            Some(header) => Some(renamed_header(self.scheme, &header)?),
+            None => signature,
+        };
         if let Some(names) = &self.layouts {
             let layouts = &self.scheme.provider().signatures;
             let known: Vec<&str> = layouts.iter().filter_map(|l| l.name.as_deref()).collect();
@@ -662,6 +670,40 @@ impl SourceSpec {
             json_form_field,
         })
     }
+}
+
+/// The layout of `scheme` whose header its admin names, reading `header`: kept as the source's
+/// own layout (stored as a declared one is), so the source verifies with it alone.
+fn renamed_header(scheme: Scheme, header: &str) -> Result<&'static SignatureSpec, String> {
+    if scheme == Scheme::Declared {
+        return Err(
+            "signature_header: a declared source names its header in [source.signature]".into(),
+        );
+    }
+    let layouts = &scheme.provider().signatures;
+    let Some(layout) = layouts.iter().find(|l| l.header_named_by_source) else {
+        let fixed: Vec<&str> = layouts.iter().filter_map(|l| l.header.as_deref()).collect();
+        return Err(format!(
+            "signature_header: {scheme} always sends its signature in {}; signature_header is for a provider whose admin names the header (okta)",
+            if fixed.is_empty() {
+                "the body".to_owned()
+            } else {
+                fixed.join(" or ")
+            }
+        ));
+    };
+    let name = header.trim().to_ascii_lowercase();
+    if http::HeaderName::from_bytes(name.as_bytes()).is_err() || name.is_empty() {
+        return Err(format!("signature_header {header:?} is not a header name"));
+    }
+    // Through its text, not a clone: a layout keeps what it worked out on first use (its
+    // header, parsed), and a copy would keep the old header's.
+    let mut text = serde_json::to_value(layout).map_err(|e| format!("signature_header: {e}"))?;
+    text["header"] = serde_json::Value::String(name);
+    text["header_named_by_source"] = serde_json::Value::Bool(false);
+    let spec: SignatureSpec =
+        serde_json::from_value(text).map_err(|e| format!("signature_header: {e}"))?;
+    catalogue::declare(spec).map_err(|e| format!("signature_header: {e}"))
 }
 
 /// Reads and validates a sources file.
@@ -925,6 +967,35 @@ mod tests {
 
     /// A source of a provider not in the catalogue declares its signature from the
     /// catalogue's primitives; a mistake in it is refused with an error naming the field.
+    #[test]
+    fn a_source_names_its_signature_header_only_where_the_provider_lets_its_admin() {
+        let spec = |scheme: &str, header: &str| -> Result<Source, String> {
+            let text = format!(
+                "id = 'src'\ntenant = 'acme'\nscheme = '{scheme}'\nsecret_ref = 's'\nsignature_header = '{header}'\n"
+            );
+            toml::from_str::<SourceSpec>(&text)
+                .map_err(|e| e.to_string())?
+                .into_source()
+        };
+        let okta = spec("okta", "X-Okta-Hook-Secret").unwrap();
+        let layout = okta.signature.expect("the source's own layout");
+        assert_eq!(layout.header.as_deref(), Some("x-okta-hook-secret"));
+        assert!(!layout.header_named_by_source);
+        // The catalogue's layout is untouched.
+        assert_eq!(
+            Scheme::Okta.provider().signatures[0].header.as_deref(),
+            Some("authorization")
+        );
+
+        let stripe = spec("stripe", "x-my-signature").unwrap_err();
+        assert!(
+            stripe.contains("stripe-signature") && stripe.contains("signature_header"),
+            "{stripe}"
+        );
+        let bad = spec("okta", "not a header").unwrap_err();
+        assert!(bad.contains("not a header name"), "{bad}");
+    }
+
     #[test]
     fn a_declared_signature_is_validated_and_errors_name_the_field() {
         let file = |signature: &str, scheme: &str| -> Result<Source, String> {

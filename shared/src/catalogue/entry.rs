@@ -103,6 +103,10 @@ pub struct SignatureSpec {
     /// decoded.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub url_decoded: Vec<String>,
+    /// The provider lets whoever sets the webhook up name the header (Okta's event hooks): a
+    /// source names it (`signature_header`), and `header` is the usual one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub header_named_by_source: bool,
     /// Whether this is the plain layout (`signature::plain`), worked out on first use.
     #[serde(skip)]
     pub plain: Derived<bool>,

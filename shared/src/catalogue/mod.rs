@@ -586,6 +586,27 @@ pub fn markdown() -> String {
         if let Some(batch) = &p.fields.batch {
             let _ = writeln!(out, "- Batches: {}", batch_help(p, batch));
         }
+        if let Some(layout) = p.signatures.iter().find(|s| s.header_named_by_source) {
+            let _ = writeln!(
+                out,
+                "- Header named by the admin: usually `{}`; a source whose hook sends another sets `signature_header`",
+                layout.header.as_deref().unwrap_or_default()
+            );
+        }
+        if !p.handshake.vectors.is_empty() {
+            let _ = writeln!(
+                out,
+                "- Handshake `{}`: {} known answer(s), from: {}",
+                p.handshake.kind.as_str(),
+                p.handshake.vectors.len(),
+                p.handshake
+                    .vectors
+                    .iter()
+                    .map(|v| v.source.as_str())
+                    .collect::<Vec<_>>()
+                    .join("; ")
+            );
+        }
         if let Some(help) = uncovered_help(p) {
             let _ = writeln!(out, "- Not signed whole: {help}");
         }
