@@ -40,7 +40,7 @@ pub(super) fn body_of(message: &OutboxMessage) -> String {
 
 pub(super) async fn post(
     http: &reqwest::Client,
-    url: &str,
+    url: reqwest::Url,
     o: &Outgoing<'_>,
     timeout: Duration,
 ) -> Delivery {

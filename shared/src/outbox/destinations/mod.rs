@@ -547,6 +547,9 @@ pub struct Destinations {
     request_timeout: Duration,
     endpoints: AwsDestinationEndpoints,
     aws: OnceCell<AwsClients>,
+    /// The HTTP URL last called, parsed: a batch calls one URL many times, and parsing it (its
+    /// host through IDNA) was a share of every call.
+    parsed: std::sync::Mutex<Option<(String, reqwest::Url)>>,
 }
 
 impl Destinations {
@@ -559,7 +562,22 @@ impl Destinations {
             request_timeout,
             endpoints,
             aws: OnceCell::new(),
+            parsed: std::sync::Mutex::new(None),
         })
+    }
+
+    /// `url` parsed, from the last parse when it is the same; `None` when it does not parse
+    /// (a stored route is validated, so only a hand-edited one).
+    fn parsed(&self, url: &str) -> Option<reqwest::Url> {
+        let mut last = self.parsed.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((text, parsed)) = last.as_ref()
+            && text == url
+        {
+            return Some(parsed.clone());
+        }
+        let parsed = reqwest::Url::parse(url).ok()?;
+        *last = Some((url.to_owned(), parsed.clone()));
+        Some(parsed)
     }
 
     async fn aws(&self) -> &AwsClients {
@@ -606,9 +624,16 @@ impl Destinations {
         let sent = async {
             match destination {
                 Destination::Http { url } => {
+                    let Some(parsed) = self.parsed(url) else {
+                        let why = format!("the route's URL {url:?} does not parse");
+                        return call
+                            .iter()
+                            .map(|_| Delivery::Refused(why.clone()))
+                            .collect();
+                    };
                     let mut outcomes = Vec::with_capacity(call.len());
                     for o in call {
-                        outcomes.push(http::post(&self.http, url, o, timeout).await);
+                        outcomes.push(http::post(&self.http, parsed.clone(), o, timeout).await);
                     }
                     outcomes
                 }
