@@ -965,8 +965,8 @@ fn served_stale(
 mod tests {
     use super::*;
 
-    /// A source of a provider not in the catalogue declares its signature from the
-    /// catalogue's primitives; a mistake in it is refused with an error naming the field.
+    /// A source names the header its provider's admin chose only where the entry allows it
+    /// (Okta); the source verifies with its own copy of the layout, the catalogue's untouched.
     #[test]
     fn a_source_names_its_signature_header_only_where_the_provider_lets_its_admin() {
         let spec = |scheme: &str, header: &str| -> Result<Source, String> {
@@ -996,6 +996,8 @@ mod tests {
         assert!(bad.contains("not a header name"), "{bad}");
     }
 
+    /// A source of a provider not in the catalogue declares its signature from the
+    /// catalogue's primitives; a mistake in it is refused with an error naming the field.
     #[test]
     fn a_declared_signature_is_validated_and_errors_name_the_field() {
         let file = |signature: &str, scheme: &str| -> Result<Source, String> {
