@@ -1067,3 +1067,92 @@ async fn an_okta_source_reads_its_secret_from_the_header_its_admin_named(pool: P
         .collect();
     assert_eq!(stored, ["okta-evt-named"]);
 }
+
+/// Twitch's `revocation` says the subscription was revoked; it is no event of the broadcaster.
+/// Signed like any message, it is answered 204 (Twitch wants a 2xx), no event is stored, and it
+/// is kept for the operator with what it is about and why, where the day's check counts it. A
+/// forged one is refused like any delivery.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_twitch_revocation_is_kept_as_a_notice_not_stored_as_an_event(pool: PgPool) {
+    let sources = [source("twitch", TENANT, Scheme::Twitch, "secret/twitch")];
+    let secrets = SecretStore::memory([(
+        "secret/twitch".to_owned(),
+        SecretSet::new("twitch-secret", None),
+    )]);
+    let app = TestApp::new(pool, &sources, secrets).await;
+    let body = br#"{"subscription":{"id":"f1c2a387-161a-49f9-a165-0f21d7a4e1c4","status":"authorization_revoked","type":"channel.follow","version":"2","cost":1,"condition":{"broadcaster_user_id":"12826"},"transport":{"method":"webhook","callback":"https://example.com/webhooks/callback"},"created_at":"2019-11-16T10:11:12.634234626Z"}}"#;
+    let revoked = |secret: &str| {
+        let mut headers = signed(Scheme::Twitch, secret, "msg-revoked", body);
+        set(&mut headers, "twitch-eventsub-message-type", "revocation");
+        set(
+            &mut headers,
+            "twitch-eventsub-subscription-type",
+            "channel.follow",
+        );
+        headers
+    };
+
+    let (status, _, _) = send(&app, "POST", "twitch", revoked("not-the-secret"), body).await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, _, reply) = send(&app, "POST", "twitch", revoked("twitch-secret"), body).await;
+    assert_eq!(status, StatusCode::NO_CONTENT, "{reply}");
+
+    assert!(
+        events(&app.pool).await.is_empty(),
+        "a revocation is no event"
+    );
+    type Kept = (String, Option<String>, Option<String>, Vec<u8>);
+    let kept: Vec<Kept> = sqlx::query_as(
+        "SELECT kind, subject, detail, payload FROM provider_notices WHERE source_id = 'twitch'",
+    )
+    .fetch_all(&app.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        kept,
+        [(
+            "revocation".to_owned(),
+            Some("channel.follow".to_owned()),
+            Some("authorization_revoked".to_owned()),
+            body.to_vec()
+        )]
+    );
+    let check = shared::store::anomaly::GLOBAL_CHECKS
+        .iter()
+        .find(|c| c.name == "provider_notices_last_day")
+        .expect("the check exists");
+    let value: f64 = sqlx::query_scalar(check.sql)
+        .fetch_one(&app.pool)
+        .await
+        .unwrap();
+    assert!(value > check.high.unwrap_or(f64::MAX), "{value}: breaches");
+}
+
+/// Day 60: a provider that keeps sending notices (a callback revoked again and again) never
+/// grows the table past the newest `KEPT_PER_SOURCE` of each source; another source's are left.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn provider_notices_keep_the_newest_hundred_of_each_source(pool: PgPool) {
+    use shared::store::provider_notices::{KEPT_PER_SOURCE, NewNotice, record};
+    let notice = |source_id: &'static str| NewNotice {
+        tenant_id: TENANT,
+        source_id,
+        kind: "revocation",
+        subject: Some("channel.follow"),
+        detail: Some("notification_failures_exceeded"),
+        payload: b"{}",
+    };
+    record(&pool, &notice("other")).await.unwrap();
+    let mut last = 0;
+    for _ in 0..KEPT_PER_SOURCE + 5 {
+        last = record(&pool, &notice("twitch")).await.unwrap();
+    }
+    let (kept, newest, others): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE source_id = 'twitch'), \
+                max(notice_id) FILTER (WHERE source_id = 'twitch'), \
+                count(*) FILTER (WHERE source_id = 'other') FROM provider_notices",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((kept, newest, others), (KEPT_PER_SOURCE, last, 1));
+}

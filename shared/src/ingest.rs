@@ -29,6 +29,7 @@ use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::StoreError;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
+use crate::store::provider_notices::{self, NewNotice};
 use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, UpsertError, Upserted};
 
 /// One HTTP delivery, as received.
@@ -62,6 +63,9 @@ pub enum Received {
     /// `url_verification`, Zoom's URL validation, ...): answered as the provider requires,
     /// nothing stored.
     Handshake(HandshakeReply),
+    /// A signed message about the subscription, not an event of it (Twitch's `revocation`):
+    /// kept in `provider_notices` (committed), answered 204, no event stored.
+    Notice { kind: String },
 }
 
 /// A stored delivery.
@@ -206,6 +210,11 @@ struct Admitted<'d> {
 enum Admission<'d> {
     Event(Box<Admitted<'d>>),
     Handshake(HandshakeReply),
+    Notice {
+        source: Arc<Source>,
+        notice: protocol::Notice,
+        body: &'d [u8],
+    },
 }
 
 impl Ingestor {
@@ -303,6 +312,9 @@ impl Ingestor {
             Ok(Received::Handshake { .. }) => {
                 tracing::info!("endpoint handshake answered; nothing stored");
             }
+            Ok(Received::Notice { kind }) => {
+                tracing::info!(%kind, "provider notice answered; no event stored");
+            }
             Err(error) => {
                 crate::metrics::delivery_refused(error.metric_reason());
                 tracing::warn!(reason = error.reason_code(), %error, "delivery refused");
@@ -327,6 +339,27 @@ impl Ingestor {
         };
         let admitted = match admission {
             Admission::Handshake(reply) => return Ok(Received::Handshake(reply)),
+            Admission::Notice {
+                source,
+                notice,
+                body,
+            } => {
+                // Kept before the answer, whatever the buffer's mode: a 2xx follows a commit.
+                provider_notices::record(
+                    self.database.pool(),
+                    &NewNotice {
+                        tenant_id: source.tenant_id.as_str(),
+                        source_id: source.source_id.as_str(),
+                        kind: &notice.kind,
+                        subject: notice.subject.as_deref(),
+                        detail: notice.detail.as_deref(),
+                        payload: body,
+                    },
+                )
+                .await?;
+                tracing::warn!(kind = %notice.kind, subject = ?notice.subject, detail = ?notice.detail, "provider notice kept");
+                return Ok(Received::Notice { kind: notice.kind });
+            }
             Admission::Event(admitted) => admitted,
         };
         let Some(buffer) = &self.buffer else {
@@ -489,6 +522,13 @@ impl Ingestor {
         }
         if delivery.method != "POST" {
             return Err(IngestError::MethodNotAllowed);
+        }
+        if let Some(notice) = protocol::notice(source.scheme, delivery.headers, delivery.body) {
+            return Ok(Admission::Notice {
+                source,
+                notice,
+                body: delivery.body,
+            });
         }
 
         let received_at_micros = unix_now_micros();

@@ -171,7 +171,41 @@ pub fn unsigned_handshake_of(
         .then(|| HandshakeReply::empty(200))
 }
 
-/// The longest challenge answered. Slack's are short tokens; anything longer is not one.
+/// A signed message that is not an event ([`crate::catalogue::NoticeSpec`]): its kind, and
+/// what it is about and says, as its entry reads them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Notice {
+    pub kind: String,
+    pub subject: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// The notice a verified delivery is, by its entry's `notices`; `None` for an event. Read
+/// after the signature verified, like a handshake.
+pub fn notice(scheme: Scheme, headers: &HeaderMap, body: &[u8]) -> Option<Notice> {
+    let spec = scheme.provider().notices.iter().find(|n| {
+        headers
+            .get(n.header.as_str())
+            .and_then(|v| v.to_str().ok())
+            .is_some_and(|v| v.trim() == n.equals)
+    })?;
+    let json = serde_json::from_slice::<Value>(body).ok();
+    let read = |pointer: &Option<String>| {
+        let value = json.as_ref()?.pointer(pointer.as_deref()?)?;
+        let text = match value {
+            Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        Some(text.chars().take(MAX_CHALLENGE_LEN).collect())
+    };
+    Some(Notice {
+        kind: spec.kind.clone(),
+        subject: read(&spec.subject),
+        detail: read(&spec.detail),
+    })
+}
+
+/// The longest challenge answered (and the longest notice field kept). Slack's are short tokens; anything longer is not one.
 const MAX_CHALLENGE_LEN: usize = 1024;
 
 /// Slack's `X-Slack-Retry-Num`: present, and at least 1, on Slack's redeliveries.

@@ -58,6 +58,10 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
             (StatusCode::OK, serde_json::json!({ "status": "buffered" }))
         }
         Ok(Received::Handshake(reply)) => return handshake(reply),
+        // Kept for the operator; the provider wants a 2xx and nothing more.
+        Ok(Received::Notice { .. }) => {
+            return handshake(&shared::protocol::HandshakeReply::empty(204));
+        }
         Err(IngestError::UnknownSource) => (StatusCode::NOT_FOUND, error("unknown source")),
         Err(IngestError::MethodNotAllowed) => (
             StatusCode::METHOD_NOT_ALLOWED,

@@ -27,6 +27,10 @@ pub struct Provider {
     pub fields: ProviderFields,
     #[serde(default)]
     pub handshake: HandshakeSpec,
+    /// Signed messages about the subscription rather than events of it (Twitch's
+    /// `revocation`): answered 204, kept for the operator, never stored as events.
+    #[serde(default)]
+    pub notices: Vec<NoticeSpec>,
     pub retries: Retries,
     #[serde(default)]
     pub backfill: Backfill,
@@ -428,6 +432,27 @@ impl ProviderFields {
             sequence: self.sequence.clone(),
         }
     }
+}
+
+/// A kind of signed message that is not an event: what tells it apart (a header's value) and
+/// what of it the operator is shown.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NoticeSpec {
+    /// Its name in `provider_notices` and the logs (`revocation`).
+    pub kind: String,
+    /// The header, and its value, that marks it.
+    pub header: String,
+    pub equals: String,
+    /// JSON pointers to what it is about and what it says (Twitch: `/subscription/type`,
+    /// `/subscription/status`).
+    #[serde(default)]
+    pub subject: Option<String>,
+    #[serde(default)]
+    pub detail: Option<String>,
+    /// What it means for the operator, and the page that says so.
+    pub summary: String,
+    pub docs: String,
 }
 
 /// A request the provider sends to check the endpoint, answered and never stored.

@@ -69,6 +69,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             volatile: Vec::new(),
         },
         handshake: HandshakeSpec::default(),
+        notices: Vec::new(),
         retries: Retries {
             summary: "as the provider documents".into(),
             docs: String::new(),
@@ -196,6 +197,18 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
             ));
         }
         _ => {}
+    }
+    for (i, notice) in provider.notices.iter().enumerate() {
+        header_name(&format!("notices[{i}].header"), &notice.header)?;
+        for pointer in [&notice.subject, &notice.detail].into_iter().flatten() {
+            json_pointer(&format!("notices[{i}]"), pointer)?;
+        }
+        if notice.kind.is_empty() || notice.equals.is_empty() {
+            return Err(spec_error(
+                format!("notices[{i}]"),
+                "a notice needs its kind and the header value that marks it",
+            ));
+        }
     }
     for (i, vector) in provider.vectors.iter().enumerate() {
         if vector.body.is_some() == vector.body_base64.is_some() {
@@ -591,6 +604,13 @@ pub fn markdown() -> String {
                 out,
                 "- Header named by the admin: usually `{}`; a source whose hook sends another sets `signature_header`",
                 layout.header.as_deref().unwrap_or_default()
+            );
+        }
+        for notice in &p.notices {
+            let _ = writeln!(
+                out,
+                "- Notice `{}` ({}: {}): {}; answered 204, kept in `provider_notices`, no event ([docs]({}))",
+                notice.kind, notice.header, notice.equals, notice.summary, notice.docs
             );
         }
         if !p.handshake.vectors.is_empty() {

@@ -195,6 +195,15 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // A provider said something about a subscription rather than sending an event of it
+    // (Twitch's revocation: its events have stopped until it is created again).
+    check(
+        "provider_notices_last_day",
+        "flow",
+        "SELECT count(*)::float8 FROM provider_notices WHERE received_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
     check(
         "redelivered_after_purge_last_day",
         "integrity",

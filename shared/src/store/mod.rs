@@ -19,6 +19,7 @@ pub mod orders;
 pub mod outbox;
 pub mod outbox_routes;
 pub mod processing_completions;
+pub mod provider_notices;
 pub mod recent_changes;
 pub mod reconcile;
 pub mod retention;
