@@ -272,12 +272,18 @@ pub struct When {
 #[serde(deny_unknown_fields)]
 pub struct Items {
     pub separator: String,
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub pair: String,
     /// The key of a signature item; every item with it is a candidate.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
     pub signature: String,
     /// The key of the timestamp item.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timestamp: Option<String>,
+    /// No keys: the first item is the timestamp and every other one a signature (Recurly's
+    /// `<ms>,<sig>[,<sig>]`). `pair`, `signature` and `timestamp` are then not given.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub timestamp_first: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]

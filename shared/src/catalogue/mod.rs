@@ -285,13 +285,26 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
     if spec.items.is_some() && spec.versions.is_some() {
         return Err(spec_error("items", "items and versions exclude each other"));
     }
-    if let Some(items) = &spec.items
-        && (items.separator.is_empty() || items.pair.is_empty() || items.signature.is_empty())
-    {
-        return Err(spec_error(
-            "items",
-            "separator, pair and signature are required",
-        ));
+    if let Some(items) = &spec.items {
+        if items.timestamp_first
+            && (items.separator.is_empty()
+                || !items.pair.is_empty()
+                || !items.signature.is_empty()
+                || items.timestamp.is_some())
+        {
+            return Err(spec_error(
+                "items",
+                "timestamp_first reads items without keys: give separator alone",
+            ));
+        }
+        if !items.timestamp_first
+            && (items.separator.is_empty() || items.pair.is_empty() || items.signature.is_empty())
+        {
+            return Err(spec_error(
+                "items",
+                "separator, pair and signature are required",
+            ));
+        }
     }
     if let Some(versions) = &spec.versions
         && (versions.separator.is_empty()
@@ -370,8 +383,16 @@ pub fn validate(spec: &SignatureSpec) -> Result<(), SpecError> {
                 "exactly one of item, header and json",
             ));
         }
-        if ts.item && spec.items.as_ref().is_none_or(|i| i.timestamp.is_none()) {
-            return Err(spec_error("timestamp", "item = true needs items.timestamp"));
+        if ts.item
+            && spec
+                .items
+                .as_ref()
+                .is_none_or(|i| i.timestamp.is_none() && !i.timestamp_first)
+        {
+            return Err(spec_error(
+                "timestamp",
+                "item = true needs items.timestamp or items.timestamp_first",
+            ));
         }
         if let Some(name) = &ts.header {
             header_name("timestamp.header", name)?;
@@ -988,6 +1009,22 @@ mod tests {
         let (headers, body) = delivered(&linear.vectors[0]);
         let fields = crate::extract::extract(&linear.fields.field_map(), &headers, &body).unwrap();
         assert_eq!(fields.event_type, "Comment:create");
+    }
+
+    /// Recurly's header is `<ms>,<sig>[,<sig>]`: items without keys, the timestamp first. Such a
+    /// layout gives its separator alone; one that also names keys is refused, since it could
+    /// not say which reading it means.
+    #[test]
+    fn items_read_by_position_give_their_separator_alone() {
+        let recurly = include_str!("../../providers/recurly.toml");
+        load("recurly", recurly).unwrap();
+        let keyed = recurly.replace(
+            "items = { separator = \",\", timestamp_first = true }",
+            "items = { separator = \",\", pair = \"=\", signature = \"v1\", timestamp_first = true }",
+        );
+        assert_ne!(keyed, recurly);
+        let error = load("recurly", &keyed).unwrap_err();
+        assert_eq!(error.field, "signature[0].items", "{error}");
     }
 
     /// A handshake is part of what an entry promises: without a known answer (the request and

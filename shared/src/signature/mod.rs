@@ -612,7 +612,30 @@ fn read(
             }
         };
     let mut item_timestamp: Option<&str> = None;
-    if let Some(items) = &spec.items {
+    if let Some(items) = spec.items.as_ref().filter(|i| i.timestamp_first) {
+        let mut parts = text(place, &value)?
+            .split(items.separator.as_str())
+            .map(str::trim);
+        let timestamp = parts
+            .next()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| malformed(place, "no timestamp first".to_owned()))?;
+        if let Some(ts) = &spec.timestamp {
+            parse_timestamp(place, timestamp, ts.format)?;
+        }
+        item_timestamp = Some(timestamp);
+        for signature in parts.filter(|p| !p.is_empty()) {
+            take(
+                &mut candidates,
+                decode(spec, place, signature.as_bytes(), expected),
+            )?;
+        }
+        if candidates.is_empty() {
+            return Err(undecodable.take().unwrap_or_else(|| {
+                malformed(place, "no signature after the timestamp".to_owned())
+            }));
+        }
+    } else if let Some(items) = &spec.items {
         for item in text(place, &value)?
             .split(items.separator.as_str())
             .map(str::trim)
@@ -1361,7 +1384,13 @@ pub fn sign_with(
         }
     };
     let encoded = encode(spec.encoding(), &tag);
-    let value = if let Some(items) = &spec.items {
+    let value = if let Some(items) = spec.items.as_ref().filter(|i| i.timestamp_first) {
+        format!(
+            "{}{}{encoded}",
+            raw_timestamp.as_deref().unwrap_or_default(),
+            items.separator
+        )
+    } else if let Some(items) = &spec.items {
         let mut value = String::new();
         if let (Some(key), Some(raw)) = (&items.timestamp, &raw_timestamp) {
             value.push_str(&format!("{key}{}{raw}{}", items.pair, items.separator));
