@@ -187,6 +187,17 @@ async fn send_until_settled(sender: &OutboxSender, pool: &PgPool) {
     }
 }
 
+/// Routes every `entity.changed` message to `destination` and sends until none is pending;
+/// returns the sender, for a test that sends again.
+async fn send_every_effect_to(pool: &PgPool, destination: Destination) -> OutboxSender {
+    routes::apply(pool, &[route("entity.changed", destination)])
+        .await
+        .unwrap();
+    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
+    send_until_settled(&sender, pool).await;
+    sender
+}
+
 /// (external_id, idempotency_key, status, attempts, destination, last_error), by id.
 type Row = (String, String, String, i32, Option<String>, Option<String>);
 
@@ -239,12 +250,7 @@ async fn an_eventbridge_rule_receives_every_message_with_its_key(pool: PgPool) {
         .unwrap();
     rows_of(&pool, 12).await;
     let destination = Destination::eventbridge(bus.clone(), "acme.webhooks".into()).unwrap();
-    routes::apply(&pool, &[route("entity.changed", destination)])
-        .await
-        .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-
-    send_until_settled(&sender, &pool).await;
+    send_every_effect_to(&pool, destination).await;
 
     let rows = rows(&pool).await;
     for r in &rows {
@@ -319,17 +325,7 @@ async fn a_fifo_queue_keeps_an_entity_in_order_and_drops_a_resent_message(pool: 
         ],
     )
     .await;
-    routes::apply(
-        &pool,
-        &[route(
-            "entity.changed",
-            Destination::sqs(queue_url.clone()).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-    send_until_settled(&sender, &pool).await;
+    let sender = send_every_effect_to(&pool, Destination::sqs(queue_url.clone()).unwrap()).await;
 
     // f-3's delivery is repeated, as when a sender crashed after SQS took it and before the row
     // was marked: the row is due again and sent with the same key.
@@ -392,17 +388,7 @@ async fn a_fifo_queue_gets_an_entity_in_order_across_calls(pool: PgPool) {
         .map(|(i, id)| (id.as_str(), "a", i as i64 + 1))
         .collect();
     outbox_rows(&pool, &rows_in).await;
-    routes::apply(
-        &pool,
-        &[route(
-            "entity.changed",
-            Destination::sqs(queue_url.clone()).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-    send_until_settled(&sender, &pool).await;
+    send_every_effect_to(&pool, Destination::sqs(queue_url.clone()).unwrap()).await;
     let arrived = moto.drain_queue(&queue_url, Duration::from_secs(2)).await;
     let got: Vec<&str> = arrived
         .iter()
@@ -447,17 +433,7 @@ async fn a_failed_entry_of_a_publish_batch_fails_alone(pool: PgPool) {
     .execute(&pool)
     .await
     .unwrap();
-    routes::apply(
-        &pool,
-        &[route(
-            "entity.changed",
-            Destination::sns(topic_arn.clone()).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-    send_until_settled(&sender, &pool).await;
+    send_every_effect_to(&pool, Destination::sns(topic_arn.clone()).unwrap()).await;
 
     let rows = rows(&pool).await;
     let huge = rows.iter().find(|r| r.0 == "huge").unwrap();
@@ -574,17 +550,7 @@ async fn a_refusing_destination_fails_the_messages_and_resend_delivers_after_the
     let moto = moto().await;
     rows_of(&pool, 3).await;
     let missing = format!("{}/123456789012/{}", moto_endpoint(), unique("missing"));
-    routes::apply(
-        &pool,
-        &[route(
-            "entity.changed",
-            Destination::sqs(missing.clone()).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-    send_until_settled(&sender, &pool).await;
+    let sender = send_every_effect_to(&pool, Destination::sqs(missing.clone()).unwrap()).await;
     let before = rows(&pool).await;
     for r in &before {
         assert_eq!((r.2.as_str(), r.3), ("failed", 1), "{r:?}");
@@ -671,17 +637,7 @@ async fn retention_takes_a_message_destination_with_it(pool: PgPool) {
     let moto = moto().await;
     rows_of(&pool, 2).await;
     let (queue_url, _) = moto.queue(&unique("retained")).await;
-    routes::apply(
-        &pool,
-        &[route(
-            "entity.changed",
-            Destination::sqs(queue_url).unwrap(),
-        )],
-    )
-    .await
-    .unwrap();
-    let sender = OutboxSender::new(pool.clone(), settings()).unwrap();
-    send_until_settled(&sender, &pool).await;
+    send_every_effect_to(&pool, Destination::sqs(queue_url).unwrap()).await;
     assert_eq!(
         scalar(&pool, "SELECT count(*) FROM outbox_destinations").await,
         2

@@ -613,43 +613,46 @@ impl OutboxSender {
     /// ([`outbox::relaxed`]), and counts it once committed.
     async fn commit_outcomes(&self, tried: Tried) -> Result<OutboxOutcome, StoreError> {
         let Tried {
-            messages,
             unrouted,
-            parked,
-            deferred,
-            untried,
             delivered,
-            others,
-            data_omitted,
-        } = tried;
+            deferred,
+            ..
+        } = &tried;
         let mut outcome = OutboxOutcome {
-            data_omitted,
+            data_omitted: tried.data_omitted,
             ..OutboxOutcome::default()
         };
         let mut tx = outbox::relaxed(&self.pool).await?;
-        for (outbox_id, why) in &unrouted {
+        for (outbox_id, why) in unrouted {
             outbox::mark_unrouted(&mut *tx, *outbox_id, why).await?;
         }
-        outcome.parked = outbox::park(&mut *tx, &parked).await?;
+        outcome.parked = outbox::park(&mut *tx, &tried.parked).await?;
         outcome.deferred = outbox::defer(&mut *tx, &deferred.0, &deferred.1).await?;
-        outcome.handed_back = outbox::release(&mut *tx, &untried).await?;
-        for (described, _, ids) in &delivered {
+        outcome.handed_back = outbox::release(&mut *tx, &tried.untried).await?;
+        for (described, _, ids) in delivered {
             outbox::mark_delivered_many(&mut *tx, ids, described).await?;
         }
         let mut settled = OutboxOutcome::default();
-        for (outbox_id, delivery, described, kind) in others {
-            let Some(message) = messages.iter().find(|m| m.outbox_id == outbox_id) else {
+        for (outbox_id, delivery, described, kind) in &tried.others {
+            let Some(message) = tried.messages.iter().find(|m| m.outbox_id == *outbox_id) else {
                 continue;
             };
-            self.settle(&mut tx, message, delivery, &described, kind, &mut settled)
-                .await?;
+            self.settle(
+                &mut tx,
+                message,
+                delivery.clone(),
+                described,
+                kind,
+                &mut settled,
+            )
+            .await?;
         }
         tx.commit().await?;
         if !unrouted.is_empty() {
             crate::metrics::outbox_delivery("none", "unrouted", unrouted.len() as u64);
         }
         outcome.unrouted = unrouted.len() as u64;
-        for (_, kind, ids) in &delivered {
+        for (_, kind, ids) in delivered {
             crate::metrics::outbox_delivery(kind, "delivered", ids.len() as u64);
             outcome.delivered += ids.len() as u64;
         }

@@ -577,6 +577,18 @@ fn body_digest_matches(spec: &SignatureSpec, request: &Request<'_>) -> Result<bo
     Ok(claimed.eq_ignore_ascii_case(&hex::encode(Sha256::digest(request.body))))
 }
 
+/// Why a header held no signature to check: the first candidate that did not decode, else
+/// `missing`.
+fn none_decoded(
+    undecodable: &mut Option<VerifyError>,
+    place: &'static str,
+    missing: String,
+) -> VerifyError {
+    undecodable
+        .take()
+        .unwrap_or_else(|| malformed(place, missing))
+}
+
 fn read(
     spec: &'static SignatureSpec,
     headers: &HeaderMap,
@@ -631,9 +643,11 @@ fn read(
             )?;
         }
         if candidates.is_empty() {
-            return Err(undecodable.take().unwrap_or_else(|| {
-                malformed(place, "no signature after the timestamp".to_owned())
-            }));
+            return Err(none_decoded(
+                &mut undecodable,
+                place,
+                "no signature after the timestamp".to_owned(),
+            ));
         }
     } else if let Some(items) = &spec.items {
         for item in text(place, &value)?
@@ -672,12 +686,11 @@ fn read(
             ));
         }
         if candidates.is_empty() {
-            return Err(undecodable.take().unwrap_or_else(|| {
-                malformed(
-                    place,
-                    format!("no {}{} signature", items.signature, items.pair),
-                )
-            }));
+            return Err(none_decoded(
+                &mut undecodable,
+                place,
+                format!("no {}{} signature", items.signature, items.pair),
+            ));
         }
     } else if let Some(versions) = &spec.versions {
         for entry in text(place, &value)?
@@ -700,9 +713,11 @@ fn read(
             }
         }
         if candidates.is_empty() {
-            return Err(undecodable.take().unwrap_or_else(|| {
-                malformed(place, format!("no {} signature", versions.version))
-            }));
+            return Err(none_decoded(
+                &mut undecodable,
+                place,
+                format!("no {} signature", versions.version),
+            ));
         }
     } else {
         // The plain layout reads bytes: no UTF-8 pass over a value already known to be ASCII.

@@ -78,28 +78,30 @@ pub async fn lease(
 
 /// Hands leased messages back untried: due again at once, no attempt spent.
 pub async fn release(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Result<u64, StoreError> {
-    const SQL: &str = "UPDATE outbox SET next_attempt_at = now(), leased_until = NULL \
-         WHERE outbox_id = ANY($1) AND status = 'pending'";
-    if outbox_ids.is_empty() {
-        return Ok(0);
-    }
-    Ok(sqlx::query(SQL)
-        .bind(outbox_ids)
-        .execute(executor)
-        .await?
-        .rows_affected())
+    hand_back(executor, outbox_ids, false).await
 }
 
 /// Parks leased messages of a paused subscription: pending, due never, until a resume makes
 /// them due. No attempt spent.
 pub async fn park(executor: impl PgExecutor<'_>, outbox_ids: &[i64]) -> Result<u64, StoreError> {
-    const SQL: &str = "UPDATE outbox SET next_attempt_at = 'infinity', leased_until = NULL \
+    hand_back(executor, outbox_ids, true).await
+}
+
+/// Leased messages back, their lease ended: due now, or never (`parked`).
+async fn hand_back(
+    executor: impl PgExecutor<'_>,
+    outbox_ids: &[i64],
+    parked: bool,
+) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE outbox SET leased_until = NULL, \
+             next_attempt_at = CASE WHEN $2 THEN 'infinity'::timestamptz ELSE now() END \
          WHERE outbox_id = ANY($1) AND status = 'pending'";
     if outbox_ids.is_empty() {
         return Ok(0);
     }
     Ok(sqlx::query(SQL)
         .bind(outbox_ids)
+        .bind(parked)
         .execute(executor)
         .await?
         .rows_affected())
