@@ -264,8 +264,8 @@ async fn store_api_copy(pool: &PgPool, d: &Delivery) {
     let source = find_source("stripe");
     let prepared =
         shared::ingest::prepare(&source, &d.headers, &d.body, &|_| false, micros_now()).unwrap();
-    let event = prepared.event(&source, &d.body, PROVIDER_API, None);
-    webhook_events::upsert(pool, &event).await.unwrap();
+    let events = prepared.events(&source, &d.body, PROVIDER_API, None);
+    webhook_events::upsert(pool, &events[0]).await.unwrap();
 }
 
 /// Runs the script directly into `a` and buffered into `b` (each delivery its own batch, or
@@ -763,7 +763,7 @@ async fn a_consumer_killed_mid_batch_leaves_nothing_and_the_batch_lands_once(poo
             .iter()
             .zip(&list)
             .map(|(p, d)| BatchedEvent {
-                event: p.event(&source, &d.body, "current", None),
+                event: p.events(&source, &d.body, "current", None)[0].clone(),
                 received_at: chrono::Utc::now(),
             })
             .collect();

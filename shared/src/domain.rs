@@ -14,7 +14,7 @@ pub struct ParseError {
 }
 
 impl ParseError {
-    fn new(what: &'static str, reason: impl Into<String>) -> Self {
+    pub fn new(what: &'static str, reason: impl Into<String>) -> Self {
         Self {
             what,
             reason: reason.into(),
@@ -201,6 +201,10 @@ pub enum FieldLocator {
     Json(String),
     /// A parameter of a form-encoded body (Twilio's `MessageSid`).
     Form(String),
+    /// A JSON pointer into the whole request, where the other JSON locators of a batched
+    /// source read its element (`crate::batches`): what scopes an element, sent once beside
+    /// the elements (a tenant id). For a source that is not batched, the same as `json:`.
+    Envelope(String),
     /// The body's SHA-256, hex: a redelivery of the same bytes is the same event.
     BodyDigest,
     /// The values of two or more header, JSON or form locators, joined with `:` (a `:` or `\`
@@ -246,6 +250,14 @@ impl FieldLocator {
                 ));
             }
             Ok(Self::Json(pointer.to_owned()))
+        } else if let Some(pointer) = raw.strip_prefix("envelope:") {
+            if !pointer.starts_with('/') {
+                return Err(ParseError::new(
+                    "field locator",
+                    format!("JSON pointer in {raw:?} must start with '/'"),
+                ));
+            }
+            Ok(Self::Envelope(pointer.to_owned()))
         } else if let Some(name) = raw.strip_prefix("form:") {
             if name.is_empty() {
                 return Err(ParseError::new(
@@ -260,7 +272,7 @@ impl FieldLocator {
             Err(ParseError::new(
                 "field locator",
                 format!(
-                    "{raw:?} is none of 'header:<name>', 'json:<pointer>', 'form:<name>', 'digest:sha256', '<part> + <part>'"
+                    "{raw:?} is none of 'header:<name>', 'json:<pointer>', 'envelope:<pointer>', 'form:<name>', 'digest:sha256', '<part> + <part>'"
                 ),
             ))
         }
@@ -278,7 +290,7 @@ impl FieldLocator {
     pub fn reads_body(&self) -> bool {
         self.parts()
             .iter()
-            .any(|part| matches!(part, Self::Json(_)))
+            .any(|part| matches!(part, Self::Json(_) | Self::Envelope(_)))
     }
 
     /// The request headers it reads.
@@ -317,6 +329,7 @@ impl fmt::Display for FieldLocator {
         match self {
             Self::Header(name) => write!(f, "header:{name}"),
             Self::Json(pointer) => write!(f, "json:{pointer}"),
+            Self::Envelope(pointer) => write!(f, "envelope:{pointer}"),
             Self::Form(name) => write!(f, "form:{name}"),
             Self::BodyDigest => f.write_str("digest:sha256"),
             Self::Joined(parts) => {

@@ -27,6 +27,10 @@ pub struct FieldMap {
     pub version_tiebreak: Option<FieldLocator>,
     #[serde(default)]
     pub sequence: Option<FieldLocator>,
+    /// Where a batched delivery's events are (`crate::batches`): each element is filed as its
+    /// own event, the other locators reading it. `None`: the delivery is one event.
+    #[serde(default)]
+    pub elements: Option<crate::batches::Elements>,
 }
 
 impl FieldMap {
@@ -50,7 +54,7 @@ impl FieldMap {
     }
 
     pub fn reads_body(&self) -> bool {
-        self.locators().any(FieldLocator::reads_body)
+        self.elements.is_some() || self.locators().any(FieldLocator::reads_body)
     }
 
     /// Headers the fields are read from, to keep beside the payload.
@@ -88,6 +92,16 @@ pub enum ExtractError {
         locator: String,
         reason: String,
     },
+    /// A batch of more events than one request may carry (`crate::batches::MAX_ELEMENTS`):
+    /// refused as too large, nothing stored.
+    #[error(
+        "the batch at {locator} holds {count} events, more than the {limit} a request may carry"
+    )]
+    TooManyElements {
+        locator: String,
+        count: usize,
+        limit: usize,
+    },
 }
 
 impl ExtractError {
@@ -96,7 +110,7 @@ impl ExtractError {
         match self {
             ExtractError::NotJson(_) => "unparseable_payload",
             ExtractError::Missing { .. } => "missing_field",
-            ExtractError::Invalid { .. } => "invalid_field",
+            ExtractError::Invalid { .. } | ExtractError::TooManyElements { .. } => "invalid_field",
         }
     }
 }
@@ -139,50 +153,91 @@ pub fn extract_delivery(
     } else {
         None
     };
-    let reader = Reader {
+    Reader {
         headers,
         body,
         json: json.as_ref(),
+        envelope: json.as_ref(),
+        digested: body,
         unsigned,
-    };
+    }
+    .fields(fields)
+}
 
-    let external_id = reader.required("event id", &fields.external_id)?;
-    let external_id = ExternalId::parse(&external_id).map_err(|e| ExtractError::Invalid {
-        field: "event id",
-        locator: fields.external_id.to_string(),
-        reason: e.reason,
-    })?;
-    let event_type = reader.required("event type", &fields.event_type)?;
-    let entity_id = reader.optional("entity id", fields.entity_id.as_ref())?;
-    let entity_version = match reader.version("entity version", fields.entity_version.as_ref())? {
-        Some(version) => Some(version),
-        None => reader.version("entity version", fields.entity_version_fallback.as_ref())?,
-    };
-    let version_tiebreak = reader.version("version tiebreak", fields.version_tiebreak.as_ref())?;
-    let sequence = match &fields.sequence {
-        Some(locator) => reader
-            .optional("sequence", Some(locator))?
-            .map(|raw| {
-                raw.parse::<i64>()
-                    .map_err(|_| invalid("sequence", locator, "not an integer"))
-            })
-            .transpose()?,
-        None => None,
-    };
-    Ok(EventFields {
-        external_id,
-        event_type,
-        entity_id,
-        entity_version,
-        version_tiebreak,
-        sequence,
-    })
+/// One element of a batched delivery, as [`extract_delivery`] reads a delivery: `json:`
+/// locators read `element`, `envelope:` locators the request's JSON, `form:` locators and
+/// headers the request, and `digest:sha256` is the digest of `digested` (the element's
+/// canonical bytes).
+pub fn extract_element(
+    fields: &FieldMap,
+    headers: &HeaderMap,
+    body: &[u8],
+    element: &Value,
+    envelope: &Value,
+    digested: &[u8],
+    unsigned: Option<&UnsignedHeaders<'_>>,
+) -> Result<EventFields, ExtractError> {
+    Reader {
+        headers,
+        body,
+        json: Some(element),
+        envelope: Some(envelope),
+        digested,
+        unsigned,
+    }
+    .fields(fields)
+}
+
+impl Reader<'_> {
+    fn fields(&self, fields: &FieldMap) -> Result<EventFields, ExtractError> {
+        let reader = self;
+        let external_id = reader.required("event id", &fields.external_id)?;
+        let external_id = ExternalId::parse(&external_id).map_err(|e| ExtractError::Invalid {
+            field: "event id",
+            locator: fields.external_id.to_string(),
+            reason: e.reason,
+        })?;
+        let event_type = reader.required("event type", &fields.event_type)?;
+        let entity_id = reader.optional("entity id", fields.entity_id.as_ref())?;
+        let entity_version = match reader
+            .version("entity version", fields.entity_version.as_ref())?
+        {
+            Some(version) => Some(version),
+            None => reader.version("entity version", fields.entity_version_fallback.as_ref())?,
+        };
+        let version_tiebreak =
+            reader.version("version tiebreak", fields.version_tiebreak.as_ref())?;
+        let sequence = match &fields.sequence {
+            Some(locator) => reader
+                .optional("sequence", Some(locator))?
+                .map(|raw| {
+                    raw.parse::<i64>()
+                        .map_err(|_| invalid("sequence", locator, "not an integer"))
+                })
+                .transpose()?,
+            None => None,
+        };
+        Ok(EventFields {
+            external_id,
+            event_type,
+            entity_id,
+            entity_version,
+            version_tiebreak,
+            sequence,
+        })
+    }
 }
 
 struct Reader<'a> {
     headers: &'a HeaderMap,
+    /// The request's bytes, which `form:` locators read.
     body: &'a [u8],
+    /// What `json:` locators read: the body, or a batch's element.
     json: Option<&'a Value>,
+    /// What `envelope:` locators read: the request's JSON.
+    envelope: Option<&'a Value>,
+    /// What `digest:sha256` digests: the body, or an element's canonical bytes.
+    digested: &'a [u8],
     unsigned: Option<&'a UnsignedHeaders<'a>>,
 }
 
@@ -281,12 +336,20 @@ impl Reader<'_> {
                 Some(Value::Number(n)) => Some(n.to_string()),
                 Some(_) => return Err(invalid(field, locator, "not a string or a number")),
             },
+            FieldLocator::Envelope(pointer) => {
+                match self.envelope.and_then(|j| j.pointer(pointer)) {
+                    None | Some(Value::Null) => None,
+                    Some(Value::String(s)) => Some(s.trim().to_owned()),
+                    Some(Value::Number(n)) => Some(n.to_string()),
+                    Some(_) => return Err(invalid(field, locator, "not a string or a number")),
+                }
+            }
             FieldLocator::Form(name) => url::form_urlencoded::parse(self.body)
                 .find(|(k, _)| k == name.as_str())
                 .map(|(_, v)| v.trim().to_owned()),
             FieldLocator::BodyDigest => {
                 use sha2::Digest as _;
-                Some(hex::encode(sha2::Sha256::digest(self.body)))
+                Some(hex::encode(sha2::Sha256::digest(self.digested)))
             }
         };
         match text {

@@ -15,6 +15,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::batches::ElementCounts;
 use crate::buffer::{
     BufferMode, BufferQueue, BufferedDelivery, ENVELOPE_VERSION, Envelope, QueueError,
 };
@@ -28,9 +29,12 @@ use crate::secrets::{SecretError, SecretStore};
 use crate::signature::{self, VerifyError};
 use crate::sources::{Source, SourceRegistry};
 use crate::store::StoreError;
+use crate::store::batch_requests::{self, NewBatchRequest};
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
 use crate::store::provider_notices::{self, NewNotice};
-use crate::store::webhook_events::{self, DeliveryOutcome, NewEvent, UpsertError, Upserted};
+use crate::store::webhook_events::{
+    self, BatchedEvent, DeliveryOutcome, NewEvent, UpsertError, Upserted,
+};
 
 /// One HTTP delivery, as received.
 #[derive(Debug, Clone, Copy)]
@@ -74,6 +78,9 @@ pub struct Receipt {
     pub outcome: DeliveryOutcome,
     pub external_id: ExternalId,
     pub delivery_count: i32,
+    /// For a batch (`crate::batches`): what became of its elements, each stored as its own
+    /// event; `outcome`, `external_id` and `delivery_count` are then its first element's.
+    pub elements: Option<ElementCounts>,
     /// The status the provider requires, with an empty body, for an event it delivered
     /// (Discord's Webhook Events: 204); `None`: 200 with the JSON receipt.
     pub acknowledge: Option<u16>,
@@ -90,6 +97,9 @@ pub enum IngestError {
     MethodNotAllowed,
     #[error("body of {actual} bytes exceeds the limit of {limit}")]
     PayloadTooLarge { actual: usize, limit: usize },
+    /// A batch of more events than one request may carry: nothing stored.
+    #[error("a batch of {count} events exceeds the limit of {limit}")]
+    TooManyEvents { count: usize, limit: usize },
     #[error("signature rejected: {0}")]
     Signature(#[source] VerifyError),
     #[error("signed delivery cannot be filed: {0}")]
@@ -110,6 +120,7 @@ impl IngestError {
             IngestError::UnknownSource => "unknown_source",
             IngestError::MethodNotAllowed => "method_not_allowed",
             IngestError::PayloadTooLarge { .. } => "payload_too_large",
+            IngestError::TooManyEvents { .. } => "too_many_events",
             IngestError::Signature(e) => e.reason_code(),
             IngestError::Unreadable(e) => e.anomaly_kind(),
             IngestError::Secret(_) => "secret_unavailable",
@@ -124,7 +135,7 @@ impl IngestError {
         match self {
             IngestError::UnknownSource => "unknown_source",
             IngestError::MethodNotAllowed => "method_not_allowed",
-            IngestError::PayloadTooLarge { .. } => "too_large",
+            IngestError::PayloadTooLarge { .. } | IngestError::TooManyEvents { .. } => "too_large",
             IngestError::Signature(VerifyError::UnusableSecret { .. }) => "misconfigured",
             IngestError::Signature(_) => "signature",
             IngestError::Unreadable(_) => "unreadable",
@@ -540,8 +551,20 @@ impl Ingestor {
             &signed,
             received_at_micros,
         );
-        if let Ok(prepared) = &prepared {
-            span.record("external_id", prepared.fields.external_id.as_str());
+        match &prepared {
+            Ok(prepared) => {
+                if let Some(first) = prepared.first() {
+                    span.record("external_id", first.external_id.as_str());
+                }
+            }
+            // Refused before anything is stored, as a body over the size limit is.
+            Err(ExtractError::TooManyElements { count, limit, .. }) => {
+                return Err(IngestError::TooManyEvents {
+                    count: *count,
+                    limit: *limit,
+                });
+            }
+            Err(_) => {}
         }
         Ok(Admission::Event(Box::new(Admitted {
             delivery,
@@ -578,13 +601,22 @@ impl Ingestor {
                 return Err(IngestError::Unreadable(error.clone()));
             }
         };
-        let event = prepared.event(
+        if prepared.batch {
+            return self.store_batch(admitted, prepared).await;
+        }
+        let events = prepared.events(
             source,
             delivery.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
         );
-        let stored = self.upsert(&event).await?;
+        let (Some(event), Some(fields)) = (events.first(), prepared.first()) else {
+            return Err(IngestError::Store(StoreError::Corrupt {
+                what: "prepared delivery",
+                reason: "no event read".into(),
+            }));
+        };
+        let stored = self.upsert(event).await?;
         let span = tracing::Span::current();
         span.record("outcome", stored.outcome.as_str());
         if let Some(original) = &stored.replay_of {
@@ -608,10 +640,125 @@ impl Ingestor {
         }
         Ok(Received::Stored(Receipt {
             outcome: stored.outcome,
-            external_id: prepared.fields.external_id.clone(),
+            external_id: fields.external_id.clone(),
             delivery_count: stored.delivery_count,
+            elements: None,
             acknowledge: source.scheme.provider().retries.acknowledge,
         }))
+    }
+
+    /// A batch: the request kept once and every element upserted as its own event, in one
+    /// transaction (all of them or none), committed before the answer.
+    async fn store_batch(
+        &self,
+        admitted: &Admitted<'_>,
+        prepared: &Prepared,
+    ) -> Result<Received, IngestError> {
+        let Admitted {
+            delivery, source, ..
+        } = admitted;
+        let events = prepared.events(
+            source,
+            delivery.body,
+            admitted.verified.secret.as_str(),
+            admitted.verified.signed_digest,
+        );
+        let received_at = chrono::DateTime::from_timestamp_micros(admitted.received_at_micros)
+            .unwrap_or_else(chrono::Utc::now);
+        let request = NewBatchRequest {
+            tenant_id: source.tenant_id.as_str(),
+            source_id: source.source_id.as_str(),
+            received_at,
+            external_ids: events.iter().map(|e| e.external_id).collect(),
+            body: delivery.body,
+            body_sha256: Sha256::digest(delivery.body).into(),
+            headers: &prepared.headers,
+            verified_with: admitted.verified.secret.as_str(),
+        };
+        let stored = file_elements(self.database.pool(), &request, &events, received_at).await?;
+        let mut counts = ElementCounts::default();
+        for upserted in &stored {
+            counts.count(upserted.outcome);
+            if let Some(original) = &upserted.replay_of {
+                tracing::warn!(original = %original, "replayed element: recorded, no effect");
+            } else if let Some(other) = &upserted.collided_with {
+                tracing::warn!(stored_under = %other, "element stored under another source of the tenant: recorded, not stored");
+            }
+        }
+        let span = tracing::Span::current();
+        span.record("outcome", counts.outcome().as_str());
+        tracing::info!(
+            accepted = counts.accepted,
+            duplicate = counts.duplicate,
+            conflict = counts.conflict,
+            "batch stored: each element as its own event"
+        );
+        let (Some(first), Some(fields)) = (stored.first(), prepared.first()) else {
+            return Err(IngestError::Store(StoreError::Corrupt {
+                what: "batch upsert",
+                reason: "no element stored".into(),
+            }));
+        };
+        Ok(Received::Stored(Receipt {
+            outcome: counts.outcome(),
+            external_id: fields.external_id.clone(),
+            delivery_count: first.delivery_count,
+            elements: Some(counts),
+            acknowledge: source.scheme.provider().retries.acknowledge,
+        }))
+    }
+}
+
+/// How often a batch is filed again when its transaction lost a race with another (a deadlock
+/// or a serialization failure), or a body stored by the previous release under another unsigned
+/// id appeared under it.
+const BATCH_ATTEMPTS: usize = 5;
+
+/// Keeps a batched request and upserts its elements, in one transaction; returns what became of
+/// each element, in order. Filed again, whole, when the transaction lost a race.
+async fn file_elements(
+    pool: &PgPool,
+    request: &NewBatchRequest<'_>,
+    events: &[NewEvent<'_>],
+    received_at: chrono::DateTime<chrono::Utc>,
+) -> Result<Vec<Upserted>, StoreError> {
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let result = async {
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            batch_requests::record(&mut *tx, request).await?;
+            let batched: Vec<BatchedEvent<'_>> = events
+                .iter()
+                .map(|event| BatchedEvent {
+                    event: event.clone(),
+                    received_at,
+                })
+                .collect();
+            let stored = webhook_events::upsert_batch(&mut tx, &batched).await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok::<_, UpsertError>(stored)
+        }
+        .await;
+        match result {
+            Ok(stored) => return Ok(stored),
+            Err(UpsertError::Store(e)) if e.is_lost_race() && attempt < BATCH_ATTEMPTS => {
+                tracing::info!(error = %e, attempt, "the batch lost a race with another transaction: filing again");
+                tokio::time::sleep(Duration::from_millis(rand::random_range(1..=50))).await;
+            }
+            Err(UpsertError::BodyNotClaimed) if attempt < BATCH_ATTEMPTS => {
+                tracing::info!(
+                    "a body stored by the previous release appeared under the batch: filing again"
+                );
+            }
+            Err(UpsertError::Store(e)) => return Err(e),
+            Err(UpsertError::BodyNotClaimed) => {
+                return Err(StoreError::Corrupt {
+                    what: "replayed body",
+                    reason: "the stored body it replays keeps changing under it".into(),
+                });
+            }
+        }
     }
 }
 

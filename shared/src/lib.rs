@@ -5,6 +5,7 @@
 pub mod anomaly;
 pub mod aws;
 pub mod backfill;
+pub mod batches;
 pub mod buffer;
 pub mod catalogue;
 pub mod config;

@@ -7,6 +7,7 @@
 use http::HeaderMap;
 use sha2::Digest as _;
 
+use crate::batches;
 use crate::extract::{self, EventFields, ExtractError};
 use crate::protocol;
 use crate::signature;
@@ -15,10 +16,14 @@ use crate::store::webhook_events::NewEvent;
 
 /// What the upsert needs of a verified delivery, read with its source's field map. The direct
 /// path and the buffer's consumer both store through this, so a buffered delivery is filed as
-/// the same event its direct delivery would have been.
+/// the same events its direct delivery would have been.
 #[derive(Debug, Clone)]
 pub struct Prepared {
-    pub fields: EventFields,
+    /// The events the delivery carries: one, or each element of a batch ([`Prepared::batch`]),
+    /// in the order sent. Never empty.
+    pub events: Vec<PreparedEvent>,
+    /// The source files each element of its deliveries as an event (`crate::batches`).
+    pub batch: bool,
     /// The headers kept beside the payload ([`kept_headers`]).
     pub headers: serde_json::Value,
     /// 1 when the provider marked the delivery as its own retry.
@@ -32,9 +37,18 @@ pub struct Prepared {
     /// what is stored as the event's payload in place of the raw form bytes. `None`: the body
     /// is the event.
     pub form_json: Option<Vec<u8>>,
-    /// The digest of the body without its provider's volatile fields (`fields.volatile`), what
+}
+
+/// One event of a delivery.
+#[derive(Debug, Clone)]
+pub struct PreparedEvent {
+    pub fields: EventFields,
+    /// An element's own JSON, stored as its payload; `None`: the delivery's payload is.
+    pub element: Option<Vec<u8>>,
+    /// The digest of the event without its provider's volatile fields (`fields.volatile`), what
     /// the stored `payload_sha256` is for such a provider: two attempts of one delivery have the
-    /// same. `None`: the payload's own digest.
+    /// same. For an element, always: the digest of its canonical bytes (keys sorted). `None`:
+    /// the payload's own digest.
     pub steady_sha256: Option<[u8; 32]>,
 }
 
@@ -64,8 +78,9 @@ fn form_json(body: &[u8], field: &str) -> Result<Vec<u8>, ExtractError> {
     Ok(value.into_bytes())
 }
 
-/// Reads a verified delivery's fields. `signed` says which headers the signature covers; a
-/// version or tiebreak read from one it does not is never later than `received_at_micros`.
+/// Reads a verified delivery's fields: its event's, or each element's of a batch. `signed` says
+/// which headers the signature covers; a version or tiebreak read from one it does not is never
+/// later than `received_at_micros`.
 pub fn prepare(
     source: &Source,
     headers: &HeaderMap,
@@ -77,23 +92,70 @@ pub fn prepare(
         signed,
         received_at_micros,
     };
-    let form_json = match &source.json_form_field {
-        Some(field) if is_form(headers) => Some(form_json(body, field)?),
+    let elements = source.fields.elements.as_ref();
+    let form_json = match (
+        elements.and_then(|e| e.form_field.as_ref()),
+        &source.json_form_field,
+    ) {
+        (Some(field), _) => Some(form_json(body, field)?),
+        (None, Some(field)) if is_form(headers) => Some(form_json(body, field)?),
         _ => None,
     };
     let event_body = form_json.as_deref().unwrap_or(body);
-    // Read, and digested, without the fields that change between attempts.
-    let steady = without_volatile(source, event_body);
-    let fields = extract::extract_delivery(
-        &source.fields,
-        headers,
-        steady.as_deref().unwrap_or(event_body),
-        Some(&unsigned),
-    )?;
+    let events = match elements {
+        None => {
+            // Read, and digested, without the fields that change between attempts.
+            let steady = without_volatile(source, event_body);
+            let fields = extract::extract_delivery(
+                &source.fields,
+                headers,
+                steady.as_deref().unwrap_or(event_body),
+                Some(&unsigned),
+            )?;
+            vec![PreparedEvent {
+                fields,
+                element: None,
+                steady_sha256: steady.map(|bytes| sha2::Sha256::digest(bytes).into()),
+            }]
+        }
+        Some(at) => {
+            let json: serde_json::Value = serde_json::from_slice(event_body)
+                .map_err(|e| ExtractError::NotJson(e.to_string()))?;
+            let mut steady = json.clone();
+            remove_volatile(source, &mut steady);
+            let sent = batches::elements(at, &json)?;
+            let read = batches::elements(at, &steady)?;
+            let mut events = Vec::with_capacity(sent.len());
+            for (i, (element, steady_element)) in sent.iter().zip(read).enumerate() {
+                // Canonical: serde_json's objects keep their keys sorted.
+                let canonical = serde_json::to_vec(steady_element)
+                    .map_err(|e| ExtractError::NotJson(e.to_string()))?;
+                let fields = extract::extract_element(
+                    &source.fields,
+                    headers,
+                    body,
+                    steady_element,
+                    &steady,
+                    &canonical,
+                    Some(&unsigned),
+                )
+                .map_err(|e| in_element(e, at, i))?;
+                events.push(PreparedEvent {
+                    fields,
+                    element: Some(
+                        serde_json::to_vec(element)
+                            .map_err(|e| ExtractError::NotJson(e.to_string()))?,
+                    ),
+                    steady_sha256: Some(sha2::Sha256::digest(&canonical).into()),
+                });
+            }
+            events
+        }
+    };
     Ok(Prepared {
-        steady_sha256: steady.map(|bytes| sha2::Sha256::digest(bytes).into()),
+        events,
+        batch: elements.is_some(),
         form_json,
-        fields,
         headers: kept_headers(source, headers),
         provider_retries: i32::from(protocol::is_provider_retry(source.scheme, headers)),
         id_outside_signature: !covers_body(source)
@@ -103,6 +165,27 @@ pub fn prepare(
                 .headers()
                 .any(|name| !signed(name.as_str())),
     })
+}
+
+/// An element's error, naming the element.
+fn in_element(error: ExtractError, at: &batches::Elements, index: usize) -> ExtractError {
+    let locator = |locator: String| format!("{locator} of element {index} of {at}");
+    match error {
+        ExtractError::Missing { field, locator: l } => ExtractError::Missing {
+            field,
+            locator: locator(l),
+        },
+        ExtractError::Invalid {
+            field,
+            locator: l,
+            reason,
+        } => ExtractError::Invalid {
+            field,
+            locator: locator(l),
+            reason,
+        },
+        other => other,
+    }
 }
 
 /// Whether every layout the source is verified with covers the whole delivery.
@@ -115,25 +198,41 @@ fn covers_body(source: &Source) -> bool {
 }
 
 impl Prepared {
-    /// The event to store: this delivery's fields under its source. `signed_digest` is the
+    /// The first event's fields (a batch's first element): what a log line names.
+    pub fn first(&self) -> Option<&EventFields> {
+        self.events.first().map(|e| &e.fields)
+    }
+
+    /// The events to store: this delivery's fields under its source. `signed_digest` is the
     /// verification's [`signature::Verified::signed_digest`] (carried in the buffer's envelope
     /// for a buffered delivery).
-    pub fn event<'a>(
+    pub fn events<'a>(
         &'a self,
         source: &'a Source,
         body: &'a [u8],
         verified_with: &'a str,
         signed_digest: Option<[u8; 32]>,
-    ) -> NewEvent<'a> {
+    ) -> Vec<NewEvent<'a>> {
         let payload = self.form_json.as_deref().unwrap_or(body);
-        let mut event = source.event(&self.fields, payload, self.headers.clone(), verified_with);
-        if let Some(digest) = self.steady_sha256 {
-            event.payload_sha256 = digest;
-        }
-        event.provider_retries = self.provider_retries;
-        event.id_outside_signature = self.id_outside_signature;
-        event.signed_digest = signed_digest;
-        event
+        self.events
+            .iter()
+            .map(|prepared| {
+                let payload = prepared.element.as_deref().unwrap_or(payload);
+                let mut event = source.event(
+                    &prepared.fields,
+                    payload,
+                    self.headers.clone(),
+                    verified_with,
+                );
+                if let Some(digest) = prepared.steady_sha256 {
+                    event.payload_sha256 = digest;
+                }
+                event.provider_retries = self.provider_retries;
+                event.id_outside_signature = self.id_outside_signature;
+                event.signed_digest = signed_digest;
+                event
+            })
+            .collect()
     }
 }
 
@@ -171,16 +270,20 @@ pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
 /// re-serialised: what two attempts of one event have in common, to compare and to digest.
 /// `None` when the source names none, or the body is not JSON (it is compared as it is).
 fn without_volatile(source: &Source, body: &[u8]) -> Option<Vec<u8>> {
-    let volatile = &source.scheme.provider().fields.volatile;
-    if volatile.is_empty() {
+    if source.scheme.provider().fields.volatile.is_empty() {
         return None;
     }
     let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
-    for pointer in volatile {
-        let segments: Vec<&str> = pointer.split('/').skip(1).collect();
-        remove_at(&mut value, &segments);
-    }
+    remove_volatile(source, &mut value);
     serde_json::to_vec(&value).ok()
+}
+
+/// Removes its provider's volatile fields from `value`.
+fn remove_volatile(source: &Source, value: &mut serde_json::Value) {
+    for pointer in &source.scheme.provider().fields.volatile {
+        let segments: Vec<&str> = pointer.split('/').skip(1).collect();
+        remove_at(value, &segments);
+    }
 }
 
 /// Removes what `segments` (a JSON pointer's, `*` standing for every element of an array)

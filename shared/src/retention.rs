@@ -32,7 +32,9 @@ use serde::Serialize;
 use sqlx::PgPool;
 
 use crate::maintenance::{self, RunCounts};
-use crate::store::{StoreError, buffer_receipts, processing_completions, retention};
+use crate::store::{
+    StoreError, batch_requests, buffer_receipts, processing_completions, retention,
+};
 
 /// Stripe retries for up to three days, Shopify two, Standard Webhooks senders about a day:
 /// identity must outlive the longest of them with a margin.
@@ -116,6 +118,10 @@ pub struct RetentionOutcome {
     /// pass reads: it forgets them too, but the table's size must not depend on its schedule.
     #[serde(default)]
     pub latency_records_purged: u64,
+    /// Batched requests' bytes (`batch_requests`) past the payload horizon: their elements'
+    /// payloads go at the same age.
+    #[serde(default)]
+    pub batch_requests_purged: u64,
     /// The purges the run's time ran out on before a batch came back short: what is still past
     /// their horizons waits for the next run. Empty when the run caught up.
     #[serde(default)]
@@ -199,6 +205,7 @@ pub async fn run_until(
         + o.signed_bodies_purged
         + o.buffer_receipts_purged
         + o.latency_records_purged
+        + o.batch_requests_purged
         > 0
     {
         tracing::info!(
@@ -210,6 +217,7 @@ pub async fn run_until(
             signed_bodies_purged = o.signed_bodies_purged,
             buffer_receipts_purged = o.buffer_receipts_purged,
             latency_records_purged = o.latency_records_purged,
+            batch_requests_purged = o.batch_requests_purged,
             "retention pass finished"
         );
     } else {
@@ -230,10 +238,11 @@ enum Purge {
     SignedBodies,
     BufferReceipts,
     LatencyRecords,
+    BatchRequests,
 }
 
 impl Purge {
-    const ALL: [Purge; 8] = [
+    const ALL: [Purge; 9] = [
         Purge::AwaitedPayloads,
         Purge::Payloads,
         Purge::DeadLetterPayloads,
@@ -242,6 +251,7 @@ impl Purge {
         Purge::SignedBodies,
         Purge::BufferReceipts,
         Purge::LatencyRecords,
+        Purge::BatchRequests,
     ];
 
     fn name(self) -> &'static str {
@@ -254,6 +264,7 @@ impl Purge {
             Purge::SignedBodies => "signed_bodies",
             Purge::BufferReceipts => "buffer_receipts",
             Purge::LatencyRecords => "latency_records",
+            Purge::BatchRequests => "batch_requests",
         }
     }
 
@@ -320,6 +331,13 @@ impl Purge {
             Purge::LatencyRecords => {
                 let n = processing_completions::forget_old(pool, limit).await?;
                 outcome.latency_records_purged += n;
+                full(n)
+            }
+            Purge::BatchRequests => {
+                let n =
+                    batch_requests::purge_older_than(pool, s.payload_after.as_secs_f64(), limit)
+                        .await?;
+                outcome.batch_requests_purged += n;
                 full(n)
             }
         })

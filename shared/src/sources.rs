@@ -202,6 +202,12 @@ impl TryFrom<SourceRow> for Source {
                 entity_version_fallback: optional(&row.entity_version_fallback_from)?,
                 version_tiebreak: optional(&row.version_tiebreak_from)?,
                 sequence: optional(&row.sequence_from)?,
+                elements: row
+                    .elements_from
+                    .as_deref()
+                    .map(crate::batches::Elements::parse)
+                    .transpose()
+                    .map_err(corrupt)?,
             },
             enabled: row.enabled,
             signed_url: row.signed_url.clone(),
@@ -308,6 +314,7 @@ impl From<&Source> for SourceRow {
                 .and_then(|spec| serde_json::to_value(spec).ok()),
             accepted_layouts: source.layouts.clone(),
             json_form_field: source.json_form_field.clone(),
+            elements_from: source.fields.elements.as_ref().map(ToString::to_string),
         }
     }
 }
@@ -535,6 +542,10 @@ pub struct FieldOverrides {
     entity_version_fallback: Option<crate::FieldLocator>,
     version_tiebreak: Option<crate::FieldLocator>,
     sequence: Option<crate::FieldLocator>,
+    /// Where a batched delivery's events are (`json:/data/events`, `form:mandrill_events`), or
+    /// `"none"`: a delivery is one event, whatever the catalogue says (a source that keeps the
+    /// ids it stored before its provider's entry split batches).
+    elements: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -653,6 +664,13 @@ impl SourceSpec {
                 .or(defaults.entity_version_fallback),
             version_tiebreak: o.version_tiebreak.or(defaults.version_tiebreak),
             sequence: o.sequence.or(defaults.sequence),
+            elements: match o.elements.as_deref() {
+                None => defaults.elements,
+                Some("none") => None,
+                Some(raw) => {
+                    Some(crate::batches::Elements::parse(raw).map_err(|e| format!("fields.{e}"))?)
+                }
+            },
         };
         let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;
         Ok(Source {
@@ -751,15 +769,20 @@ pub enum ApplyError {
     /// A source with stored events would read its event ids another way: every redelivery of
     /// those events would be stored again as a new event.
     #[error(
-        "source {source_id} has stored events under ids read from {stored}; reading them from \
-         {applied} would store every redelivery of those events again as a new event. To keep \
-         the stored ids, set external_id = \"{stored}\" in its [source.fields]; to take the new \
-         ones anyway, apply the file with hookctl sources apply --change-event-ids <file>"
+        "source {source_id} has stored events under ids read from {stored} (elements: \
+         {stored_elements}); reading them from {applied} (elements: {applied_elements}) would \
+         store every redelivery of those events again as a new event. To keep the stored ids, \
+         set external_id = \"{stored}\" and elements = \"{stored_elements}\" in its \
+         [source.fields]; to take the new ones anyway, apply the file with hookctl sources \
+         apply --change-event-ids <file>"
     )]
     EventIdChanged {
         source_id: String,
         stored: String,
+        /// Where the stored ids were read in a batch (`none`: a delivery was one event).
+        stored_elements: String,
         applied: String,
+        applied_elements: String,
     },
 }
 
@@ -788,14 +811,16 @@ async fn apply_checked(
     for source in sources {
         let row = SourceRow::from(source);
         if !change_event_ids
-            && let Some(stored) =
+            && let Some((stored, stored_elements)) =
                 store::sources::event_id_locator_in_use(&mut *tx, &row.source_id).await?
-            && stored != row.external_id_from
+            && (stored != row.external_id_from || stored_elements != row.elements_from)
         {
             return Err(ApplyError::EventIdChanged {
                 source_id: row.source_id,
                 stored,
+                stored_elements: stored_elements.unwrap_or_else(|| "none".into()),
                 applied: row.external_id_from,
+                applied_elements: row.elements_from.unwrap_or_else(|| "none".into()),
             });
         }
         store::sources::upsert(&mut *tx, &row).await?;
@@ -1128,6 +1153,41 @@ mod tests {
             Some(crate::FieldLocator::json("/repository/id"))
         );
         assert!(source.enabled);
+    }
+
+    /// A source takes its provider's batch from the catalogue, names its own (a declared
+    /// provider that batches), or keeps a delivery as one event (`elements = "none"`).
+    #[test]
+    fn a_source_says_where_its_batches_are_or_that_it_has_none() {
+        let read = |scheme: &str, elements: Option<&str>| {
+            let line = elements.map_or(String::new(), |e| format!("elements = {e:?}\n"));
+            let file: SourcesFile = toml::from_str(&format!(
+                "[[source]]\nid='s'\ntenant='t'\nscheme='{scheme}'\nsecret_ref='x'\n[source.fields]\n{line}"
+            ))
+            .unwrap();
+            file.source
+                .into_iter()
+                .next()
+                .unwrap()
+                .into_source()
+                .map(|s| s.fields.elements.map(|e| e.to_string()))
+        };
+        assert_eq!(read("hubspot", None), Ok(Some("json:/".into())));
+        assert_eq!(read("hubspot", Some("none")), Ok(None));
+        assert_eq!(read("stripe", None), Ok(None));
+        assert_eq!(
+            read("stripe", Some("json:/data/events")),
+            Ok(Some("json:/data/events".into()))
+        );
+        assert_eq!(
+            read("okta", Some("form:events")),
+            Ok(Some("form:events".into()))
+        );
+        assert!(
+            read("hubspot", Some("events"))
+                .unwrap_err()
+                .contains("elements")
+        );
     }
 
     #[test]

@@ -48,9 +48,16 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
                 ..
             },
         ) => return handshake(&shared::protocol::HandshakeReply::empty(*status)),
+        // A batch says what became of its elements, each stored as its own event.
         Ok(Received::Stored(receipt)) => (
             StatusCode::OK,
-            serde_json::json!({ "status": receipt.outcome.as_str() }),
+            match &receipt.elements {
+                Some(counts) => serde_json::json!({
+                    "status": receipt.outcome.as_str(),
+                    "elements": counts,
+                }),
+                None => serde_json::json!({ "status": receipt.outcome.as_str() }),
+            },
         ),
         // Durable in SQS, not yet in PostgreSQL: still a 200 (Slack and Twilio want exactly
         // 200), and the body says which store holds it.
@@ -70,6 +77,12 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
         Err(IngestError::PayloadTooLarge { limit, .. }) => (
             StatusCode::PAYLOAD_TOO_LARGE,
             error(&format!("body exceeds {limit} bytes")),
+        ),
+        Err(IngestError::TooManyEvents { count, limit }) => (
+            StatusCode::PAYLOAD_TOO_LARGE,
+            error(&format!(
+                "a batch of {count} events exceeds {limit}: send at most {limit} a request"
+            )),
         ),
         Err(IngestError::Signature(VerifyError::UnusableSecret { .. })) => (
             StatusCode::INTERNAL_SERVER_ERROR,

@@ -36,7 +36,7 @@ pub async fn consume(pool: &PgPool, messages: &[Message]) -> Result<Consumed, St
     let mut consumed = Consumed::default();
     for (message, filed) in messages.iter().zip(filed) {
         match filed {
-            Filed::Stored(_) => consumed.stored += 1,
+            Filed::Stored(_) | Filed::StoredBatch(_) => consumed.stored += 1,
             Filed::AlreadyFiled => consumed.already_filed += 1,
             Filed::Unfilable { kind, detail } => {
                 tracing::warn!(message_id = %message.message_id, kind, %detail, "buffered delivery cannot be filed: recorded as an anomaly");

@@ -16,10 +16,12 @@ use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
 use super::{BufferedDelivery, DecodeError};
+use crate::batches::ElementCounts;
 use crate::domain::SourceId;
 use crate::prepare::{self, Prepared};
 use crate::sources::{self, Source};
 use crate::store::StoreError;
+use crate::store::batch_requests::{self, NewBatchRequest};
 use crate::store::buffer_receipts;
 use crate::store::delivery_hours;
 use crate::store::ingest_anomalies::{self, UnreadableDelivery};
@@ -38,6 +40,9 @@ pub struct Message {
 pub enum Filed {
     /// Stored, as its direct delivery would have been. Delete the message.
     Stored(Upserted),
+    /// A batch, its elements each stored as its own event, as its direct delivery's would have
+    /// been. Delete the message.
+    StoredBatch(ElementCounts),
     /// Its delivery id was filed before (SQS delivered it twice, or the SDK retried a send
     /// SQS had taken): nothing counted. Delete the message.
     AlreadyFiled,
@@ -53,6 +58,7 @@ impl Filed {
     pub fn metric_outcome(&self) -> &'static str {
         match self {
             Filed::Stored(u) => u.outcome.as_str(),
+            Filed::StoredBatch(counts) => counts.outcome().as_str(),
             Filed::AlreadyFiled => "already_filed",
             Filed::Unfilable { .. } => "unfilable",
             Filed::Retry { .. } => "retry",
@@ -260,28 +266,53 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
         }
     }
 
-    let events: Vec<BatchedEvent<'_>> = ready
-        .iter()
-        .map(|(c, source, prepared)| BatchedEvent {
-            event: prepared.event(
-                source,
-                &c.delivery.body,
-                &c.delivery.envelope.verified_with,
-                c.delivery.signed_digest(),
-            ),
-            received_at: c.received_at,
-        })
-        .collect();
+    // Every event of every message, each with its message's place in `ready`.
+    let mut owners = Vec::new();
+    let mut events: Vec<BatchedEvent<'_>> = Vec::new();
+    for (at, (c, source, prepared)) in ready.iter().enumerate() {
+        let d = c.delivery;
+        let these = prepared.events(
+            source,
+            &d.body,
+            &d.envelope.verified_with,
+            d.signed_digest(),
+        );
+        // A batch's request is kept once, beside its elements.
+        if prepared.batch {
+            let headers = serde_json::to_value(&d.envelope.headers).unwrap_or_default();
+            batch_requests::record(
+                &mut *tx,
+                &NewBatchRequest {
+                    tenant_id: source.tenant_id.as_str(),
+                    source_id: source.source_id.as_str(),
+                    received_at: c.received_at,
+                    external_ids: these.iter().map(|e| e.external_id).collect(),
+                    body: &d.body,
+                    body_sha256: Sha256::digest(&d.body).into(),
+                    headers: &headers,
+                    verified_with: &d.envelope.verified_with,
+                },
+            )
+            .await?;
+        }
+        for event in these {
+            owners.push(at);
+            events.push(BatchedEvent {
+                event,
+                received_at: c.received_at,
+            });
+        }
+    }
     let stored = webhook_events::upsert_batch(&mut tx, &events).await?;
     // A delivery received over MARK_AFTER_SECONDS ago lands in an hour the anomaly rollup may
     // not compute again unmarked: marked in this transaction, so the mark is seen with the
     // event. (A repeated event's own hour is marked by the batch statement.) Such an event may
     // also land behind the payload purge's cursor: it is listed for the purge.
-    let late: Vec<(&BatchedEvent<'_>, &str)> = ready
+    let late: Vec<(&BatchedEvent<'_>, &str)> = owners
         .iter()
         .zip(&events)
-        .filter(|((c, _, _), _)| delivery_hours::may_be_late(c.received_at))
-        .map(|((_, source, _), e)| (e, source.source_id.as_str()))
+        .filter(|(at, _)| delivery_hours::may_be_late(ready[**at].0.received_at))
+        .map(|(at, e)| (e, ready[*at].1.source_id.as_str()))
         .collect();
     if !late.is_empty() {
         let hours: Vec<(&str, chrono::DateTime<chrono::Utc>)> = late
@@ -295,8 +326,25 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             .unzip();
         crate::store::retention::list_filed_behind_payload_cursor(&mut *tx, &tenants, &ids).await?;
     }
-    for ((c, _, _), upserted) in ready.iter().zip(stored) {
-        filed[c.index] = Some(Filed::Stored(upserted));
+    let mut outcomes: Vec<Vec<Upserted>> = vec![Vec::new(); ready.len()];
+    for (at, upserted) in owners.into_iter().zip(stored) {
+        outcomes[at].push(upserted);
+    }
+    for ((c, _, prepared), upserted) in ready.iter().zip(outcomes) {
+        filed[c.index] = Some(if prepared.batch {
+            let mut counts = ElementCounts::default();
+            for u in &upserted {
+                counts.count(u.outcome);
+            }
+            Filed::StoredBatch(counts)
+        } else {
+            match upserted.into_iter().next() {
+                Some(u) => Filed::Stored(u),
+                None => Filed::Retry {
+                    reason: "the upsert answered nothing for it".into(),
+                },
+            }
+        });
     }
     tx.commit().await.map_err(StoreError::from)?;
 
@@ -425,20 +473,23 @@ pub async fn file_kept(
             source_id: kept.source_id.clone(),
             error,
         })?;
-    let event = prepared.event(&source, payload, "current", None);
-    let stored = webhook_events::upsert_batch(
-        &mut *conn,
-        &[BatchedEvent {
+    let events: Vec<BatchedEvent<'_>> = prepared
+        .events(&source, payload, "current", None)
+        .into_iter()
+        .map(|event| BatchedEvent {
             event,
             received_at: kept.detected_at,
-        }],
-    )
-    .await?;
+        })
+        .collect();
+    let stored = webhook_events::upsert_batch(&mut *conn, &events).await?;
     let outcome = stored
         .first()
         .map(|u| u.outcome.as_str().to_owned())
         .unwrap_or_default();
-    let external_id = prepared.fields.external_id.as_str().to_owned();
+    let external_id = prepared
+        .first()
+        .map(|f| f.external_id.as_str().to_owned())
+        .unwrap_or_default();
     crate::store::ingest_anomalies::mark_filed(&mut *conn, anomaly_id, &external_id).await?;
     tracing::info!(anomaly_id, source_id = %kept.source_id, %external_id, %outcome, "kept delivery filed");
     Ok(FiledKept {

@@ -411,6 +411,12 @@ pub struct ProviderFields {
     /// envelope), and its payload holds every element.
     #[serde(default)]
     pub batch: Option<String>,
+    /// Where the events of a request that carries several are (`json:/` for a body that is
+    /// the array, `json:/data/events`, `form:mandrill_events`): each element is filed as its
+    /// own event (`crate::batches`). The other locators then read the element (`json:`) or
+    /// the request (`envelope:`, headers). Excludes `batch`.
+    #[serde(default)]
+    pub elements: Option<crate::batches::Elements>,
     /// The form field the provider's JSON arrives in when it posts a form
     /// (`application/x-www-form-urlencoded`) rather than JSON: GitHub's `payload`, the default
     /// content type of a GitHub webhook. The event is read from, and stored as, that JSON; the
@@ -436,6 +442,7 @@ impl ProviderFields {
             entity_version_fallback: self.entity_version_fallback.clone(),
             version_tiebreak: self.version_tiebreak.clone(),
             sequence: self.sequence.clone(),
+            elements: self.elements.clone(),
         }
     }
 }

@@ -65,6 +65,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             sequence: None,
             id_signed: true,
             batch: None,
+            elements: None,
             json_form_field: None,
             volatile: Vec::new(),
         },
@@ -155,15 +156,17 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
     }
     for pointer in &provider.fields.volatile {
         json_pointer("fields.volatile", pointer)?;
-        let id_reads_it = provider
-            .fields
-            .external_id
-            .parts()
-            .iter()
-            .any(|part| match part {
-                crate::domain::FieldLocator::Json(read) => pointer_covers(pointer, read),
+        // What the id reads, as a pointer into the request (an element's, under every element).
+        let id_reads_it = provider.fields.external_id.parts().iter().any(|part| {
+            match (part, &provider.fields.elements) {
+                (crate::domain::FieldLocator::Json(read), None)
+                | (crate::domain::FieldLocator::Envelope(read), _) => pointer_covers(pointer, read),
+                (crate::domain::FieldLocator::Json(read), Some(elements)) => {
+                    pointer_covers(pointer, &elements.in_request(read))
+                }
                 _ => false,
-            });
+            }
+        });
         if id_reads_it {
             return Err(spec_error(
                 "fields.external_id",
@@ -232,6 +235,17 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
 /// stored as one event.
 fn batch_covers_the_elements_read(fields: &ProviderFields) -> Result<(), SpecError> {
     use crate::domain::FieldLocator;
+    if fields.elements.is_some() {
+        // Its locators read each element; `batch` (a request stored as one event) is the
+        // opposite choice.
+        if fields.batch.is_some() {
+            return Err(spec_error(
+                "fields.batch",
+                "batch stores a request as one event, elements files each element as its own: name one",
+            ));
+        }
+        return Ok(());
+    }
     if let Some(batch) = &fields.batch
         && !batch.is_empty()
     {
@@ -620,6 +634,9 @@ pub fn markdown() -> String {
         if let Some(batch) = &p.fields.batch {
             let _ = writeln!(out, "- Batches: {}", batch_help(p, batch));
         }
+        if let Some(elements) = &p.fields.elements {
+            let _ = writeln!(out, "- Batches: {}", elements_help(elements));
+        }
         if let Some(layout) = p.signatures.iter().find(|s| s.header_named_by_source) {
             let _ = writeln!(
                 out,
@@ -720,6 +737,9 @@ pub fn show(scheme: Scheme) -> String {
     if let Some(batch) = &f.batch {
         let _ = writeln!(out, "  batch: {}", batch_help(p, batch));
     }
+    if let Some(elements) = &f.elements {
+        let _ = writeln!(out, "  batch: {}", elements_help(elements));
+    }
     let _ = writeln!(out, "handshake: {}", p.handshake.kind.as_str());
     let _ = writeln!(out, "retries: {} ({})", p.retries.summary, p.retries.docs);
     let _ = writeln!(
@@ -791,6 +811,19 @@ fn batch_help(p: &Provider, array: &str) -> String {
         );
     }
     help
+}
+
+/// What an entry that splits its batches means for the events stored.
+fn elements_help(elements: &crate::batches::Elements) -> String {
+    format!(
+        "a request carries several events (`{elements}`). Each element is filed as its own \
+         event, the locators above reading the element (`envelope:` ones the request): \
+         deduplicated, versioned, projected, forwarded and counted one by one, in one \
+         transaction with the others (all or none), its own JSON as its payload; the request's \
+         bytes are kept once beside them. An element comes back a duplicate in any batch. At \
+         most {} elements a request; more is refused (413), nothing stored",
+        crate::batches::MAX_ELEMENTS
+    )
 }
 
 /// One line on a signature layout.
@@ -922,17 +955,14 @@ mod tests {
     /// batch (that is what documents a request as one stored event), and only that array.
     #[test]
     fn an_entry_reading_an_array_element_declares_its_batch() {
-        let hubspot = FILES.iter().find(|(n, _)| *n == "hubspot").unwrap().1;
-        assert!(load("hubspot", hubspot).is_ok());
-        let batch_line = hubspot.lines().find(|l| l.starts_with("batch = ")).unwrap();
-        let without = hubspot.replace(batch_line, "");
-        let err = load("hubspot", &without).unwrap_err();
+        let adyen = FILES.iter().find(|(n, _)| *n == "adyen").unwrap().1;
+        assert!(load("adyen", adyen).is_ok());
+        let batch_line = adyen.lines().find(|l| l.starts_with("batch = ")).unwrap();
+        let without = adyen.replace(batch_line, "");
+        let err = load("adyen", &without).unwrap_err();
         assert_eq!(err.field, "fields.batch", "{err}");
-        let elsewhere = hubspot.replace(batch_line, "batch = \"/events\"");
-        assert_eq!(
-            load("hubspot", &elsewhere).unwrap_err().field,
-            "fields.batch"
-        );
+        let elsewhere = adyen.replace(batch_line, "batch = \"/events\"");
+        assert_eq!(load("adyen", &elsewhere).unwrap_err().field, "fields.batch");
         let github = FILES.iter().find(|(n, _)| *n == "github").unwrap().1;
         let reads_element = github.replace(
             "external_id = \"header:x-github-delivery\"",
@@ -946,11 +976,64 @@ mod tests {
         // Every entry that batches says so where operators read.
         let docs = markdown();
         for (scheme, p) in providers() {
-            if p.fields.batch.is_some() {
+            if p.fields.batch.is_some() || p.fields.elements.is_some() {
                 assert!(show(scheme).contains("  batch: "), "{scheme}");
             }
         }
         assert_eq!(docs.matches("- Batches: ").count(), 6);
+        assert_eq!(
+            docs.matches("- Batches: a request carries several events")
+                .count(),
+            5
+        );
+    }
+
+    /// An entry that files each element as an event: its locators read the element, an id may
+    /// not read what the entry lists as volatile (in the element or the envelope), and it does
+    /// not also say it stores the request as one event.
+    #[test]
+    fn an_element_id_never_reads_a_volatile_field() {
+        let hubspot = FILES.iter().find(|(n, _)| *n == "hubspot").unwrap().1;
+        let loaded = load("hubspot", hubspot).unwrap();
+        assert_eq!(
+            loaded.fields.elements.as_ref().map(ToString::to_string),
+            Some("json:/".to_owned())
+        );
+        let id_line = hubspot
+            .lines()
+            .find(|l| l.starts_with("external_id = "))
+            .unwrap();
+        let with_attempt = hubspot.replace(
+            id_line,
+            "external_id = \"json:/eventId + json:/attemptNumber\"",
+        );
+        let err = load("hubspot", &with_attempt).unwrap_err();
+        assert_eq!(err.field, "fields.external_id", "{err}");
+        assert!(err.reason.contains("/*/attemptNumber"), "{err}");
+
+        let okta = FILES.iter().find(|(n, _)| *n == "okta").unwrap().1;
+        assert!(load("okta", okta).is_ok());
+        let envelope_id = okta.replace(
+            "external_id = \"json:/uuid\"",
+            "external_id = \"envelope:/eventId + json:/uuid\"",
+        );
+        assert_ne!(envelope_id, okta);
+        assert_eq!(
+            load("okta", &envelope_id).unwrap_err().field,
+            "fields.external_id"
+        );
+        // The same field of each element is not the envelope's.
+        let element_id = okta.replace(
+            "external_id = \"json:/uuid\"",
+            "external_id = \"json:/eventId\"",
+        );
+        assert!(load("okta", &element_id).is_ok());
+
+        let both = hubspot.replace(
+            "elements = \"json:/\"",
+            "elements = \"json:/\"\nbatch = \"\"",
+        );
+        assert_eq!(load("hubspot", &both).unwrap_err().field, "fields.batch");
     }
 
     /// The entries whose signature leaves some bytes of a delivery uncovered: their deliveries

@@ -3,6 +3,7 @@
 
 pub mod advisory_locks;
 pub mod anomaly;
+pub mod batch_requests;
 pub mod buffer_receipts;
 pub mod consistency_sweep;
 pub mod dead_letters;

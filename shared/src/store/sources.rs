@@ -33,6 +33,7 @@ pub struct SourceRow {
     pub declared_signature: Option<serde_json::Value>,
     pub accepted_layouts: Option<Vec<String>>,
     pub json_form_field: Option<String>,
+    pub elements_from: Option<String>,
 }
 
 macro_rules! source_columns {
@@ -41,7 +42,7 @@ macro_rules! source_columns {
          event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
          entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, \
-         signed_url, declared_signature, accepted_layouts, json_form_field"
+         signed_url, declared_signature, accepted_layouts, json_form_field, elements_from"
     };
 }
 
@@ -79,8 +80,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
              entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url, declared_signature, \
-             accepted_layouts, json_form_field) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26) \
+             accepted_layouts, json_form_field, elements_from) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -94,7 +95,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              gap_event_types = EXCLUDED.gap_event_types, github_hook = EXCLUDED.github_hook, \
              github_app_id = EXCLUDED.github_app_id, signed_url = EXCLUDED.signed_url, \
              declared_signature = EXCLUDED.declared_signature, accepted_layouts = EXCLUDED.accepted_layouts, \
-             json_form_field = EXCLUDED.json_form_field, updated_at = now()";
+             json_form_field = EXCLUDED.json_form_field, elements_from = EXCLUDED.elements_from, \
+             updated_at = now()";
     sqlx::query(SQL)
         .bind(&row.source_id)
         .bind(&row.tenant_id)
@@ -122,6 +124,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
         .bind(&row.declared_signature)
         .bind(&row.accepted_layouts)
         .bind(&row.json_form_field)
+        .bind(&row.elements_from)
         .execute(executor)
         .await?;
     Ok(())
@@ -136,15 +139,17 @@ pub async fn oldest_age_seconds(executor: impl PgExecutor<'_>) -> Result<Option<
 }
 
 /// How a source reads its event ids, when it has stored events under them (`None`: a new
-/// source, or one with no events). One index probe (`source_id, first_received_at`).
+/// source, or one with no events): the id's locator, and where the elements it reads are in a
+/// batched delivery (`None`: a delivery is one event). One index probe
+/// (`source_id, first_received_at`).
 pub async fn event_id_locator_in_use(
     executor: impl PgExecutor<'_>,
     source_id: &str,
-) -> Result<Option<String>, StoreError> {
-    const SQL: &str = "SELECT s.external_id_from FROM sources AS s \
+) -> Result<Option<(String, Option<String>)>, StoreError> {
+    const SQL: &str = "SELECT s.external_id_from, s.elements_from FROM sources AS s \
          WHERE s.source_id = $1 \
            AND EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.source_id = s.source_id)";
-    Ok(sqlx::query_scalar(SQL)
+    Ok(sqlx::query_as(SQL)
         .bind(source_id)
         .fetch_optional(executor)
         .await?)

@@ -1,0 +1,202 @@
+//! Batches: a request that carries several events (HubSpot's array, SendGrid's, Okta's
+//! `data.events`, Mandrill's `mandrill_events` form field), each element filed as its own event.
+//!
+//! The signature is verified once over the request. [`crate::prepare::prepare`] then reads every
+//! element with the source's field map (`json:` locators relative to the element, `envelope:`
+//! ones to the request), and ingest stores them all with the buffer's set-wise upsert in one
+//! transaction, beside the request's bytes kept once (`batch_requests`): every element or none.
+//! An element stores its own JSON; it is compared and digested in canonical form (keys sorted,
+//! without the entry's volatile fields), so the same element inside another batch, in another
+//! order or with a new attempt number, is a duplicate.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::domain::ParseError;
+use crate::extract::ExtractError;
+use crate::store::webhook_events::DeliveryOutcome;
+
+/// The most events one request may carry (Segment's batch API takes 4 000 an HTTP call, the
+/// largest of the catalogue's batches). A larger batch is refused as too large, nothing stored.
+pub const MAX_ELEMENTS: usize = 4000;
+
+/// Where a batched delivery's events are: an array in its JSON (`json:/data/events`; `json:/`
+/// for a body that is the array) or in the JSON a form field carries (`form:mandrill_events`,
+/// the array at its root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Elements {
+    /// The form field whose value is the JSON; `None`: the body is.
+    pub form_field: Option<String>,
+    /// The JSON pointer of the array in that JSON (`""`: the JSON is the array).
+    pub pointer: String,
+}
+
+impl Elements {
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        if let Some(field) = raw.strip_prefix("form:") {
+            if field.is_empty() {
+                return Err(ParseError::new("elements", "form: needs a field name"));
+            }
+            return Ok(Self {
+                form_field: Some(field.to_owned()),
+                pointer: String::new(),
+            });
+        }
+        let Some(pointer) = raw.strip_prefix("json:") else {
+            return Err(ParseError::new(
+                "elements",
+                format!("{raw:?} is neither 'json:<pointer>' nor 'form:<field>'"),
+            ));
+        };
+        let pointer = match pointer {
+            // The body itself: `json:/` reads as an operator means it, not as the key "".
+            "" | "/" => String::new(),
+            p if p.starts_with('/') => p.to_owned(),
+            _ => {
+                return Err(ParseError::new(
+                    "elements",
+                    format!("JSON pointer in {raw:?} must start with '/'"),
+                ));
+            }
+        };
+        Ok(Self {
+            form_field: None,
+            pointer,
+        })
+    }
+
+    /// The pointer, in the request's JSON, of what `pointer` (a JSON pointer into an element)
+    /// reads in every element: `/data/events/*/uuid` for `/uuid`.
+    pub fn in_request(&self, pointer: &str) -> String {
+        format!("{}/*{pointer}", self.pointer)
+    }
+}
+
+impl fmt::Display for Elements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.form_field {
+            Some(field) => write!(f, "form:{field}"),
+            None if self.pointer.is_empty() => f.write_str("json:/"),
+            None => write!(f, "json:{}", self.pointer),
+        }
+    }
+}
+
+impl TryFrom<String> for Elements {
+    type Error = ParseError;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        Self::parse(&raw)
+    }
+}
+
+impl From<Elements> for String {
+    fn from(value: Elements) -> Self {
+        value.to_string()
+    }
+}
+
+/// The array of events in a batched delivery's JSON: refused when it is not one, is empty (a
+/// request that carries no event is not filed as none: it is kept as an anomaly), or holds more
+/// than [`MAX_ELEMENTS`].
+pub fn elements<'v>(elements: &Elements, json: &'v Value) -> Result<&'v [Value], ExtractError> {
+    let missing = || ExtractError::Missing {
+        field: "batch of events",
+        locator: elements.to_string(),
+    };
+    let found = json.pointer(&elements.pointer).ok_or_else(missing)?;
+    let Value::Array(items) = found else {
+        return Err(ExtractError::Invalid {
+            field: "batch of events",
+            locator: elements.to_string(),
+            reason: "not an array".into(),
+        });
+    };
+    if items.is_empty() {
+        return Err(missing());
+    }
+    if items.len() > MAX_ELEMENTS {
+        return Err(ExtractError::TooManyElements {
+            locator: elements.to_string(),
+            count: items.len(),
+            limit: MAX_ELEMENTS,
+        });
+    }
+    Ok(items)
+}
+
+/// What became of a batch's elements: the answer's `elements` object.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ElementCounts {
+    pub accepted: u32,
+    pub duplicate: u32,
+    pub conflict: u32,
+}
+
+impl ElementCounts {
+    pub fn count(&mut self, outcome: DeliveryOutcome) {
+        match outcome {
+            DeliveryOutcome::Accepted => self.accepted += 1,
+            DeliveryOutcome::Duplicate => self.duplicate += 1,
+            DeliveryOutcome::Conflict => self.conflict += 1,
+        }
+    }
+
+    pub fn total(&self) -> u32 {
+        self.accepted + self.duplicate + self.conflict
+    }
+
+    /// The batch's outcome in one word, as a single delivery's: `accepted` when any element
+    /// was new, else `conflict` when any conflicted, else `duplicate`.
+    pub fn outcome(&self) -> DeliveryOutcome {
+        if self.accepted > 0 {
+            DeliveryOutcome::Accepted
+        } else if self.conflict > 0 {
+            DeliveryOutcome::Conflict
+        } else {
+            DeliveryOutcome::Duplicate
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn elements_are_named_in_the_body_or_in_a_form_field() {
+        let root = Elements::parse("json:/").unwrap();
+        assert_eq!(root.pointer, "");
+        assert_eq!(root.to_string(), "json:/");
+        assert_eq!(root.in_request("/eventId"), "/*/eventId");
+        let nested = Elements::parse("json:/data/events").unwrap();
+        assert_eq!(nested.in_request("/uuid"), "/data/events/*/uuid");
+        let form = Elements::parse("form:mandrill_events").unwrap();
+        assert_eq!(form.form_field.as_deref(), Some("mandrill_events"));
+        assert_eq!(form.to_string(), "form:mandrill_events");
+        for bad in ["json:events", "form:", "header:x", "/events"] {
+            assert!(Elements::parse(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn a_batch_is_a_non_empty_array_of_at_most_the_limit() {
+        let at = Elements::parse("json:/events").unwrap();
+        let json = serde_json::json!({"events": [1, 2]});
+        assert_eq!(elements(&at, &json).unwrap().len(), 2);
+        for refused in [
+            serde_json::json!({"events": []}),
+            serde_json::json!({"events": {"a": 1}}),
+            serde_json::json!({"other": [1]}),
+        ] {
+            assert!(elements(&at, &refused).is_err(), "{refused}");
+        }
+        let too_many = serde_json::json!({ "events": vec![0; MAX_ELEMENTS + 1] });
+        assert!(matches!(
+            elements(&at, &too_many),
+            Err(ExtractError::TooManyElements { count, .. }) if count == MAX_ELEMENTS + 1
+        ));
+    }
+}
