@@ -603,3 +603,106 @@ async fn retention_deletes_batched_requests_with_the_payloads_of_their_day(pool:
         2
     );
 }
+
+/// Mailchimp Transactional (Mandrill) posts its batch as a form field holding JSON
+/// (`elements = "form:mandrill_events"`), signed over the URL and the sorted form: each element
+/// is its own event, its JSON its payload. Its URL check, an unsigned HEAD, is answered 200 with
+/// nothing stored.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_mandrill_form_batch_is_filed_element_by_element(pool: PgPool) {
+    let key = "mandrill-webhook-key";
+    let app = TestApp::with_limits(
+        pool.clone(),
+        &[source(
+            "mandrill",
+            TENANT,
+            Scheme::Mandrill,
+            "secret/mandrill",
+        )],
+        SecretStore::memory([("secret/mandrill".to_owned(), SecretSet::new(key, None))]),
+        Duration::from_secs(30),
+        shared::config::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+    let events_json = serde_json::json!([
+        {"event": "open", "_id": "msg-1", "ts": 1_764_000_100, "msg": {"_id": "msg-1", "state": "sent"}},
+        {"event": "click", "_id": "msg-1", "ts": 1_764_000_160, "url": "https://example.com/a",
+         "msg": {"_id": "msg-1", "state": "sent"}},
+    ])
+    .to_string();
+    let body: String = url::form_urlencoded::Serializer::new(String::new())
+        .append_pair("mandrill_events", &events_json)
+        .finish();
+    let layout = &Scheme::Mandrill.provider().signatures[0];
+    let url = url_of("mandrill");
+    let mut headers: HeaderMap = signature::sign_with(
+        layout,
+        &SigningSecret::new(key),
+        &Signing {
+            message_id: "",
+            timestamp: now(),
+            body: body.as_bytes(),
+            method: "POST",
+            url: Some(&url),
+        },
+    )
+    .unwrap()
+    .into_iter()
+    .collect();
+    set(
+        &mut headers,
+        "content-type",
+        "application/x-www-form-urlencoded",
+    );
+    let reply = app.post("mandrill", headers.clone(), body.as_bytes()).await;
+    assert_eq!(
+        reply.json,
+        serde_json::json!({"status": "accepted",
+                           "elements": {"accepted": 2, "duplicate": 0, "conflict": 0}})
+    );
+    let stored = events(&pool).await;
+    let ids: Vec<(&str, &str, Option<&str>)> = stored
+        .iter()
+        .map(|e| {
+            (
+                e.external_id.as_str(),
+                e.event_type.as_str(),
+                e.entity_id.as_deref(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("msg-1:click:1764000160", "click", Some("msg-1")),
+            ("msg-1:open:1764000100", "open", Some("msg-1"))
+        ]
+    );
+    let click: serde_json::Value =
+        serde_json::from_slice(stored[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(click["url"], "https://example.com/a");
+    let kept: Vec<u8> = sqlx::query_scalar("SELECT body FROM batch_requests")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(kept, body.as_bytes(), "the form as signed, kept once");
+    // Mandrill's retry of the batch: two duplicates.
+    let reply = app.post("mandrill", headers, body.as_bytes()).await;
+    assert_eq!(reply.json["elements"]["duplicate"], 2, "{:?}", reply.json);
+
+    // The URL check: a HEAD, answered 200, nothing stored.
+    let mut request = http::Request::builder()
+        .method("HEAD")
+        .uri(url_of("mandrill"))
+        .body(lambda_http::Body::Empty)
+        .unwrap();
+    *request.headers_mut() = HeaderMap::new();
+    use lambda_http::RequestExt as _;
+    let request = request.with_path_parameters(std::collections::HashMap::from([(
+        "source_id".to_owned(),
+        "mandrill".to_owned(),
+    )]));
+    let response = ingest::handler(request, &app.ingestor).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(events(&pool).await.len(), 2);
+}

@@ -133,7 +133,7 @@ pub fn handshake_of(
                 .then(|| HandshakeReply::empty(200))
         }
         // Answered before the signature ([`unsigned_handshake`]): a signed request is an event.
-        HandshakeKind::WoocommercePing => None,
+        HandshakeKind::WoocommercePing | HandshakeKind::MandrillHead => None,
     }
 }
 
@@ -158,6 +158,9 @@ pub fn unsigned_handshake_of(
     headers: &HeaderMap,
     body: &[u8],
 ) -> Option<HandshakeReply> {
+    if provider.handshake.kind == HandshakeKind::MandrillHead {
+        return (method == "HEAD" && body.is_empty()).then(|| HandshakeReply::empty(200));
+    }
     if provider.handshake.kind != HandshakeKind::WoocommercePing || method != "POST" {
         return None;
     }

@@ -534,6 +534,10 @@ pub enum HandshakeKind {
     /// status and pings again on the next save). The only handshake answered before a
     /// signature: WooCommerce signs none, and nothing is stored or read for it.
     WoocommercePing,
+    /// Mailchimp Transactional's (Mandrill's) URL check when a webhook or an inbound route is
+    /// added: an unsigned `HEAD`, answered 200 with nothing stored or read (Mandrill falls back
+    /// to a POST signed with another key only when the HEAD fails).
+    MandrillHead,
 }
 
 impl HandshakeKind {
@@ -547,6 +551,7 @@ impl HandshakeKind {
             HandshakeKind::OktaVerification => "okta_verification",
             HandshakeKind::XeroIntentToReceive => "xero_intent_to_receive",
             HandshakeKind::WoocommercePing => "woocommerce_ping",
+            HandshakeKind::MandrillHead => "mandrill_head",
         }
     }
 }

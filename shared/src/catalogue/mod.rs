@@ -980,11 +980,11 @@ mod tests {
                 assert!(show(scheme).contains("  batch: "), "{scheme}");
             }
         }
-        assert_eq!(docs.matches("- Batches: ").count(), 6);
+        assert_eq!(docs.matches("- Batches: ").count(), 7);
         assert_eq!(
             docs.matches("- Batches: a request carries several events")
                 .count(),
-            5
+            6
         );
     }
 
