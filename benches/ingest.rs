@@ -7,6 +7,11 @@
 //! and with as many connections. The ratio handler/pgbench is the share of the database's raw
 //! upsert rate the whole ingest path keeps.
 //!
+//! The batch row: HubSpot requests of 100 events each (v3-signed), each element stored as its
+//! own event (one transaction: the request kept once, the set-wise upsert of its elements),
+//! in elements/s, beside pgbench inserting 100 rows of the same size into the same table in one
+//! statement. Goal: at least 0.7x.
+//!
 //! Run: `./scripts/bench ingest` (needs DATABASE_URL with the right to create a database).
 
 use benchmarks::PAYLOAD_BYTES;
@@ -149,6 +154,148 @@ async fn run_store_only(
     done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
+/// The batch source: HubSpot, its URL fixed (v3 signs it).
+const HUBSPOT_URL: &str = "https://bench.example.com/webhooks/bench-hubspot";
+const BATCH_ELEMENTS: usize = 100;
+const PREBUILT_BATCHES_PER_SECOND: u64 = 700;
+
+fn hubspot_source() -> shared::sources::Source {
+    let mut source = benchmarks::source(Scheme::Hubspot, Duration::from_secs(3600));
+    source.source_id = shared::domain::SourceId::parse("bench-hubspot").unwrap();
+    source.signed_url = Some(HUBSPOT_URL.to_owned());
+    source
+}
+
+/// A HubSpot batch of [`BATCH_ELEMENTS`] contact events, ids unique to `batch`.
+fn hubspot_batch(batch: &str) -> Vec<u8> {
+    let elements: Vec<serde_json::Value> = (0..BATCH_ELEMENTS)
+        .map(|i| {
+            serde_json::json!({
+                "eventId": i, "subscriptionId": batch, "portalId": 62515, "appId": 54321,
+                "occurredAt": 1_764_000_000_000_u64, "subscriptionType": "contact.propertyChange",
+                "attemptNumber": 0, "objectId": 1000 + i, "changeSource": "CRM",
+                "propertyName": "email", "propertyValue": format!("contact{i}@example.com"),
+            })
+        })
+        .collect();
+    serde_json::to_vec(&elements).unwrap()
+}
+
+fn hubspot_request(body: Vec<u8>, at: i64) -> lambda_http::Request {
+    use lambda_http::RequestExt;
+    let v3 = Scheme::Hubspot
+        .provider()
+        .signatures
+        .iter()
+        .find(|l| l.name.as_deref() == Some("v3"))
+        .unwrap();
+    let headers: http::HeaderMap = shared::signature::sign_with(
+        v3,
+        &shared::secrets::SigningSecret::new(SECRET),
+        &shared::signature::Signing {
+            message_id: "",
+            timestamp: at,
+            body: &body,
+            method: "POST",
+            url: Some(HUBSPOT_URL),
+        },
+    )
+    .unwrap()
+    .into_iter()
+    .chain([(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static("application/json"),
+    )])
+    .collect();
+    let mut req = http::Request::builder()
+        .method("POST")
+        .uri("/webhooks/bench-hubspot")
+        .body(lambda_http::Body::Binary(body))
+        .unwrap();
+    *req.headers_mut() = headers;
+    req.with_path_parameters(std::collections::HashMap::from([(
+        "source_id".to_owned(),
+        "bench-hubspot".to_owned(),
+    )]))
+}
+
+/// Elements stored per second through the handler, HubSpot batches of [`BATCH_ELEMENTS`].
+async fn run_batch_handler(options: &PgConnectOptions, concurrency: usize, seconds: u64) -> f64 {
+    let pool = deployed_pool(options, concurrency).await;
+    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
+    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
+    let ingestor = Arc::new(Ingestor::new(
+        pool,
+        registry,
+        Arc::new(secrets),
+        IngestLimits {
+            max_body_bytes: 1 << 20,
+        },
+    ));
+    let at = shared::ingest::unix_now();
+    let prebuilt: Vec<_> = (0..PREBUILT_BATCHES_PER_SECOND * seconds)
+        .map(|n| {
+            std::sync::Mutex::new(Some(hubspot_request(
+                hubspot_batch(&format!("c{concurrency}-{n}")),
+                at,
+            )))
+        })
+        .collect();
+    let prebuilt = Arc::new(prebuilt);
+    let next = Arc::new(AtomicUsize::new(0));
+    let done = Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (ingestor, prebuilt, next, done) = (
+                ingestor.clone(),
+                prebuilt.clone(),
+                next.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = prebuilt.get(n) else {
+                        panic!("ran out of prebuilt batches: raise PREBUILT_BATCHES_PER_SECOND");
+                    };
+                    let req = slot.lock().unwrap().take().unwrap();
+                    let response = ingest::handler(req, &ingestor).await.unwrap();
+                    assert_eq!(response.status(), 200, "{:?}", response.body());
+                    done.fetch_add(BATCH_ELEMENTS, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+}
+
+/// pgbench inserting [`BATCH_ELEMENTS`] rows the size of a stored HubSpot element into
+/// `webhook_events` in one statement, ids fresh per transaction: rows/s.
+fn run_pgbench_batch(options: &PgConnectOptions, concurrency: usize, seconds: u64) -> f64 {
+    let element = serde_json::to_vec(
+        &serde_json::from_slice::<Vec<serde_json::Value>>(&hubspot_batch("pgbench")).unwrap()[0],
+    )
+    .unwrap();
+    let headers = serde_json::json!({"content-type": "application/json",
+        "x-hubspot-signature-v3": "0".repeat(44), "x-hubspot-request-timestamp": "1700000000000"});
+    let script = format!(
+        "\\set n random(1, 1000000000000)\n\
+         INSERT INTO webhook_events (tenant_id, external_id, source_id, event_type, entity_id, \
+         payload, payload_sha256, headers, verified_with, received_at, first_received_at, last_seen_at) \
+         SELECT 'bench', 'pgb:' || :client_id || ':' || :n || ':' || g, 'bench-hubspot', \
+         'contact.propertyChange', (1000 + g)::text, '\\x{}'::bytea, '\\x{}'::bytea, \
+         '{headers}'::jsonb, 'current', now(), now(), now() FROM generate_series(1, {BATCH_ELEMENTS}) AS g;\n",
+        hex::encode(&element),
+        "07".repeat(32),
+    );
+    BATCH_ELEMENTS as f64 * benchmarks::pgbench_tps(options, concurrency, seconds, &script)
+}
+
 fn run_pgbench(options: &PgConnectOptions, concurrency: usize, seconds: u64, level: usize) -> f64 {
     benchmarks::pgbench_tps(
         options,
@@ -177,7 +324,9 @@ async fn main() {
     let db = benchmarks::BenchDatabase::create("bench_ingest").await;
     let (setup, options) = (db.pool.clone(), db.options.clone());
     let source = benchmarks::source(Scheme::Stripe, Duration::from_secs(3600));
-    sources::apply(&setup, &[source]).await.unwrap();
+    sources::apply(&setup, &[source, hubspot_source()])
+        .await
+        .unwrap();
 
     println!(
         "ingest handler vs pgbench, same upsert statement, same table, {seconds} s per run, {PAYLOAD_BYTES} B payloads"
@@ -193,6 +342,20 @@ async fn main() {
         let store_only = run_store_only(&options, concurrency, seconds, level).await;
         let ratio = handler / raw;
         println!("{concurrency:>11} {handler:>15.0} {raw:>17.0} {ratio:>7.2}x {store_only:>15.0}");
+    }
+    println!();
+    println!(
+        "batches: HubSpot requests of {BATCH_ELEMENTS} events, each stored as its own event, vs pgbench inserting {BATCH_ELEMENTS} rows in one statement (goal 0.70x)"
+    );
+    println!(
+        "{:>11} {:>18} {:>15} {:>8}",
+        "concurrency", "handler elements/s", "pgbench rows/s", "ratio"
+    );
+    for concurrency in [1, 4] {
+        let handler = run_batch_handler(&options, concurrency, seconds).await;
+        let raw = run_pgbench_batch(&options, concurrency, seconds);
+        let ratio = handler / raw;
+        println!("{concurrency:>11} {handler:>18.0} {raw:>15.0} {ratio:>7.2}x");
     }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_events")
         .fetch_one(&setup)
