@@ -431,3 +431,83 @@ mod tests {
         }
     }
 }
+
+/// The most events one request may carry (Segment's batch API takes 4 000 an HTTP call, the
+/// largest of the catalogue's batches). A larger batch is refused as too large, nothing stored.
+pub const MAX_ELEMENTS: usize = 4000;
+
+/// Where a batched delivery's events are: an array in its JSON (`json:/data/events`; `json:/`
+/// for a body that is the array) or in the JSON a form field carries (`form:mandrill_events`,
+/// the array at its root).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct Elements {
+    /// The form field whose value is the JSON; `None`: the body is.
+    pub form_field: Option<String>,
+    /// The JSON pointer of the array in that JSON (`""`: the JSON is the array).
+    pub pointer: String,
+}
+
+impl Elements {
+    pub fn parse(raw: &str) -> Result<Self, ParseError> {
+        if let Some(field) = raw.strip_prefix("form:") {
+            if field.is_empty() {
+                return Err(ParseError::new("elements", "form: needs a field name"));
+            }
+            return Ok(Self {
+                form_field: Some(field.to_owned()),
+                pointer: String::new(),
+            });
+        }
+        let Some(pointer) = raw.strip_prefix("json:") else {
+            return Err(ParseError::new(
+                "elements",
+                format!("{raw:?} is neither 'json:<pointer>' nor 'form:<field>'"),
+            ));
+        };
+        let pointer = match pointer {
+            // The body itself: `json:/` reads as an operator means it, not as the key "".
+            "" | "/" => String::new(),
+            p if p.starts_with('/') => p.to_owned(),
+            _ => {
+                return Err(ParseError::new(
+                    "elements",
+                    format!("JSON pointer in {raw:?} must start with '/'"),
+                ));
+            }
+        };
+        Ok(Self {
+            form_field: None,
+            pointer,
+        })
+    }
+
+    /// The pointer, in the request's JSON, of what `pointer` (a JSON pointer into an element)
+    /// reads in every element: `/data/events/*/uuid` for `/uuid`.
+    pub fn in_request(&self, pointer: &str) -> String {
+        format!("{}/*{pointer}", self.pointer)
+    }
+}
+
+impl fmt::Display for Elements {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.form_field {
+            Some(field) => write!(f, "form:{field}"),
+            None if self.pointer.is_empty() => f.write_str("json:/"),
+            None => write!(f, "json:{}", self.pointer),
+        }
+    }
+}
+
+impl TryFrom<String> for Elements {
+    type Error = ParseError;
+    fn try_from(raw: String) -> Result<Self, Self::Error> {
+        Self::parse(&raw)
+    }
+}
+
+impl From<Elements> for String {
+    fn from(value: Elements) -> Self {
+        value.to_string()
+    }
+}

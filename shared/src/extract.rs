@@ -30,7 +30,7 @@ pub struct FieldMap {
     /// Where a batched delivery's events are (`crate::batches`): each element is filed as its
     /// own event, the other locators reading it. `None`: the delivery is one event.
     #[serde(default)]
-    pub elements: Option<crate::batches::Elements>,
+    pub elements: Option<crate::domain::Elements>,
 }
 
 impl FieldMap {

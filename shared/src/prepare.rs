@@ -168,7 +168,7 @@ pub fn prepare(
 }
 
 /// An element's error, naming the element.
-fn in_element(error: ExtractError, at: &batches::Elements, index: usize) -> ExtractError {
+fn in_element(error: ExtractError, at: &crate::domain::Elements, index: usize) -> ExtractError {
     let locator = |locator: String| format!("{locator} of element {index} of {at}");
     match error {
         ExtractError::Missing { field, locator: l } => ExtractError::Missing {

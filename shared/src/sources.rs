@@ -205,7 +205,7 @@ impl TryFrom<SourceRow> for Source {
                 elements: row
                     .elements_from
                     .as_deref()
-                    .map(crate::batches::Elements::parse)
+                    .map(crate::domain::Elements::parse)
                     .transpose()
                     .map_err(corrupt)?,
             },
@@ -668,7 +668,7 @@ impl SourceSpec {
                 None => defaults.elements,
                 Some("none") => None,
                 Some(raw) => {
-                    Some(crate::batches::Elements::parse(raw).map_err(|e| format!("fields.{e}"))?)
+                    Some(crate::domain::Elements::parse(raw).map_err(|e| format!("fields.{e}"))?)
                 }
             },
         };

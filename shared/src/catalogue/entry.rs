@@ -416,7 +416,7 @@ pub struct ProviderFields {
     /// own event (`crate::batches`). The other locators then read the element (`json:`) or
     /// the request (`envelope:`, headers). Excludes `batch`.
     #[serde(default)]
-    pub elements: Option<crate::batches::Elements>,
+    pub elements: Option<crate::domain::Elements>,
     /// The form field the provider's JSON arrives in when it posts a form
     /// (`application/x-www-form-urlencoded`) rather than JSON: GitHub's `payload`, the default
     /// content type of a GitHub webhook. The event is read from, and stored as, that JSON; the

@@ -814,7 +814,7 @@ fn batch_help(p: &Provider, array: &str) -> String {
 }
 
 /// What an entry that splits its batches means for the events stored.
-fn elements_help(elements: &crate::batches::Elements) -> String {
+fn elements_help(elements: &crate::domain::Elements) -> String {
     format!(
         "a request carries several events (`{elements}`). Each element is filed as its own \
          event, the locators above reading the element (`envelope:` ones the request): \
@@ -822,7 +822,7 @@ fn elements_help(elements: &crate::batches::Elements) -> String {
          transaction with the others (all or none), its own JSON as its payload; the request's \
          bytes are kept once beside them. An element comes back a duplicate in any batch. At \
          most {} elements a request; more is refused (413), nothing stored",
-        crate::batches::MAX_ELEMENTS
+        crate::domain::MAX_ELEMENTS
     )
 }
 
