@@ -605,7 +605,7 @@ struct BatchRow {
 /// to the round after the latest one holding any of its keys (`(tenant_id, external_id)`, and
 /// `(source_id, payload_sha256)` when its id is outside the signature). Returns each
 /// delivery's round.
-fn rounds(events: &[BatchedEvent<'_>]) -> Vec<usize> {
+fn rounds(events: &[&BatchedEvent<'_>]) -> Vec<usize> {
     use std::collections::HashMap;
     let mut by_event: HashMap<(&str, &str), usize> = HashMap::new();
     let mut by_body: HashMap<(&str, &[u8]), usize> = HashMap::new();
@@ -629,9 +629,11 @@ fn rounds(events: &[BatchedEvent<'_>]) -> Vec<usize> {
     assigned
 }
 
-/// Stores a batch of buffered deliveries as [`upsert`] would one after another, with one
-/// [`UPSERT_BATCH`] statement per round (see [`rounds`]; a batch without repeated keys is one
-/// round). Runs in the caller's transaction and returns the outcomes in input order.
+/// Stores a batch of deliveries (buffered, or the elements of a batched request) as [`upsert`]
+/// would one after another: the events not stored yet in one plain insert ([`INSERT_NEW`]),
+/// then the others with one [`UPSERT_BATCH`] statement per round (see [`rounds`]; a batch
+/// without repeated keys is one round). Runs in the caller's transaction and returns the
+/// outcomes in input order.
 ///
 /// Should a body stored under another unsigned id be written concurrently between the
 /// statement's read and its insert (only a process running the release before migration 41
@@ -641,12 +643,44 @@ pub async fn upsert_batch(
     conn: &mut sqlx::PgConnection,
     events: &[BatchedEvent<'_>],
 ) -> Result<Vec<Upserted>, UpsertError> {
-    let assigned = rounds(events);
-    let count = assigned.iter().max().map_or(0, |r| r + 1);
     let mut results: Vec<Option<Upserted>> = vec![None; events.len()];
+    // New events first, in one plain insert: see [`INSERT_NEW`].
+    let mut seen = std::collections::HashSet::new();
+    let fresh: Vec<usize> = (0..events.len())
+        .filter(|&i| {
+            let e = &events[i].event;
+            !e.id_outside_signature && seen.insert((e.tenant_id, e.external_id))
+        })
+        .collect();
+    if !fresh.is_empty() {
+        for index in insert_new(&mut *conn, events, &fresh).await? {
+            let slot = results.get_mut(index).ok_or_else(|| StoreError::Corrupt {
+                what: "batch insert",
+                reason: format!("answered for delivery {index} of {}", events.len()),
+            })?;
+            *slot = Some(Upserted {
+                outcome: DeliveryOutcome::Accepted,
+                delivery_count: 1,
+                status: "pending".to_owned(),
+                holds_delivery: true,
+                collided_with: None,
+                replay_of: None,
+            });
+        }
+    }
+    // The rest (a stored id, a key repeated in the batch, an id outside the signature) with
+    // the whole judgement, round by round.
+    let rest: Vec<usize> = (0..events.len())
+        .filter(|&i| results[i].is_none())
+        .collect();
+    let assigned = rounds(&rest.iter().map(|&i| &events[i]).collect::<Vec<_>>());
+    let count = assigned.iter().max().map_or(0, |r| r + 1);
     for round in 0..count {
-        let mut members: Vec<usize> = (0..events.len())
-            .filter(|&i| assigned[i] == round)
+        let mut members: Vec<usize> = rest
+            .iter()
+            .zip(&assigned)
+            .filter(|(_, r)| **r == round)
+            .map(|(i, _)| *i)
             .collect();
         // A round's keys are distinct, so its order changes no outcome; taken in key order, two
         // statements holding the same events wait on each other instead of deadlocking.
@@ -766,6 +800,107 @@ async fn upsert_round(
         }
         other => Ok(other.map_err(StoreError::from)?),
     }
+}
+
+/// The events of a batch whose id is not stored yet, inserted as [`UPSERT_BATCH`] would insert
+/// them, without its judgement of a stored row: pending, queued, the delivery's own received
+/// time. What it skips is what happens only to a stored row (a duplicate, a conflict and its
+/// anomaly, a source collision, the hour mark of a repeat) or to an id outside the signature
+/// (the body's claim, a replay), so only events whose id the signature covers come here, each
+/// key once; `ON CONFLICT DO NOTHING` leaves a stored one (or one a concurrent transaction
+/// stored first) to the whole statement. Returns the input positions (`ord`) it inserted.
+const INSERT_NEW: &str = r#"
+WITH input AS (
+    SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
+                         $7::int8[], $8::int8[], $9::bytea[], $10::bytea[], $11::jsonb[],
+                         $12::text[], $13::int4[], $14::int8[], $15::timestamptz[])
+        AS i(ord, tenant_id, external_id, source_id, event_type, entity_id, entity_version,
+             provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
+             version_tiebreak, received_at)
+), inserted AS (
+    INSERT INTO webhook_events (
+        tenant_id, external_id, source_id, event_type, entity_id, entity_version,
+        provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
+        id_outside_signature, version_tiebreak, received_at, first_received_at, last_seen_at,
+        status)
+    SELECT i.tenant_id, i.external_id, i.source_id, i.event_type, i.entity_id, i.entity_version,
+           i.provider_sequence, i.payload, i.payload_sha256, i.headers, i.verified_with,
+           i.provider_retries, false, i.version_tiebreak, i.received_at, i.received_at,
+           i.received_at, 'pending'
+    FROM input AS i
+    ORDER BY i.tenant_id, i.external_id
+    ON CONFLICT (tenant_id, external_id) DO NOTHING
+    RETURNING tenant_id, external_id
+), queued AS (
+    INSERT INTO event_queue (tenant_id, external_id)
+    SELECT n.tenant_id, n.external_id FROM inserted AS n
+)
+SELECT i.ord FROM input AS i JOIN inserted AS n USING (tenant_id, external_id)
+"#;
+
+/// [`INSERT_NEW`] for the events at `members` (ids signed, each key once).
+async fn insert_new(
+    conn: &mut sqlx::PgConnection,
+    events: &[BatchedEvent<'_>],
+    members: &[usize],
+) -> Result<Vec<usize>, StoreError> {
+    let n = members.len();
+    let mut ord = Vec::with_capacity(n);
+    let mut tenant = Vec::with_capacity(n);
+    let mut external = Vec::with_capacity(n);
+    let mut source = Vec::with_capacity(n);
+    let mut event_type = Vec::with_capacity(n);
+    let mut entity_id = Vec::with_capacity(n);
+    let mut entity_version = Vec::with_capacity(n);
+    let mut sequence = Vec::with_capacity(n);
+    let mut payload = Vec::with_capacity(n);
+    let mut digest = Vec::with_capacity(n);
+    let mut headers = Vec::with_capacity(n);
+    let mut verified_with = Vec::with_capacity(n);
+    let mut retries = Vec::with_capacity(n);
+    let mut tiebreak = Vec::with_capacity(n);
+    let mut received = Vec::with_capacity(n);
+    for &i in members {
+        let b = &events[i];
+        let e = &b.event;
+        ord.push(i32::try_from(i).unwrap_or(i32::MAX));
+        tenant.push(e.tenant_id);
+        external.push(e.external_id);
+        source.push(e.source_id);
+        event_type.push(e.event_type);
+        entity_id.push(e.entity_id);
+        entity_version.push(e.entity_version);
+        sequence.push(e.sequence);
+        payload.push(e.payload);
+        digest.push(&e.payload_sha256[..]);
+        headers.push(e.headers.clone());
+        verified_with.push(e.verified_with);
+        retries.push(e.provider_retries);
+        tiebreak.push(e.version_tiebreak);
+        received.push(b.received_at);
+    }
+    let inserted: Vec<i32> = sqlx::query_scalar(INSERT_NEW)
+        .bind(ord)
+        .bind(tenant)
+        .bind(external)
+        .bind(source)
+        .bind(event_type)
+        .bind(entity_id)
+        .bind(entity_version)
+        .bind(sequence)
+        .bind(payload)
+        .bind(digest)
+        .bind(headers)
+        .bind(verified_with)
+        .bind(retries)
+        .bind(tiebreak)
+        .bind(received)
+        .fetch_all(conn)
+        .await?;
+    Ok(inserted
+        .into_iter()
+        .map(|ord| usize::try_from(ord).unwrap_or(usize::MAX))
+        .collect())
 }
 
 fn parse_outcome(outcome: &str) -> Result<DeliveryOutcome, StoreError> {
