@@ -157,6 +157,7 @@ async fn run_file_batch(
                                 .into(),
                                 signed_headers: vec![],
                                 signed_digest: None,
+                                element_digests: Vec::new(),
                             },
                             body: benchmarks::stripe_event_body(&id),
                         }),

@@ -455,6 +455,7 @@ async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
             headers: Default::default(),
             signed_headers: vec![],
             signed_digest: None,
+            element_digests: Vec::new(),
         },
         body: b"{}".to_vec(),
     };

@@ -502,6 +502,7 @@ async fn the_buffer_files_a_batch_element_by_element(pool: PgPool) {
                     signed_headers: vec!["x-hubspot-request-timestamp".to_owned()],
                     headers: kept,
                     signed_digest: None,
+                    element_digests: Vec::new(),
                 },
                 body: body.clone(),
             }),
@@ -705,4 +706,132 @@ async fn a_mandrill_form_batch_is_filed_element_by_element(pool: PgPool) {
     let response = ingest::handler(request, &app.ingestor).await.unwrap();
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(events(&pool).await.len(), 2);
+}
+
+/// An Adyen notification item as Adyen signs it: base64 HMAC-SHA256 (the key hex) of its eight
+/// values joined with `:`. Returns the item and the SHA-256 of the signed string.
+fn adyen_item(
+    key_hex: &str,
+    psp: &str,
+    event_code: &str,
+    value: i64,
+) -> (serde_json::Value, [u8; 32]) {
+    use base64::Engine as _;
+    use hmac::{KeyInit, Mac};
+    use sha2::Digest as _;
+    let signed = format!("{psp}::merchantAccount:ref-{psp}:{value}:EUR:{event_code}:true");
+    let mut mac =
+        hmac::Hmac::<sha2::Sha256>::new_from_slice(&hex::decode(key_hex).unwrap()).unwrap();
+    mac.update(signed.as_bytes());
+    let signature = base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes());
+    let item = serde_json::json!({"NotificationRequestItem": {
+        "additionalData": {"hmacSignature": signature},
+        "amount": {"currency": "EUR", "value": value}, "eventCode": event_code,
+        "eventDate": "2026-12-05T10:00:00+01:00", "merchantAccountCode": "merchantAccount",
+        "merchantReference": format!("ref-{psp}"), "pspReference": psp, "success": "true",
+    }});
+    (item, sha2::Sha256::digest(signed.as_bytes()).into())
+}
+
+/// Adyen signs each notification item on its own: every item of a request is checked (not
+/// only the first, which the layout reads), each is its own event, and one forged item refuses
+/// the whole request. Each item's replay claim is its own signed string's digest, on the direct
+/// path and through the buffer alike.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn every_adyen_item_is_verified_and_filed_as_its_own_event(pool: PgPool) {
+    let key = "44782DEF547AAA06C910C43932B1EB0C71FC68D9D0C057550C48EC2ACF6BA056";
+    let adyen = source("adyen", TENANT, Scheme::Adyen, "secret/adyen");
+    let app = TestApp::with_limits(
+        pool.clone(),
+        std::slice::from_ref(&adyen),
+        SecretStore::memory([("secret/adyen".to_owned(), SecretSet::new(key, None))]),
+        Duration::from_secs(30),
+        shared::config::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+    let (capture, capture_digest) = adyen_item(key, "PSP0001", "CAPTURE", 1000);
+    let (refund, refund_digest) = adyen_item(key, "PSP0002", "REFUND", 250);
+    let body = |items: Vec<serde_json::Value>| {
+        serde_json::to_vec(&serde_json::json!({"live": "false", "notificationItems": items}))
+            .unwrap()
+    };
+
+    // A forged second item (its amount raised after signing): the whole request is refused.
+    let mut forged = refund.clone();
+    forged["NotificationRequestItem"]["amount"]["value"] = serde_json::json!(25_000);
+    let forged_body = body(vec![capture.clone(), forged]);
+    let reply = app.post("adyen", HeaderMap::new(), &forged_body).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{:?}", reply.json);
+    assert!(events(&pool).await.is_empty());
+
+    let both = body(vec![capture.clone(), refund.clone()]);
+    let reply = app.post("adyen", HeaderMap::new(), &both).await;
+    assert_eq!(
+        reply.json,
+        serde_json::json!({"status": "accepted",
+                           "elements": {"accepted": 2, "duplicate": 0, "conflict": 0}})
+    );
+    let ids: Vec<(String, String)> = events(&pool)
+        .await
+        .into_iter()
+        .map(|e| (e.external_id, e.event_type))
+        .collect();
+    assert_eq!(
+        ids,
+        [
+            ("PSP0001:CAPTURE:true".to_owned(), "CAPTURE".to_owned()),
+            ("PSP0002:REFUND:true".to_owned(), "REFUND".to_owned())
+        ]
+    );
+    // Each item claims its own signed string.
+    let claims: Vec<(Vec<u8>, String)> = sqlx::query_as(
+        "SELECT payload_sha256, external_id FROM signed_bodies ORDER BY external_id",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        claims,
+        [
+            (capture_digest.to_vec(), "PSP0001:CAPTURE:true".to_owned()),
+            (refund_digest.to_vec(), "PSP0002:REFUND:true".to_owned())
+        ]
+    );
+
+    // The same request through the buffer (as ingest would have sent it, with each item's
+    // digest): both duplicates, no replay, no new claim.
+    let message = shared::buffer::filing::Message {
+        message_id: "m-adyen".to_owned(),
+        delivery: Ok(shared::buffer::BufferedDelivery {
+            envelope: shared::buffer::Envelope {
+                v: shared::buffer::ENVELOPE_VERSION,
+                delivery_id: "d-adyen".to_owned(),
+                source_id: "adyen".to_owned(),
+                received_at_micros: shared::ingest::unix_now_micros(),
+                verified_with: "current".to_owned(),
+                signed_headers: Vec::new(),
+                headers: Default::default(),
+                signed_digest: Some(hex::encode(capture_digest)),
+                element_digests: vec![hex::encode(capture_digest), hex::encode(refund_digest)],
+            },
+            body: both.clone(),
+        }),
+    };
+    shared::buffer::consumer::consume(&pool, &[message])
+        .await
+        .unwrap();
+    let counts: Vec<(String, i32)> = events(&pool)
+        .await
+        .into_iter()
+        .map(|e| (e.external_id, e.delivery_count))
+        .collect();
+    assert_eq!(
+        counts,
+        [
+            ("PSP0001:CAPTURE:true".to_owned(), 2),
+            ("PSP0002:REFUND:true".to_owned(), 2)
+        ]
+    );
+    assert!(anomalies(&pool).await.is_empty(), "no replay, no conflict");
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM signed_bodies").await, 2);
 }

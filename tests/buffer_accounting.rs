@@ -87,6 +87,7 @@ fn delivery(n: u32) -> BufferedDelivery {
             headers: BTreeMap::from([("stripe-signature".to_owned(), HEADER_VALUE.to_owned())]),
             signed_headers: vec![],
             signed_digest: None,
+            element_digests: Vec::new(),
         },
         body: format!("{{\"id\":\"evt_{n}\",\"note\":\"{BODY_MARKER}\"}}").into_bytes(),
     }

@@ -1592,6 +1592,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
             headers: Default::default(),
             signed_headers: vec![],
             signed_digest: None,
+            element_digests: Vec::new(),
         },
         body: b"{}".to_vec(),
     };

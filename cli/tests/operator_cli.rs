@@ -1233,6 +1233,7 @@ fn pay_delivery(delivery_id: &str, body: &[u8]) -> shared::buffer::BufferedDeliv
             headers: Default::default(),
             signed_headers: vec![],
             signed_digest: None,
+            element_digests: Vec::new(),
         },
         body: body.to_vec(),
     }

@@ -45,6 +45,48 @@ pub fn elements<'v>(elements: &Elements, json: &'v Value) -> Result<&'v [Value],
     Ok(items)
 }
 
+/// Verifies every element of a batch whose layout signs values of the first element alone
+/// (Adyen's `notification_items`: each item carries its own HMAC over its own fields,
+/// [`crate::catalogue::SignatureSpec::signs_first_element_of`]): each element is presented as
+/// the first of the request, the rest of the request as it is, and verified with the same
+/// layout and secrets. Returns each element's signed digest (what its replay guard claims), in
+/// order; the first error refuses the whole request. `None`: the layout covers every element
+/// already (it signs the body), or the batch is not in the JSON body.
+pub fn verify_each_element(
+    spec: &'static crate::catalogue::SignatureSpec,
+    request: &crate::signature::Request<'_>,
+    at: &Elements,
+    secrets: &crate::secrets::SecretSet,
+    tolerance: std::time::Duration,
+    now_unix: i64,
+) -> Result<Option<Vec<Option<[u8; 32]>>>, crate::signature::VerifyError> {
+    if at.form_field.is_some() || !spec.signs_first_element_of(&at.pointer) {
+        return Ok(None);
+    }
+    let unreadable = || crate::signature::VerifyError::UnreadableBody {
+        reason: format!("no JSON array at {at}"),
+    };
+    let mut json: Value = serde_json::from_slice(request.body).map_err(|_| unreadable())?;
+    let slot = json.pointer_mut(&at.pointer).ok_or_else(unreadable)?;
+    let Value::Array(items) = std::mem::take(slot) else {
+        return Err(unreadable());
+    };
+    let mut digests = Vec::with_capacity(items.len());
+    for item in items {
+        if let Some(slot) = json.pointer_mut(&at.pointer) {
+            *slot = Value::Array(vec![item]);
+        }
+        let body = serde_json::to_vec(&json).map_err(|_| unreadable())?;
+        let alone = crate::signature::Request {
+            body: &body,
+            ..*request
+        };
+        let verified = crate::signature::verify_with(spec, &alone, secrets, tolerance, now_unix)?;
+        digests.push(verified.signed_digest);
+    }
+    Ok(Some(digests))
+}
+
 /// What became of a batch's elements: the answer's `elements` object.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ElementCounts {

@@ -544,13 +544,38 @@ impl Ingestor {
 
         let received_at_micros = unix_now_micros();
         let signed = |name: &str| verified.signs_header(name);
-        let prepared = prepare(
+        let mut prepared = prepare(
             &source,
             delivery.headers,
             delivery.body,
             &signed,
             received_at_micros,
         );
+        // A batch whose elements each carry their own signature (Adyen's items): every one is
+        // checked, not only the first the layout reads.
+        if let (Ok(p), Some(at)) = (&mut prepared, &source.fields.elements)
+            && p.batch
+        {
+            let layout = match source.signature {
+                Some(declared) => declared,
+                None => {
+                    signature::layout_accepting(source.scheme, source.layouts.as_deref(), &request)
+                        .map_err(IngestError::Signature)?
+                }
+            };
+            if let Some(digests) = crate::batches::verify_each_element(
+                layout,
+                &request,
+                at,
+                &secrets,
+                source.tolerance,
+                unix_now(),
+            )
+            .map_err(IngestError::Signature)?
+            {
+                p.sign_each(&digests);
+            }
+        }
         match &prepared {
             Ok(prepared) => {
                 if let Some(first) = prepared.first() {
@@ -798,6 +823,11 @@ impl Admitted<'_> {
                 headers,
                 signed_headers,
                 signed_digest: self.verified.signed_digest.map(hex::encode),
+                element_digests: self
+                    .prepared
+                    .as_ref()
+                    .map(Prepared::element_digests)
+                    .unwrap_or_default(),
             },
             body: self.delivery.body.to_vec(),
         }

@@ -50,6 +50,10 @@ pub struct PreparedEvent {
     /// same. For an element, always: the digest of its canonical bytes (keys sorted). `None`:
     /// the payload's own digest.
     pub steady_sha256: Option<[u8; 32]>,
+    /// An element's own signed digest, for a layout that signs each element's values
+    /// ([`crate::batches::verify_each_element`]): what its replay guard claims. `None`: the
+    /// delivery's (`Verified::signed_digest`).
+    pub signed_digest: Option<[u8; 32]>,
 }
 
 /// Whether the delivery says it is a form post.
@@ -116,6 +120,7 @@ pub fn prepare(
                 fields,
                 element: None,
                 steady_sha256: steady.map(|bytes| sha2::Sha256::digest(bytes).into()),
+                signed_digest: None,
             }]
         }
         Some(at) => {
@@ -147,6 +152,7 @@ pub fn prepare(
                             .map_err(|e| ExtractError::NotJson(e.to_string()))?,
                     ),
                     steady_sha256: Some(sha2::Sha256::digest(&canonical).into()),
+                    signed_digest: None,
                 });
             }
             events
@@ -198,6 +204,28 @@ fn covers_body(source: &Source) -> bool {
 }
 
 impl Prepared {
+    /// Gives each element its own signed digest, one per element in order (the elements'
+    /// signatures checked one by one); a list of another length changes nothing.
+    pub fn sign_each(&mut self, digests: &[Option<[u8; 32]>]) {
+        if digests.len() == self.events.len() {
+            for (event, digest) in self.events.iter_mut().zip(digests) {
+                event.signed_digest = *digest;
+            }
+        }
+    }
+
+    /// Each event's own signed digest, hex, where it has one: what the buffer's envelope
+    /// carries for the consumer ([`Prepared::sign_each`]). Empty when no event has its own.
+    pub fn element_digests(&self) -> Vec<String> {
+        if self.events.iter().all(|e| e.signed_digest.is_none()) {
+            return Vec::new();
+        }
+        self.events
+            .iter()
+            .map(|e| e.signed_digest.map(hex::encode).unwrap_or_default())
+            .collect()
+    }
+
     /// The first event's fields (a batch's first element): what a log line names.
     pub fn first(&self) -> Option<&EventFields> {
         self.events.first().map(|e| &e.fields)
@@ -229,7 +257,7 @@ impl Prepared {
                 }
                 event.provider_retries = self.provider_retries;
                 event.id_outside_signature = self.id_outside_signature;
-                event.signed_digest = signed_digest;
+                event.signed_digest = prepared.signed_digest.or(signed_digest);
                 event
             })
             .collect()

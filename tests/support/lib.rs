@@ -944,6 +944,7 @@ pub fn buffered(
             headers: kept,
             signed_headers,
             signed_digest: verified.signed_digest.map(hex::encode),
+            element_digests: Vec::new(),
         },
         body: body.to_vec(),
     }

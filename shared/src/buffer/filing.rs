@@ -226,7 +226,8 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             &signed,
             d.envelope.received_at_micros,
         ) {
-            Ok(prepared) => {
+            Ok(mut prepared) => {
+                prepared.sign_each(&d.element_digests());
                 ready.push((c, source, prepared));
                 None
             }

@@ -100,6 +100,11 @@ pub struct Envelope {
     /// digest is claimed then).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub signed_digest: Option<String>,
+    /// For a batch whose elements each carry their own signature (Adyen's items): each
+    /// element's signed digest, hex, in order (`prepare::Prepared::sign_each`). Absent
+    /// otherwise.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub element_digests: Vec<String>,
 }
 
 /// Why a message cannot be read as a buffered delivery.
@@ -120,6 +125,19 @@ impl BufferedDelivery {
         let mut digest = [0u8; 32];
         hex::decode_to_slice(self.envelope.signed_digest.as_deref()?, &mut digest).ok()?;
         Some(digest)
+    }
+
+    /// Each element's own signed digest, as ingest verified them ([`Envelope::element_digests`]).
+    pub fn element_digests(&self) -> Vec<Option<[u8; 32]>> {
+        self.envelope
+            .element_digests
+            .iter()
+            .map(|hex_digest| {
+                let mut digest = [0u8; 32];
+                hex::decode_to_slice(hex_digest, &mut digest).ok()?;
+                Some(digest)
+            })
+            .collect()
     }
 
     /// The SQS message body.
@@ -198,6 +216,7 @@ mod tests {
                 headers: [("x-github-delivery".to_owned(), "abc".to_owned())].into(),
                 signed_headers: vec![],
                 signed_digest: None,
+                element_digests: Vec::new(),
             },
             body,
         }

@@ -171,6 +171,20 @@ impl SignatureSpec {
                     .any(|part| matches!(part, Part::Body | Part::FormSorted)))
     }
 
+    /// Whether the layout signs values of the first element of the array at `array` (a JSON
+    /// pointer, `""` for a body that is the array) and nothing of the body beyond them: Adyen's
+    /// `notification_items`, which reads its signature and signed values from
+    /// `/notificationItems/0/...`. Each element of a batch carries its own such signature.
+    pub fn signs_first_element_of(&self, array: &str) -> bool {
+        let first = format!("{array}/0/");
+        !self.covers_body()
+            && self.json.as_deref().is_some_and(|j| j.starts_with(&first))
+            && self
+                .signed
+                .iter()
+                .all(|part| !matches!(part, Part::Json(j) if !j.starts_with(&first)))
+    }
+
     /// Whether the layout signs values read from the delivery (form fields, JSON fields,
     /// headers, the URL) rather than its raw body: the signed string, not the bytes, is what
     /// the signature binds, and what the replay guard claims (`Verified::signed_digest`). A
