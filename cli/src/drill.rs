@@ -66,6 +66,10 @@ const TENANT: &str = "drill";
 const PROVIDER_SECRET: &str = "whsec_drill_provider";
 const PROVIDER_API_KEY: &str = "sk_drill_provider";
 const SHOP_SECRET: &str = "whsec_drill_shop";
+/// The HubSpot source of [`Fault::BatchElementRetried`]: its client secret, and the URL its
+/// v3 signature covers (the local runner sees only the path).
+const CRM_SECRET: &str = "drill-crm-client-secret";
+const CRM_URL: &str = "https://drill.example.com/webhooks/crm";
 /// The layers that may notice a fault, in the matrix's order.
 pub const LAYERS: [&str; 7] = [
     "ingest",
@@ -97,6 +101,7 @@ enum Fault {
     Control,
     LostDelivery,
     DuplicateStorm,
+    BatchElementRetried,
     Reordering,
     DrainerKilled,
     LostQueueRow,
@@ -112,10 +117,11 @@ enum Fault {
     PoisonBufferMessage,
 }
 
-const FAULTS: [Fault; 16] = [
+const FAULTS: [Fault; 17] = [
     Fault::Control,
     Fault::LostDelivery,
     Fault::DuplicateStorm,
+    Fault::BatchElementRetried,
     Fault::Reordering,
     Fault::DrainerKilled,
     Fault::LostQueueRow,
@@ -147,6 +153,7 @@ impl Fault {
             Fault::Control => "none (control)",
             Fault::LostDelivery => "lost_delivery",
             Fault::DuplicateStorm => "duplicate_storm",
+            Fault::BatchElementRetried => "batch_element_retried",
             Fault::Reordering => "reordering",
             Fault::DrainerKilled => "drainer_killed",
             Fault::LostQueueRow => "lost_queue_row",
@@ -168,6 +175,9 @@ impl Fault {
             Fault::Control => "no fault: the baseline's own noise",
             Fault::LostDelivery => "the provider never delivers one event of a batch",
             Fault::DuplicateStorm => "every event of a batch delivered five times",
+            Fault::BatchElementRetried => {
+                "a HubSpot event retried on its own inside another batch (a new attemptNumber)"
+            }
             Fault::Reordering => "a batch delivered newest first (entity versions backwards)",
             Fault::DrainerKilled => {
                 "a drainer's backend is terminated after it claimed a batch, before commit"
@@ -229,7 +239,7 @@ impl Fault {
     fn layers_required(self) -> usize {
         match self {
             Fault::Control | Fault::Reordering | Fault::DrainerKilled => 0,
-            Fault::LostDelivery => 1,
+            Fault::LostDelivery | Fault::BatchElementRetried => 1,
             // Ingest's 401s, and the alarm on them; nothing is stored, so no check can count.
             Fault::SignatureStorm => 2,
             // Ingest answers `buffered`, and the spill's alarm; the consumer files them.
@@ -259,6 +269,12 @@ impl Fault {
                  check backfill_rate_last_day speaks when drops pass 2% of a day's events (the short \
                  form: 1 of 40), last_backfill_age_seconds when backfill stops, stale_gap_candidates \
                  when a gap stays unfetched for a day",
+            ),
+            Fault::BatchElementRetried => Some(
+                "a provider retrying one event inside another batch is its ordinary behaviour \
+                 (HubSpot retries each event on its own): ingest's answer counts it a duplicate \
+                 element, and it is stored and processed once; a second layer would page for \
+                 every retry. duplicate_rate_last_day speaks when retries become a storm",
             ),
             _ => None,
         }
@@ -824,6 +840,7 @@ impl Lab {
                 SecretSet::new(PROVIDER_API_KEY, None),
             ),
             ("drill/shop".to_owned(), SecretSet::new(SHOP_SECRET, None)),
+            ("drill/crm".to_owned(), SecretSet::new(CRM_SECRET, None)),
         ]));
         let buffer = match buffer {
             Some((endpoint, fault)) => Some(BufferLab::open(endpoint, &pool, fault).await?),
@@ -973,6 +990,56 @@ impl Lab {
         .unwrap_or_default();
         let headers = Self::signed(SHOP_SECRET, id, &body)?;
         Ok(self.post("shop", headers, body).await)
+    }
+
+    /// Delivers one HubSpot batch to the `crm` source, its elements `(eventId, attemptNumber)`
+    /// of portal 62515, subscription 100, v3-signed as HubSpot signs: the answer's JSON.
+    async fn deliver_crm(&self, elements: &[(u64, u32)]) -> Result<serde_json::Value> {
+        let body: Vec<serde_json::Value> = elements
+            .iter()
+            .map(|&(event_id, attempt)| {
+                serde_json::json!({"eventId": event_id, "subscriptionId": 100, "portalId": 62515,
+                    "subscriptionType": "contact.creation", "objectId": 7000 + event_id,
+                    "attemptNumber": attempt, "occurredAt": 1_764_000_000_000_u64})
+            })
+            .collect();
+        let body = serde_json::to_vec(&body).unwrap_or_default();
+        let v3 = Scheme::Hubspot
+            .provider()
+            .signatures
+            .iter()
+            .find(|l| l.name.as_deref() == Some("v3"))
+            .ok_or_else(|| DrillError::Setup("the HubSpot entry has no v3 layout".into()))?;
+        let mut headers: http::HeaderMap = shared::signature::sign_with(
+            v3,
+            &SigningSecret::new(CRM_SECRET),
+            &shared::signature::Signing {
+                message_id: "",
+                timestamp: unix_now(),
+                body: &body,
+                method: "POST",
+                url: Some(CRM_URL),
+            },
+        )
+        .map_err(|e| DrillError::Setup(e.to_string()))?
+        .into_iter()
+        .collect();
+        headers.insert(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        );
+        let reply = self
+            .http
+            .post(format!("{}/webhooks/crm", self.ingest_url))
+            .headers(headers)
+            .body(body)
+            .send()
+            .await
+            .map_err(|e| DrillError::Setup(format!("the crm batch: {e}")))?;
+        reply
+            .json()
+            .await
+            .map_err(|e| DrillError::Setup(format!("the crm batch's answer: {e}")))
     }
 
     /// What the projection must hold: per entity, the newest version delivered.
@@ -1174,6 +1241,18 @@ async fn inject(
             lab.deliver(&batch, 5).await?.into_signals(signals);
             injected.ids = ids(&batch);
         }
+        Fault::BatchElementRetried => {
+            // A batch of three; then the second comes back, attempt 1, beside a new event.
+            let mut duplicates = 0;
+            for elements in [&[(1, 0), (2, 0), (3, 0)][..], &[(4, 0), (2, 1)][..]] {
+                let reply = lab.deliver_crm(elements).await?;
+                duplicates += reply["elements"]["duplicate"].as_u64().unwrap_or(0);
+            }
+            if duplicates > 0 {
+                signals.note("ingest", format!("duplicate element×{duplicates}"));
+            }
+            injected.ids = (1..=4).map(|n| format!("62515:100:{n}")).collect();
+        }
         Fault::Reordering => {
             let backwards: Vec<u64> = batch.iter().rev().copied().collect();
             lab.deliver(&backwards, 1).await?.into_signals(signals);
@@ -1300,6 +1379,23 @@ async fn inject(
 async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
     let baseline: Vec<u64> = (1..=scale.batch).collect();
     lab.deliver(&baseline, 1).await?;
+    if fault == Fault::BatchElementRetried {
+        let crm = shared::sources::Source {
+            source_id: source_id("crm")?,
+            tenant_id: TenantId::parse(TENANT).map_err(|e| DrillError::Setup(e.to_string()))?,
+            scheme: Scheme::Hubspot,
+            secret_ref: "drill/crm".into(),
+            tolerance: sources::DEFAULT_TOLERANCE,
+            fields: FieldMap::defaults_for(Scheme::Hubspot),
+            enabled: true,
+            signed_url: Some(CRM_URL.into()),
+            signature: None,
+            layouts: None,
+            json_form_field: None,
+            gaps: None,
+        };
+        sources::apply(&lab.pool, &[crm]).await?;
+    }
     if fault == Fault::SilentSource {
         // The source has existed for a while; then two weeks of the same steady three hours,
         // so that whichever of them is the last complete hour while the drill watches, its
@@ -1340,6 +1436,11 @@ async fn repaired(fault: Fault, lab: &Lab, injected: &Injected) -> Result<bool> 
         Fault::Control => lab.projection_ok().await?,
         Fault::LostDelivery | Fault::LostQueueRow | Fault::DrainerKilled | Fault::Reordering => {
             all_processed(&injected.ids).await? && lab.projection_ok().await?
+        }
+        Fault::BatchElementRetried => {
+            // Four events, five deliveries, each processed once.
+            let (rows, deliveries) = faults::stored(&lab.pool, &injected.ids).await?;
+            rows == 4 && deliveries == 5 && all_processed(&injected.ids).await?
         }
         Fault::DuplicateStorm => {
             let (rows, deliveries) = faults::stored(&lab.pool, &injected.ids).await?;

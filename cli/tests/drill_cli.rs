@@ -35,7 +35,7 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
     // Progress while it runs, on stderr, one line per fault when piped.
     assert!(
-        stderr.contains("drill [16/16] poison_buffer_message"),
+        stderr.contains("drill [17/17] poison_buffer_message"),
         "{stderr}"
     );
     let matrix: serde_json::Value = serde_json::from_str(&stdout).unwrap();
@@ -54,7 +54,7 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     };
     let repaired = |fault: &str| row(fault)["repair"]["result"].as_str().unwrap().to_owned();
 
-    assert_eq!(rows.len(), 16, "the control and 15 fault classes");
+    assert_eq!(rows.len(), 17, "the control and 16 fault classes");
     // The control notices nothing: what the other rows show is the fault's.
     assert_eq!(row("none (control)")["noticed"], serde_json::json!({}));
     for r in rows {
@@ -151,6 +151,11 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     assert_eq!(noticed("signature_storm", "ingest"), ["401×30"]);
     assert_eq!(noticed("signature_storm", "alarm"), ["signature-failures"]);
     assert_eq!(noticed("digest_conflict", "ingest"), ["conflict×1"]);
+    // A HubSpot event retried inside another batch: one duplicate element, four events.
+    assert_eq!(
+        noticed("batch_element_retried", "ingest"),
+        ["duplicate element×1"]
+    );
     assert!(
         noticed("digest_conflict", "checks").contains(&"digest_conflicts_last_hour".to_owned())
     );
@@ -162,6 +167,7 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     for fault in [
         "lost_delivery",
         "duplicate_storm",
+        "batch_element_retried",
         "lost_queue_row",
         "deleted_effect",
         "deleted_outbox_row",
