@@ -1075,3 +1075,40 @@ async fn provider_notices_keep_the_newest_hundred_of_each_source(pool: PgPool) {
     .unwrap();
     assert_eq!((kept, newest, others), (KEPT_PER_SOURCE, last, 1));
 }
+
+/// A shared token (Okta's event hooks send it in `Authorization`, or the header the admin
+/// named) is the secret itself: it is checked and never kept, neither in an event's headers
+/// nor in a batch's kept request.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_shared_token_is_checked_and_never_stored(pool: PgPool) {
+    let app = one_source(pool, "okta", Scheme::Okta, "okta-shared-token-value").await;
+    let body = br#"{"eventType":"com.okta.event_hook","eventId":"okta-evt-2","data":{"events":[{"uuid":"u7","eventType":"user.session.start"},{"uuid":"u8","eventType":"user.session.end"}]}}"#;
+    let mut headers = http::HeaderMap::new();
+    set(&mut headers, "authorization", "okta-shared-token-value");
+    set(&mut headers, "content-type", "application/json");
+    let (status, _, reply) = send(&app, "POST", "okta", headers, body).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let stored = events(&app.pool).await;
+    assert_eq!(stored.len(), 2);
+    for event in &stored {
+        assert!(
+            !event
+                .headers
+                .to_string()
+                .contains("okta-shared-token-value"),
+            "{}",
+            event.headers
+        );
+        assert_eq!(event.headers["content-type"], "application/json");
+    }
+    let kept: Vec<serde_json::Value> = sqlx::query_scalar("SELECT headers FROM batch_requests")
+        .fetch_all(&app.pool)
+        .await
+        .unwrap();
+    assert_eq!(kept.len(), 1);
+    assert!(
+        !kept[0].to_string().contains("okta-shared-token-value"),
+        "{}",
+        kept[0]
+    );
+}

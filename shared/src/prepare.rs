@@ -266,8 +266,22 @@ impl Prepared {
 
 /// Headers kept beside the payload: what the signature and the fields were read from, what the
 /// provider says about the delivery (its retry marks, ...), content type and user agent.
-/// Nothing else (no cookies, no authorization).
+/// Nothing else (no cookies, no authorization), and never a shared token (Okta's
+/// `Authorization`, or the header its admin named): that header is the secret itself.
 pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
+    let declared = source
+        .signature
+        .map(std::slice::from_ref)
+        .unwrap_or_default();
+    let secret_headers: Vec<&str> = source
+        .scheme
+        .provider()
+        .signatures
+        .iter()
+        .chain(declared)
+        .filter(|layout| layout.kind == crate::catalogue::Kind::Token)
+        .filter_map(|layout| layout.header.as_deref())
+        .collect();
     let names = signature::signature_headers(source.scheme)
         .iter()
         .copied()
@@ -283,6 +297,9 @@ pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
         .chain(source.fields.header_names().cloned());
     let mut kept = serde_json::Map::new();
     for name in names {
+        if secret_headers.contains(&name.as_str()) {
+            continue;
+        }
         if let Some(value) = headers.get(&name).and_then(|v| v.to_str().ok()) {
             kept.insert(
                 name.as_str().to_owned(),
