@@ -988,6 +988,18 @@ mod tests {
         );
     }
 
+    /// Every entry says only what is true: no comment leaves a gap open in the format ("FORMAT
+    /// GAP"). A gap is closed in the engine or stated as the provider's own choice.
+    #[test]
+    fn no_entry_carries_a_format_gap_note() {
+        let open: Vec<&str> = FILES
+            .iter()
+            .filter(|(_, text)| text.contains("FORMAT GAP"))
+            .map(|(name, _)| *name)
+            .collect();
+        assert!(open.is_empty(), "entries with a FORMAT GAP note: {open:?}");
+    }
+
     /// An entry that files each element as an event: its locators read the element, an id may
     /// not read what the entry lists as volatile (in the element or the envelope), and it does
     /// not also say it stores the request as one event.
