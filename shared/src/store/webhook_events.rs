@@ -730,68 +730,99 @@ pub async fn upsert_batch(
         .collect()
 }
 
+/// The deliveries at `members`, column by column, as the batch statements bind them (each
+/// column one array, read with `unnest`).
+struct Columns<'a> {
+    ord: Vec<i32>,
+    tenant: Vec<&'a str>,
+    external: Vec<&'a str>,
+    source: Vec<&'a str>,
+    event_type: Vec<&'a str>,
+    entity_id: Vec<Option<&'a str>>,
+    entity_version: Vec<Option<i64>>,
+    sequence: Vec<Option<i64>>,
+    payload: Vec<&'a [u8]>,
+    digest: Vec<&'a [u8]>,
+    headers: Vec<serde_json::Value>,
+    verified_with: Vec<&'a str>,
+    retries: Vec<i32>,
+    outside: Vec<bool>,
+    tiebreak: Vec<Option<i64>>,
+    received: Vec<chrono::DateTime<chrono::Utc>>,
+    claims: Vec<&'a [u8]>,
+}
+
+impl<'a> Columns<'a> {
+    fn of(events: &'a [BatchedEvent<'a>], members: &[usize]) -> Self {
+        let n = members.len();
+        let mut c = Columns {
+            ord: Vec::with_capacity(n),
+            tenant: Vec::with_capacity(n),
+            external: Vec::with_capacity(n),
+            source: Vec::with_capacity(n),
+            event_type: Vec::with_capacity(n),
+            entity_id: Vec::with_capacity(n),
+            entity_version: Vec::with_capacity(n),
+            sequence: Vec::with_capacity(n),
+            payload: Vec::with_capacity(n),
+            digest: Vec::with_capacity(n),
+            headers: Vec::with_capacity(n),
+            verified_with: Vec::with_capacity(n),
+            retries: Vec::with_capacity(n),
+            outside: Vec::with_capacity(n),
+            tiebreak: Vec::with_capacity(n),
+            received: Vec::with_capacity(n),
+            claims: Vec::with_capacity(n),
+        };
+        for &i in members {
+            let Some(b) = events.get(i) else { continue };
+            let e = &b.event;
+            c.ord.push(i32::try_from(i).unwrap_or(i32::MAX));
+            c.tenant.push(e.tenant_id);
+            c.external.push(e.external_id);
+            c.source.push(e.source_id);
+            c.event_type.push(e.event_type);
+            c.entity_id.push(e.entity_id);
+            c.entity_version.push(e.entity_version);
+            c.sequence.push(e.sequence);
+            c.payload.push(e.payload);
+            c.digest.push(&e.payload_sha256[..]);
+            c.headers.push(e.headers.clone());
+            c.verified_with.push(e.verified_with);
+            c.retries.push(e.provider_retries);
+            c.outside.push(e.id_outside_signature);
+            c.tiebreak.push(e.version_tiebreak);
+            c.received.push(b.received_at);
+            c.claims.push(e.body_claim());
+        }
+        c
+    }
+}
+
 async fn upsert_round(
     conn: &mut sqlx::PgConnection,
     events: &[BatchedEvent<'_>],
     members: &[usize],
 ) -> Result<Vec<BatchRow>, UpsertError> {
-    let n = members.len();
-    let mut ord = Vec::with_capacity(n);
-    let mut tenant = Vec::with_capacity(n);
-    let mut external = Vec::with_capacity(n);
-    let mut source = Vec::with_capacity(n);
-    let mut event_type = Vec::with_capacity(n);
-    let mut entity_id = Vec::with_capacity(n);
-    let mut entity_version = Vec::with_capacity(n);
-    let mut sequence = Vec::with_capacity(n);
-    let mut payload = Vec::with_capacity(n);
-    let mut digest = Vec::with_capacity(n);
-    let mut headers = Vec::with_capacity(n);
-    let mut verified_with = Vec::with_capacity(n);
-    let mut retries = Vec::with_capacity(n);
-    let mut outside = Vec::with_capacity(n);
-    let mut tiebreak = Vec::with_capacity(n);
-    let mut received = Vec::with_capacity(n);
-    let mut claims = Vec::with_capacity(n);
-    for &i in members {
-        let b = &events[i];
-        let e = &b.event;
-        ord.push(i32::try_from(i).unwrap_or(i32::MAX));
-        tenant.push(e.tenant_id);
-        external.push(e.external_id);
-        source.push(e.source_id);
-        event_type.push(e.event_type);
-        entity_id.push(e.entity_id);
-        entity_version.push(e.entity_version);
-        sequence.push(e.sequence);
-        payload.push(e.payload);
-        digest.push(&e.payload_sha256[..]);
-        headers.push(e.headers.clone());
-        verified_with.push(e.verified_with);
-        retries.push(e.provider_retries);
-        outside.push(e.id_outside_signature);
-        tiebreak.push(e.version_tiebreak);
-        received.push(b.received_at);
-        claims.push(e.body_claim());
-    }
+    let c = Columns::of(events, members);
     let rows: Result<Vec<BatchRow>, sqlx::Error> = sqlx::query_as(UPSERT_BATCH)
-        .bind(ord)
-        .bind(tenant)
-        .bind(external)
-        .bind(source)
-        .bind(event_type)
-        .bind(entity_id)
-        .bind(entity_version)
-        .bind(sequence)
-        .bind(payload)
-        .bind(digest)
-        .bind(headers)
-        .bind(verified_with)
-        .bind(retries)
-        .bind(outside)
-        .bind(tiebreak)
-        .bind(received)
-        .bind(claims)
+        .bind(c.ord)
+        .bind(c.tenant)
+        .bind(c.external)
+        .bind(c.source)
+        .bind(c.event_type)
+        .bind(c.entity_id)
+        .bind(c.entity_version)
+        .bind(c.sequence)
+        .bind(c.payload)
+        .bind(c.digest)
+        .bind(c.headers)
+        .bind(c.verified_with)
+        .bind(c.retries)
+        .bind(c.outside)
+        .bind(c.tiebreak)
+        .bind(c.received)
+        .bind(c.claims)
         .fetch_all(conn)
         .await;
     match rows {
@@ -844,57 +875,23 @@ async fn insert_new(
     events: &[BatchedEvent<'_>],
     members: &[usize],
 ) -> Result<Vec<usize>, StoreError> {
-    let n = members.len();
-    let mut ord = Vec::with_capacity(n);
-    let mut tenant = Vec::with_capacity(n);
-    let mut external = Vec::with_capacity(n);
-    let mut source = Vec::with_capacity(n);
-    let mut event_type = Vec::with_capacity(n);
-    let mut entity_id = Vec::with_capacity(n);
-    let mut entity_version = Vec::with_capacity(n);
-    let mut sequence = Vec::with_capacity(n);
-    let mut payload = Vec::with_capacity(n);
-    let mut digest = Vec::with_capacity(n);
-    let mut headers = Vec::with_capacity(n);
-    let mut verified_with = Vec::with_capacity(n);
-    let mut retries = Vec::with_capacity(n);
-    let mut tiebreak = Vec::with_capacity(n);
-    let mut received = Vec::with_capacity(n);
-    for &i in members {
-        let b = &events[i];
-        let e = &b.event;
-        ord.push(i32::try_from(i).unwrap_or(i32::MAX));
-        tenant.push(e.tenant_id);
-        external.push(e.external_id);
-        source.push(e.source_id);
-        event_type.push(e.event_type);
-        entity_id.push(e.entity_id);
-        entity_version.push(e.entity_version);
-        sequence.push(e.sequence);
-        payload.push(e.payload);
-        digest.push(&e.payload_sha256[..]);
-        headers.push(e.headers.clone());
-        verified_with.push(e.verified_with);
-        retries.push(e.provider_retries);
-        tiebreak.push(e.version_tiebreak);
-        received.push(b.received_at);
-    }
+    let c = Columns::of(events, members);
     let inserted: Vec<i32> = sqlx::query_scalar(INSERT_NEW)
-        .bind(ord)
-        .bind(tenant)
-        .bind(external)
-        .bind(source)
-        .bind(event_type)
-        .bind(entity_id)
-        .bind(entity_version)
-        .bind(sequence)
-        .bind(payload)
-        .bind(digest)
-        .bind(headers)
-        .bind(verified_with)
-        .bind(retries)
-        .bind(tiebreak)
-        .bind(received)
+        .bind(c.ord)
+        .bind(c.tenant)
+        .bind(c.external)
+        .bind(c.source)
+        .bind(c.event_type)
+        .bind(c.entity_id)
+        .bind(c.entity_version)
+        .bind(c.sequence)
+        .bind(c.payload)
+        .bind(c.digest)
+        .bind(c.headers)
+        .bind(c.verified_with)
+        .bind(c.retries)
+        .bind(c.tiebreak)
+        .bind(c.received)
         .fetch_all(conn)
         .await?;
     Ok(inserted
