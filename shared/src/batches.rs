@@ -104,10 +104,6 @@ impl ElementCounts {
         }
     }
 
-    pub fn total(&self) -> u32 {
-        self.accepted + self.duplicate + self.conflict
-    }
-
     /// The batch's outcome in one word, as a single delivery's: `accepted` when any element
     /// was new, else `conflict` when any conflicted, else `duplicate`.
     pub fn outcome(&self) -> DeliveryOutcome {

@@ -552,19 +552,11 @@ impl Ingestor {
             received_at_micros,
         );
         // A batch whose elements each carry their own signature (Adyen's items): every one is
-        // checked, not only the first the layout reads.
+        // checked with the layout that verified the request, not only the first it reads.
         if let (Ok(p), Some(at)) = (&mut prepared, &source.fields.elements)
             && p.batch
-        {
-            let layout = match source.signature {
-                Some(declared) => declared,
-                None => {
-                    signature::layout_accepting(source.scheme, source.layouts.as_deref(), &request)
-                        .map_err(IngestError::Signature)?
-                }
-            };
-            if let Some(digests) = crate::batches::verify_each_element(
-                layout,
+            && let Some(digests) = crate::batches::verify_each_element(
+                verified.layout,
                 &request,
                 at,
                 &secrets,
@@ -572,9 +564,8 @@ impl Ingestor {
                 unix_now(),
             )
             .map_err(IngestError::Signature)?
-            {
-                p.sign_each(&digests);
-            }
+        {
+            p.sign_each(&digests);
         }
         match &prepared {
             Ok(prepared) => {

@@ -227,6 +227,8 @@ pub struct Verified {
     /// this digest, so the replay guard claims it instead of the raw bytes' digest. `None` for
     /// a layout that signs the body (the raw bytes are what it binds) or nothing (a token).
     pub signed_digest: Option<[u8; 32]>,
+    /// The layout that verified it.
+    pub layout: &'static SignatureSpec,
 }
 
 impl Verified {
@@ -366,6 +368,7 @@ fn verify_read(
             timestamp: signed.timestamp,
             signed_headers: signed.signed_headers,
             signed_digest: signed_digest(spec, request, &signed, secrets)?,
+            layout: spec,
         }),
         None => Err(VerifyError::NoMatch {
             candidates: signed.candidates.len(),

@@ -81,6 +81,7 @@ pub(super) fn verify(
                 timestamp: None,
                 signed_headers: &spec.signed_headers,
                 signed_digest: None,
+                layout: spec,
             }));
         }
     }
