@@ -2176,3 +2176,35 @@ fn the_outbox_reads_exactly_the_signing_secrets_its_parameter_names() {
             .contains("OutboxSigningSecretArns")
     );
 }
+
+/// API Gateway routes only the methods the stack names: a provider whose endpoint check comes
+/// by another method than POST (Okta's GET, Mailchimp Transactional's HEAD) is never answered
+/// unless ingest is routed that method too. Every method a catalogue handshake's known answer
+/// uses is routed to ingest on `/webhooks/{source_id}`.
+#[test]
+fn every_method_a_provider_checks_its_endpoint_with_is_routed_to_ingest() {
+    let t = template();
+    let ingest = &t["Resources"]["IngestFunction"]["Properties"]["Events"];
+    let routed: BTreeSet<String> = ingest
+        .as_mapping()
+        .expect("the ingest function's events")
+        .values()
+        .filter(|e| e["Type"].as_str() == Some("HttpApi"))
+        .filter(|e| e["Properties"]["Path"].as_str() == Some("/webhooks/{source_id}"))
+        .filter_map(|e| e["Properties"]["Method"].as_str().map(str::to_owned))
+        .collect();
+    let needed: BTreeSet<String> = shared::domain::Scheme::ALL
+        .iter()
+        .flat_map(|s| s.provider().handshake.vectors.iter())
+        .map(|v| v.method.clone())
+        .chain(["POST".to_owned()])
+        .collect();
+    assert!(
+        needed.contains("HEAD") && needed.contains("GET"),
+        "{needed:?}"
+    );
+    assert_eq!(
+        routed, needed,
+        "routed {routed:?}, the catalogue needs {needed:?}"
+    );
+}
