@@ -835,3 +835,171 @@ async fn every_adyen_item_is_verified_and_filed_as_its_own_event(pool: PgPool) {
     assert!(anomalies(&pool).await.is_empty(), "no replay, no conflict");
     assert_eq!(scalar(&pool, "SELECT count(*) FROM signed_bodies").await, 2);
 }
+
+/// A Microsoft Graph request: the notifications in `value`, each carrying `client_state`.
+fn graph_batch(notifications: &[(&str, &str, &str)], expires: &str) -> Vec<u8> {
+    let value: Vec<serde_json::Value> = notifications
+        .iter()
+        .map(|(id, change, client_state)| {
+            serde_json::json!({
+                "id": id, "subscriptionId": "6f1b0c1e-2a3d-4e5f-8a9b-0c1d2e3f4a5b",
+                "subscriptionExpirationDateTime": expires, "clientState": client_state,
+                "changeType": change, "resource": format!("Users/u-1/Messages/{id}"),
+                "tenantId": "84bd8158-6d4d-4958-8b9f-9d6445542f95",
+                "resourceData": {"@odata.type": "#Microsoft.Graph.Message", "id": id},
+            })
+        })
+        .collect();
+    serde_json::to_vec(&serde_json::json!({ "value": value })).unwrap()
+}
+
+fn json_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    set(
+        &mut headers,
+        "content-type",
+        "application/json; charset=utf-8",
+    );
+    headers
+}
+
+/// Microsoft Graph signs nothing: every notification of a request carries the subscription's
+/// clientState, each compared with the source's secret, one wrong or missing refusing the
+/// whole request. The clientState is the secret: no stored payload, kept request or header
+/// holds it. Graph's validation request (a `validationToken` query parameter, no body) is
+/// answered with the token as text, nothing stored; a renewal that changes only the
+/// subscription's expiry makes no second event.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn every_graph_notification_is_checked_and_its_client_state_never_kept(pool: PgPool) {
+    let client_state = "graph-client-state-8f2c1d";
+    let app = TestApp::with_limits(
+        pool.clone(),
+        &[source(
+            "graph",
+            TENANT,
+            Scheme::MicrosoftGraph,
+            "secret/graph",
+        )],
+        SecretStore::memory([(
+            "secret/graph".to_owned(),
+            SecretSet::new(client_state, None),
+        )]),
+        Duration::from_secs(30),
+        shared::config::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
+
+    // The validation request when the subscription is created.
+    let request = http::Request::builder()
+        .method("POST")
+        .uri(format!(
+            "{}?validationToken=Validation%3a+Testing+client+application+reachability",
+            url_of("graph")
+        ))
+        .header("content-type", "text/plain; charset=utf-8")
+        .body(lambda_http::Body::Empty)
+        .unwrap();
+    use lambda_http::RequestExt as _;
+    let request = request.with_path_parameters(std::collections::HashMap::from([(
+        "source_id".to_owned(),
+        "graph".to_owned(),
+    )]));
+    let response = ingest::handler(request, &app.ingestor).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(
+        response.headers()["content-type"],
+        "text/plain",
+        "Graph wants the token as text"
+    );
+    assert_eq!(
+        response.body().as_ref(),
+        b"Validation: Testing client application reachability"
+    );
+    assert!(events(&pool).await.is_empty());
+
+    // A request whose second notification carries another clientState: refused whole.
+    let forged = graph_batch(
+        &[
+            ("n-1", "created", client_state),
+            ("n-2", "updated", "graph-client-state-8f2c1e"),
+        ],
+        "2026-12-08T10:00:00Z",
+    );
+    let reply = app.post("graph", json_headers(), &forged).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{:?}", reply.json);
+    // One without it: refused too.
+    let mut missing: serde_json::Value = serde_json::from_slice(&graph_batch(
+        &[("n-1", "created", client_state), ("n-2", "updated", "x")],
+        "2026-12-08T10:00:00Z",
+    ))
+    .unwrap();
+    missing["value"][1]
+        .as_object_mut()
+        .unwrap()
+        .remove("clientState");
+    let missing = serde_json::to_vec(&missing).unwrap();
+    let reply = app.post("graph", json_headers(), &missing).await;
+    assert_eq!(reply.status, StatusCode::UNAUTHORIZED, "{:?}", reply.json);
+    assert!(events(&pool).await.is_empty());
+
+    let body = graph_batch(
+        &[
+            ("n-1", "created", client_state),
+            ("n-2", "updated", client_state),
+        ],
+        "2026-12-08T10:00:00Z",
+    );
+    let reply = app.post("graph", json_headers(), &body).await;
+    assert_eq!(
+        reply.json,
+        serde_json::json!({"status": "accepted",
+                           "elements": {"accepted": 2, "duplicate": 0, "conflict": 0}})
+    );
+    let stored = events(&pool).await;
+    let mut kinds: Vec<(&str, Option<&str>)> = stored
+        .iter()
+        .map(|e| (e.event_type.as_str(), e.entity_id.as_deref()))
+        .collect();
+    kinds.sort();
+    assert_eq!(
+        kinds,
+        [
+            ("created", Some("Users/u-1/Messages/n-1")),
+            ("updated", Some("Users/u-1/Messages/n-2"))
+        ]
+    );
+    for event in &stored {
+        let payload: serde_json::Value =
+            serde_json::from_slice(event.payload.as_deref().unwrap()).unwrap();
+        assert!(payload.get("clientState").is_none(), "{payload}");
+        assert_eq!(payload["tenantId"], "84bd8158-6d4d-4958-8b9f-9d6445542f95");
+    }
+    let kept: Vec<u8> = sqlx::query_scalar("SELECT body FROM batch_requests")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    let kept_text = String::from_utf8(kept).unwrap();
+    assert!(kept_text.contains("n-2"), "{kept_text}");
+    let everywhere: i64 = sqlx::query_scalar(
+        "SELECT (SELECT count(*) FROM webhook_events
+                  WHERE convert_from(payload, 'UTF8') LIKE '%' || $1 || '%'
+                     OR headers::text LIKE '%' || $1 || '%')
+              + (SELECT count(*) FROM batch_requests
+                  WHERE convert_from(body, 'UTF8') LIKE '%' || $1 || '%'
+                     OR headers::text LIKE '%' || $1 || '%')
+              + (SELECT count(*) FROM ingest_anomalies
+                  WHERE convert_from(payload, 'UTF8') LIKE '%' || $1 || '%')",
+    )
+    .bind(client_state)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(everywhere, 0, "the clientState is stored nowhere");
+
+    // Graph retries the second notification on its own after the subscription was renewed:
+    // only its expiry differs, and it is the same event.
+    let retried = graph_batch(&[("n-2", "updated", client_state)], "2026-12-11T10:00:00Z");
+    let reply = app.post("graph", json_headers(), &retried).await;
+    assert_eq!(reply.json["elements"]["duplicate"], 1, "{:?}", reply.json);
+    assert_eq!(events(&pool).await.len(), 2);
+}

@@ -969,3 +969,37 @@ async fn a_kept_delivery_is_filed_by_the_operator_once_its_source_reads_it(pool:
         "{refused}"
     );
 }
+
+/// A Microsoft Graph batch buffered in queue mode: the SQS message holds the notifications
+/// without their clientState (the secret itself), and the consumer files each as its event.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_buffered_graph_batch_carries_no_client_state(pool: PgPool) {
+    let queue = new_buffer_queue(5, 30).await;
+    let (app, _proxy) = buffered_app(pool, BufferMode::Queue, queue.clone(), MAX_BODY).await;
+    let client_state = secret_of(Scheme::MicrosoftGraph);
+    let notification = |id: &str| {
+        json!({"id": id, "subscriptionId": "s-1", "clientState": client_state,
+               "subscriptionExpirationDateTime": "2026-12-08T10:00:00Z", "changeType": "updated",
+               "resource": format!("Users/u-1/Events/{id}"), "tenantId": "t-1"})
+    };
+    let body =
+        serde_json::to_vec(&json!({"value": [notification("e-1"), notification("e-2")]})).unwrap();
+    let mut headers = http::HeaderMap::new();
+    set(&mut headers, "content-type", "application/json");
+    let reply = app.post("graph", headers, &body).await;
+    assert_eq!(reply.json, json!({"status": "buffered"}));
+    let buffered = peek(&queue, queue.queue_url()).await;
+    assert_eq!(buffered.len(), 1, "one message for the request");
+    let carried = &buffered[0].delivery.as_ref().unwrap().body;
+    let carried_text = String::from_utf8_lossy(carried);
+    assert!(carried_text.contains("e-2"), "{carried_text}");
+    assert!(!carried_text.contains(&client_state), "{carried_text}");
+
+    drain_buffer(&app, &queue).await;
+    let stored = events(&app.pool).await;
+    assert_eq!(stored.len(), 2);
+    for event in stored {
+        let payload = String::from_utf8(event.payload.unwrap()).unwrap();
+        assert!(!payload.contains(&client_state), "{payload}");
+    }
+}

@@ -1112,3 +1112,42 @@ async fn a_shared_token_is_checked_and_never_stored(pool: PgPool) {
         kept[0]
     );
 }
+
+/// A token sent inside the body (Figma's `passcode`) is checked like a token header and kept
+/// nowhere: the stored payload is the event without it; a wrong passcode is refused.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_token_inside_the_body_is_checked_and_never_stored(pool: PgPool) {
+    let passcode = "figma-passcode-31d7";
+    let app = one_source(pool, "figma", Scheme::Figma, passcode).await;
+    let event = |passcode: &str| {
+        serde_json::to_vec(&serde_json::json!({
+            "event_type": "FILE_UPDATE", "passcode": passcode, "file_key": "k1",
+            "file_name": "Design", "timestamp": "2026-12-05T10:00:00Z", "webhook_id": "42",
+        }))
+        .unwrap()
+    };
+    let mut headers = http::HeaderMap::new();
+    set(&mut headers, "content-type", "application/json");
+    let (status, _, reply) = send(
+        &app,
+        "POST",
+        "figma",
+        headers.clone(),
+        &event("figma-passcode-31d8"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED, "{reply}");
+    let (status, _, reply) = send(&app, "POST", "figma", headers, &event(passcode)).await;
+    assert_eq!(status, StatusCode::OK, "{reply}");
+    let stored = events(&app.pool).await;
+    assert_eq!(stored.len(), 1);
+    assert_eq!(stored[0].event_type, "FILE_UPDATE");
+    assert_eq!(stored[0].entity_id.as_deref(), Some("k1"));
+    let payload: serde_json::Value =
+        serde_json::from_slice(stored[0].payload.as_deref().unwrap()).unwrap();
+    assert_eq!(
+        payload,
+        serde_json::json!({"event_type": "FILE_UPDATE", "file_key": "k1", "file_name": "Design",
+                           "timestamp": "2026-12-05T10:00:00Z", "webhook_id": "42"})
+    );
+}

@@ -7,6 +7,7 @@
 //! fields cannot be read is recorded as an anomaly, never queued. A receipt is returned only
 //! after the upsert committed.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -211,6 +212,9 @@ impl Buffer {
 /// was received, and its fields (or why they cannot be read).
 struct Admitted<'d> {
     delivery: Delivery<'d>,
+    /// The body as kept: the delivery's, or without the shared token it carried
+    /// ([`crate::prepare::without_tokens`]).
+    body: Cow<'d, [u8]>,
     source: Arc<Source>,
     verified: signature::Verified,
     received_at_micros: i64,
@@ -224,7 +228,7 @@ enum Admission<'d> {
     Notice {
         source: Arc<Source>,
         notice: protocol::Notice,
-        body: &'d [u8],
+        body: Cow<'d, [u8]>,
     },
 }
 
@@ -364,7 +368,7 @@ impl Ingestor {
                         kind: &notice.kind,
                         subject: notice.subject.as_deref(),
                         detail: notice.detail.as_deref(),
-                        payload: body,
+                        payload: &body,
                     },
                 )
                 .await?;
@@ -486,6 +490,7 @@ impl Ingestor {
             delivery.method,
             delivery.headers,
             delivery.body,
+            delivery.url,
         ) {
             tracing::info!("unsigned endpoint ping answered; nothing stored");
             return Ok(Admission::Handshake(reply));
@@ -534,11 +539,17 @@ impl Ingestor {
         if delivery.method != "POST" {
             return Err(IngestError::MethodNotAllowed);
         }
-        if let Some(notice) = protocol::notice(source.scheme, delivery.headers, delivery.body) {
+        // What is kept of the body from here on: without a shared token it carries (Microsoft
+        // Graph's clientState in each notification), which is the secret itself.
+        let body = match crate::prepare::without_tokens(&source, delivery.body) {
+            Some(redacted) => Cow::Owned(redacted),
+            None => Cow::Borrowed(delivery.body),
+        };
+        if let Some(notice) = protocol::notice(source.scheme, delivery.headers, &body) {
             return Ok(Admission::Notice {
                 source,
                 notice,
-                body: delivery.body,
+                body,
             });
         }
 
@@ -547,7 +558,7 @@ impl Ingestor {
         let mut prepared = prepare(
             &source,
             delivery.headers,
-            delivery.body,
+            &body,
             &signed,
             received_at_micros,
         );
@@ -584,6 +595,7 @@ impl Ingestor {
         }
         Ok(Admission::Event(Box::new(Admitted {
             delivery,
+            body,
             source,
             verified,
             received_at_micros,
@@ -600,14 +612,14 @@ impl Ingestor {
             Ok(prepared) => prepared,
             Err(error) => {
                 let detail = error.to_string();
-                let digest: [u8; 32] = Sha256::digest(delivery.body).into();
+                let digest: [u8; 32] = Sha256::digest(&admitted.body).into();
                 ingest_anomalies::record_unreadable(
                     self.database.pool(),
                     &UnreadableDelivery {
                         tenant_id: source.tenant_id.as_str(),
                         source_id: source.source_id.as_str(),
                         kind: error.anomaly_kind(),
-                        payload: delivery.body,
+                        payload: &admitted.body,
                         payload_sha256: digest,
                         detail: &detail,
                         headers: &kept_headers(source, delivery.headers),
@@ -622,7 +634,7 @@ impl Ingestor {
         }
         let events = prepared.events(
             source,
-            delivery.body,
+            &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
         );
@@ -670,12 +682,10 @@ impl Ingestor {
         admitted: &Admitted<'_>,
         prepared: &Prepared,
     ) -> Result<Received, IngestError> {
-        let Admitted {
-            delivery, source, ..
-        } = admitted;
+        let Admitted { source, .. } = admitted;
         let events = prepared.events(
             source,
-            delivery.body,
+            &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
         );
@@ -686,8 +696,8 @@ impl Ingestor {
             source_id: source.source_id.as_str(),
             received_at,
             external_ids: events.iter().map(|e| e.external_id).collect(),
-            body: delivery.body,
-            body_sha256: Sha256::digest(delivery.body).into(),
+            body: &admitted.body,
+            body_sha256: Sha256::digest(&admitted.body).into(),
             headers: &prepared.headers,
             verified_with: admitted.verified.secret.as_str(),
         };
@@ -820,7 +830,7 @@ impl Admitted<'_> {
                     .map(Prepared::element_digests)
                     .unwrap_or_default(),
             },
-            body: self.delivery.body.to_vec(),
+            body: self.body.to_vec(),
         }
     }
 }

@@ -310,6 +310,47 @@ pub fn kept_headers(source: &Source, headers: &HeaderMap) -> serde_json::Value {
     serde_json::Value::Object(kept)
 }
 
+/// The body to keep, when the source is verified with a shared token sent inside it (Microsoft
+/// Graph's `clientState` in each notification): the JSON without it (in every element of a
+/// batch whose layout reads it from the first), re-serialised. `None` when no layout of the
+/// source reads a token from the body, or the body is not JSON: the body is kept as sent. Like
+/// a token header ([`kept_headers`]), the token is the secret itself and is never stored: not
+/// in an event's payload, a batch's kept request, the buffer or a notice.
+pub fn without_tokens(source: &Source, body: &[u8]) -> Option<Vec<u8>> {
+    let declared = source
+        .signature
+        .map(std::slice::from_ref)
+        .unwrap_or_default();
+    let pointers: Vec<String> = source
+        .scheme
+        .provider()
+        .signatures
+        .iter()
+        .chain(declared)
+        .filter_map(|layout| layout.token_in_body())
+        .map(|pointer| match &source.fields.elements {
+            // The first element's token stands for every element's.
+            Some(at) if at.form_field.is_none() => {
+                let first = format!("{}/0/", at.pointer);
+                match pointer.strip_prefix(&first) {
+                    Some(rest) => format!("{}/*/{rest}", at.pointer),
+                    None => pointer.to_owned(),
+                }
+            }
+            _ => pointer.to_owned(),
+        })
+        .collect();
+    if pointers.is_empty() {
+        return None;
+    }
+    let mut value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    for pointer in &pointers {
+        let segments: Vec<&str> = pointer.split('/').skip(1).collect();
+        remove_at(&mut value, &segments);
+    }
+    serde_json::to_vec(&value).ok()
+}
+
 /// A body with its provider's volatile fields removed (fields that change between attempts of
 /// one delivery: HubSpot's `attemptNumber`, Intercom's `delivery_attempts`, Xero's `entropy`),
 /// re-serialised: what two attempts of one event have in common, to compare and to digest.

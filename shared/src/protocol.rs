@@ -133,22 +133,31 @@ pub fn handshake_of(
                 .then(|| HandshakeReply::empty(200))
         }
         // Answered before the signature ([`unsigned_handshake`]): a signed request is an event.
-        HandshakeKind::WoocommercePing | HandshakeKind::MandrillHead => None,
+        HandshakeKind::WoocommercePing
+        | HandshakeKind::MandrillHead
+        | HandshakeKind::GraphValidationToken => None,
     }
 }
 
 /// A provider's check of the endpoint that carries no signature, answered before any is
-/// verified; `None` for everything else (verified, then [`handshake`] or an event).
-/// WooCommerce's ping is the one: a POST whose body is `webhook_id=<n>` and which carries no
-/// signature header. Nothing of it is stored, and the answer says nothing a 404 for an unknown
-/// source does not.
+/// verified; `None` for everything else (verified, then [`handshake`] or an event). `url` is
+/// the URL the request arrived at, query included.
+/// - WooCommerce's ping: a POST whose body is `webhook_id=<n>` and which carries no signature
+///   header.
+/// - Mandrill's URL check: a HEAD with no body.
+/// - Microsoft Graph's validation: a request with no body and a `validationToken` query
+///   parameter, answered with the token as `text/plain`.
+///
+/// Nothing of them is stored, and the answer says nothing a 404 for an unknown source does
+/// not (Graph's echoes what the request sent).
 pub fn unsigned_handshake(
     scheme: Scheme,
     method: &str,
     headers: &HeaderMap,
     body: &[u8],
+    url: Option<&str>,
 ) -> Option<HandshakeReply> {
-    unsigned_handshake_of(scheme.provider(), method, headers, body)
+    unsigned_handshake_of(scheme.provider(), method, headers, body, url)
 }
 
 /// [`unsigned_handshake`] for an entry, as loaded.
@@ -157,22 +166,43 @@ pub fn unsigned_handshake_of(
     method: &str,
     headers: &HeaderMap,
     body: &[u8],
+    url: Option<&str>,
 ) -> Option<HandshakeReply> {
-    if provider.handshake.kind == HandshakeKind::MandrillHead {
-        return (method == "HEAD" && body.is_empty()).then(|| HandshakeReply::empty(200));
+    match provider.handshake.kind {
+        HandshakeKind::MandrillHead => {
+            (method == "HEAD" && body.is_empty()).then(|| HandshakeReply::empty(200))
+        }
+        HandshakeKind::GraphValidationToken => {
+            let query = url?.split_once('?')?.1;
+            let token = url::form_urlencoded::parse(query.as_bytes())
+                .find(|(name, _)| name == GRAPH_VALIDATION_TOKEN)?
+                .1;
+            (method == "POST"
+                && body.is_empty()
+                && !token.is_empty()
+                && token.len() <= MAX_CHALLENGE_LEN)
+                .then(|| HandshakeReply {
+                    status: 200,
+                    content_type: Some("text/plain"),
+                    body: token.into_owned(),
+                })
+        }
+        HandshakeKind::WoocommercePing if method == "POST" => {
+            let signed = provider
+                .signatures
+                .iter()
+                .filter_map(|spec| spec.header.as_deref())
+                .any(|name| headers.contains_key(name));
+            let id = body.strip_prefix(b"webhook_id=")?;
+            (!signed && (1..=20).contains(&id.len()) && id.iter().all(u8::is_ascii_digit))
+                .then(|| HandshakeReply::empty(200))
+        }
+        _ => None,
     }
-    if provider.handshake.kind != HandshakeKind::WoocommercePing || method != "POST" {
-        return None;
-    }
-    let signed = provider
-        .signatures
-        .iter()
-        .filter_map(|spec| spec.header.as_deref())
-        .any(|name| headers.contains_key(name));
-    let id = body.strip_prefix(b"webhook_id=")?;
-    (!signed && (1..=20).contains(&id.len()) && id.iter().all(u8::is_ascii_digit))
-        .then(|| HandshakeReply::empty(200))
 }
+
+/// Microsoft Graph's query parameter on its validation request.
+pub const GRAPH_VALIDATION_TOKEN: &str = "validationToken";
 
 /// A signed message that is not an event ([`crate::catalogue::NoticeSpec`]): its kind, and
 /// what it is about and says, as its entry reads them.
@@ -293,9 +323,10 @@ pub fn check_handshakes(provider: &Provider) -> Vec<HandshakeCheck> {
                 let headers = crate::catalogue::vector_headers(&v.headers)?;
                 let body = v.body.as_bytes();
                 let secret = SigningSecret::new(v.secret.clone());
-                let reply = unsigned_handshake_of(provider, &v.method, &headers, body)
-                    .or_else(|| handshake_of(provider, &v.method, &headers, body, &secret))
-                    .ok_or("not answered as a handshake: it would be stored as an event")?;
+                let reply =
+                    unsigned_handshake_of(provider, &v.method, &headers, body, v.url.as_deref())
+                        .or_else(|| handshake_of(provider, &v.method, &headers, body, &secret))
+                        .ok_or("not answered as a handshake: it would be stored as an event")?;
                 let expected = &v.answer;
                 if reply.status != expected.status
                     || reply.content_type != expected.content_type.as_deref()
@@ -380,7 +411,7 @@ mod tests {
         // WooCommerce's ping, as WC_Webhook::deliver_ping sends it: unsigned, its body the
         // webhook's id. Answered before any signature; a signed request is an event.
         let woo = |method: &str, headers: &HeaderMap, body: &str| {
-            unsigned_handshake(Scheme::Woocommerce, method, headers, body.as_bytes())
+            unsigned_handshake(Scheme::Woocommerce, method, headers, body.as_bytes(), None)
         };
         assert_eq!(
             woo("POST", &none, "webhook_id=42"),
@@ -400,7 +431,7 @@ mod tests {
             assert_eq!(woo(method, headers, body), None, "{method} {body}");
         }
         assert_eq!(
-            unsigned_handshake(Scheme::Github, "POST", &none, b"webhook_id=42"),
+            unsigned_handshake(Scheme::Github, "POST", &none, b"webhook_id=42", None),
             None
         );
         assert_eq!(

@@ -74,25 +74,30 @@ pub async fn buffered_app_holding(
     max_body_bytes: usize,
     spill_hold: Duration,
 ) -> (crate::TestApp, DatabaseProxy) {
-    // Every scheme's source, and a Mailgun one: a layout that signs values, not the body.
+    // Every scheme's source, a Mailgun one (a layout that signs values, not the body) and a
+    // Microsoft Graph one (a token inside each element of a batch).
     let mut sources = crate::sources_for_every_scheme();
     let mailgun = shared::domain::Scheme::Mailgun;
-    sources.push(crate::source(
-        "mailgun",
-        crate::TENANT,
-        mailgun,
-        "secret/mailgun",
-    ));
+    let graph = shared::domain::Scheme::MicrosoftGraph;
+    for (name, scheme) in [("mailgun", mailgun), ("graph", graph)] {
+        sources.push(crate::source(
+            name,
+            crate::TENANT,
+            scheme,
+            &format!("secret/{scheme}"),
+        ));
+    }
     shared::sources::apply(&pool, &sources)
         .await
         .expect("store sources");
-    let secrets =
-        shared::secrets::SecretStore::memory(crate::SCHEMES.iter().chain([&mailgun]).map(|s| {
+    let secrets = shared::secrets::SecretStore::memory(
+        crate::SCHEMES.iter().chain([&mailgun, &graph]).map(|s| {
             (
                 format!("secret/{s}"),
                 shared::secrets::SecretSet::new(crate::secret_of(*s), None),
             )
-        }));
+        }),
+    );
     let proxy = DatabaseProxy::to(&pool)
         .await
         .expect("a proxy on 127.0.0.1");

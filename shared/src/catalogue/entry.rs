@@ -171,6 +171,14 @@ impl SignatureSpec {
                     .any(|part| matches!(part, Part::Body | Part::FormSorted)))
     }
 
+    /// Where a shared token sent inside the body is, as a JSON pointer: Microsoft Graph's
+    /// `clientState` in each notification. `None` for every other layout. Such a token is the
+    /// secret itself, and is never kept ([`crate::prepare::without_tokens`]).
+    pub fn token_in_body(&self) -> Option<&str> {
+        (self.kind == Kind::Token).then_some(())?;
+        self.json.as_deref()
+    }
+
     /// Whether the layout signs values of the first element of the array at `array` (a JSON
     /// pointer, `""` for a body that is the array) and nothing of the body beyond them: Adyen's
     /// `notification_items`, which reads its signature and signed values from
@@ -511,6 +519,9 @@ pub struct HandshakeVector {
     pub headers: std::collections::BTreeMap<String, String>,
     #[serde(default)]
     pub body: String,
+    /// The URL it is sent to, query included (Microsoft Graph's token is a query parameter).
+    #[serde(default)]
+    pub url: Option<String>,
     pub answer: HandshakeAnswer,
 }
 
@@ -552,6 +563,11 @@ pub enum HandshakeKind {
     /// added: an unsigned `HEAD`, answered 200 with nothing stored or read (Mandrill falls back
     /// to a POST signed with another key only when the HEAD fails).
     MandrillHead,
+    /// Microsoft Graph's validation of a notification URL when a subscription is created or
+    /// renewed: a request with no body and the query parameter `validationToken`, unsigned
+    /// (`clientState` is in notifications only), answered 200 `text/plain` with the token
+    /// decoded, nothing stored.
+    GraphValidationToken,
 }
 
 impl HandshakeKind {
@@ -566,6 +582,7 @@ impl HandshakeKind {
             HandshakeKind::XeroIntentToReceive => "xero_intent_to_receive",
             HandshakeKind::WoocommercePing => "woocommerce_ping",
             HandshakeKind::MandrillHead => "mandrill_head",
+            HandshakeKind::GraphValidationToken => "graph_validation_token",
         }
     }
 }

@@ -12,6 +12,8 @@ use std::sync::LazyLock;
 
 pub use entry::*;
 
+use serde::Deserialize;
+
 use crate::domain::Scheme;
 
 include!(concat!(env!("OUT_DIR"), "/catalogue_files.rs"));
@@ -665,6 +667,19 @@ pub fn markdown() -> String {
                     .join("; ")
             );
         }
+        if let Some(pointer) = p.signatures.iter().find_map(SignatureSpec::token_in_body) {
+            let every = match &p.fields.elements {
+                Some(at) if pointer.starts_with(&format!("{}/0/", at.pointer)) => {
+                    " (each element's, every one checked)"
+                }
+                _ => "",
+            };
+            let _ = writeln!(
+                out,
+                "- Token in the body: `{pointer}`{every} is compared with the source's secret, \
+                 then removed from all that is kept (payloads, the kept request, the buffer)"
+            );
+        }
         if let Some(help) = uncovered_help(p) {
             let _ = writeln!(out, "- Not signed whole: {help}");
         }
@@ -683,7 +698,57 @@ pub fn markdown() -> String {
         );
         out.push('\n');
     }
+    out.push_str(
+        "## Not in the catalogue\n\n\
+         Providers teams ask for that are not entries, how each authenticates its webhooks and \
+         why it is not one (`shared/providers_not_supported.toml`). \"Could be an entry\" names \
+         what is missing; until then a source can declare the layout itself where the engine's \
+         primitives reach it ([catalogue.md](catalogue.md#declared-signatures)).\n\n\
+         | Provider | How it authenticates | Why it is not an entry |\n\
+         |---|---|---|\n",
+    );
+    for p in not_supported() {
+        let unconfirmed = if p.verified {
+            ""
+        } else {
+            " Not confirmed on a page of the provider's own."
+        };
+        let _ = writeln!(
+            out,
+            "| [{}]({}) | {} | {}{unconfirmed} |",
+            p.title,
+            p.docs,
+            p.scheme.replace('|', "\\|"),
+            p.why.replace('|', "\\|"),
+        );
+    }
     out
+}
+
+/// A provider that is not a catalogue entry, and why (`shared/providers_not_supported.toml`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NotSupported {
+    pub name: String,
+    pub title: String,
+    /// The page its scheme was read from.
+    pub docs: String,
+    /// How it authenticates its webhooks.
+    pub scheme: String,
+    pub why: String,
+    /// Whether a page of the provider's own confirmed the scheme.
+    pub verified: bool,
+}
+
+/// The providers that are not entries, as listed.
+pub fn not_supported() -> Vec<NotSupported> {
+    #[derive(Deserialize)]
+    struct List {
+        provider: Vec<NotSupported>,
+    }
+    toml::from_str::<List>(include_str!("../../providers_not_supported.toml"))
+        .map(|list| list.provider)
+        .unwrap_or_default()
 }
 
 /// Everything the catalogue says about one provider, for `hookctl providers show`.
@@ -896,6 +961,30 @@ fn secret_help(spec: &SignatureSpec) -> &'static str {
 mod tests {
     use super::*;
 
+    /// The list of providers that are not entries loads, names each with a page and a reason,
+    /// and holds no name that is an entry.
+    #[test]
+    fn the_providers_not_in_the_catalogue_are_listed_with_why() {
+        #[derive(Deserialize)]
+        struct List {
+            #[allow(dead_code)]
+            provider: Vec<NotSupported>,
+        }
+        toml::from_str::<List>(include_str!("../../providers_not_supported.toml"))
+            .expect("shared/providers_not_supported.toml loads");
+        let listed = not_supported();
+        assert!(listed.len() >= 15, "{}", listed.len());
+        for p in &listed {
+            assert!(
+                p.name.parse::<Scheme>().is_err(),
+                "{} is a catalogue entry: remove it from shared/providers_not_supported.toml",
+                p.name
+            );
+            assert!(p.docs.starts_with("https://"), "{}", p.name);
+            assert!(!p.scheme.is_empty() && !p.why.is_empty(), "{}", p.name);
+        }
+    }
+
     #[test]
     fn every_entry_loads() {
         let errors: Vec<String> = FILES
@@ -980,11 +1069,11 @@ mod tests {
                 assert!(show(scheme).contains("  batch: "), "{scheme}");
             }
         }
-        assert_eq!(docs.matches("- Batches: ").count(), 7);
+        assert_eq!(docs.matches("- Batches: ").count(), 10);
         assert_eq!(
             docs.matches("- Batches: a request carries several events")
                 .count(),
-            7
+            9
         );
     }
 
@@ -1050,15 +1139,27 @@ mod tests {
 
     /// The entries whose signature leaves some bytes of a delivery uncovered: their deliveries
     /// never replace a stored payload (`prepare`). Shared tokens sign nothing; Adyen signs
-    /// eight values of the body, Mailgun a timestamp and a token.
+    /// eight values of the body, Mailgun a timestamp and a token; Microsoft Graph's token is
+    /// inside each notification.
     #[test]
     fn the_entries_not_covering_the_body_are_the_token_and_value_signers() {
         let uncovered: Vec<&str> = providers()
             .filter(|(_, p)| !p.signatures.iter().all(SignatureSpec::covers_body))
             .map(|(_, p)| p.name.as_str())
             .collect();
-        assert_eq!(uncovered, ["adyen", "gitlab", "mailgun", "okta"]);
-        assert_eq!(markdown().matches("- Not signed whole: ").count(), 4);
+        assert_eq!(
+            uncovered,
+            [
+                "adyen",
+                "auth0_log_streams",
+                "figma",
+                "gitlab",
+                "mailgun",
+                "microsoft_graph",
+                "okta"
+            ]
+        );
+        assert_eq!(markdown().matches("- Not signed whole: ").count(), 7);
     }
 
     /// A vector's headers and body, as the request carries them.
@@ -1156,8 +1257,14 @@ mod tests {
                 let (headers, body) = delivered(v);
                 let secret = SigningSecret::new(v.secret.clone());
                 if crate::protocol::handshake(scheme, &v.method, &headers, &body, &secret).is_some()
-                    || crate::protocol::unsigned_handshake(scheme, &v.method, &headers, &body)
-                        .is_some()
+                    || crate::protocol::unsigned_handshake(
+                        scheme,
+                        &v.method,
+                        &headers,
+                        &body,
+                        v.url.as_deref(),
+                    )
+                    .is_some()
                 {
                     continue;
                 }
