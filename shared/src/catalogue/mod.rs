@@ -628,6 +628,16 @@ pub fn markdown() -> String {
                 ts.tolerance_seconds
             );
         }
+        if p.signatures.iter().all(|s| s.timestamp.is_none())
+            && p.signatures.iter().any(|s| s.kind != Kind::Token)
+        {
+            out.push_str(
+                "- No timestamp is signed: nothing bounds when a captured delivery verifies \
+                 again. Sent again, it is filed as a duplicate of its stored event; where the id \
+                 is outside the signature, the same body under another id is recorded as a \
+                 replay, with no effect\n",
+            );
+        }
         if p.signatures.iter().any(|s| s.signed.contains(&Part::Url)) {
             out.push_str(
                 "- Signs the URL it called: behind a custom domain, set the source's `url`\n",
