@@ -737,3 +737,70 @@ async fn a_lease_reads_the_due_messages_it_takes_not_the_whole_backlog(pool: PgP
         "the lease read {read} outbox rows to take 50 of {BACKLOG} due: {reads:?}"
     );
 }
+
+/// The rows of `webhook_events` a plan's nodes really read (auto_explain's `log_analyze`):
+/// each scan node's rows times its loops.
+fn rows_read_from_events(plan: &serde_json::Value) -> f64 {
+    let text = |k: &str| plan[k].as_str().unwrap_or_default();
+    let own = if text("Relation Name") == "webhook_events"
+        || text("Index Name").starts_with("webhook_events_")
+    {
+        plan["Actual Rows"].as_f64().unwrap_or(0.0) * plan["Actual Loops"].as_f64().unwrap_or(1.0)
+            + plan["Rows Removed by Filter"].as_f64().unwrap_or(0.0)
+    } else {
+        0.0
+    };
+    own + plan["Plans"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(rows_read_from_events)
+        .sum::<f64>()
+}
+
+/// The console's event search reads about the rows it returns (200 000 events here), not the
+/// table:
+/// newest first with no filter (the time index backwards, stopped by the page), by source, by
+/// source and time range, and by the provider's id alone (the primary key, for every tenant).
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_event_search_reads_about_the_rows_it_returns(pool: PgPool) {
+    pipeline_tests::scale::fill(&pool, ROWS).await;
+    let (explaining, notices, _guard) = explaining_analyzed(&pool).await;
+    let registry = shared::effects::EffectRegistry::standard();
+    let days_ago = |days: i64| (chrono::Utc::now() - chrono::Duration::days(days)).to_rfc3339();
+    let searches = [
+        serde_json::json!({}),
+        serde_json::json!({"source_id": "busy-2"}),
+        serde_json::json!({"source_id": "quiet-1"}),
+        serde_json::json!({"source_id": "busy-1", "since": days_ago(3), "until": days_ago(2)}),
+        serde_json::json!({"external_id": format!("evt_{}", ROWS / 2)}),
+    ];
+    for search in &searches {
+        let request = operator::parse(serde_json::json!({
+            "action": "list_events", "search": search, "limit": 50
+        }))
+        .unwrap();
+        let answer = operator::handle(&explaining, &registry, request)
+            .await
+            .unwrap();
+        let answer = serde_json::to_value(answer).unwrap();
+        assert!(answer["events"].is_array(), "{search}: {answer}");
+    }
+    drop(_guard);
+    let plans: Vec<Explained> = explained(&notices)
+        .into_iter()
+        .filter(|p| p.query.contains("FROM webhook_events WHERE true"))
+        .collect();
+    assert_eq!(plans.len(), searches.len(), "one plan a search");
+    // A source with a third of the events (busy-2) may be read through the time index, three
+    // rows for each it returns; no search reads more than four pages' worth.
+    for (search, plan) in searches.iter().zip(&plans) {
+        let read = rows_read_from_events(&plan.plan);
+        eprintln!("{search}: {read} rows of webhook_events read for a page of 50");
+        assert!(
+            read <= 200.0,
+            "{search}: {read} rows of webhook_events read for a page of 50:\n{}",
+            serde_json::to_string_pretty(&plan.plan).unwrap()
+        );
+    }
+}

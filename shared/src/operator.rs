@@ -232,6 +232,48 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// Stored events matching a search, newest first, a page at a time (the console's events).
+    ListEvents {
+        #[serde(default)]
+        search: crate::store::webhook_events::EventSearch,
+        /// At most 500; 100 when not given.
+        #[serde(default)]
+        limit: Option<i64>,
+    },
+}
+
+impl OperatorRequest {
+    /// Whether the request changes state (and so carries an actor and a reason, recorded in
+    /// `operator_actions`), rather than only reading. The console answers these only when
+    /// started with `--write`. Every request is named: a new one must say which it is.
+    pub fn changes_state(&self) -> bool {
+        match self {
+            OperatorRequest::Replay { .. }
+            | OperatorRequest::SetDeadLetterStatus { .. }
+            | OperatorRequest::Tombstone { .. }
+            | OperatorRequest::ResendOutbox { .. }
+            | OperatorRequest::DiscardOutbox { .. }
+            | OperatorRequest::RedriveBuffer { .. }
+            | OperatorRequest::FileKept { .. }
+            | OperatorRequest::PauseSubscription { .. }
+            | OperatorRequest::ResumeSubscription { .. }
+            | OperatorRequest::ReplayToSubscription { .. } => true,
+            OperatorRequest::ListDeadLetters { .. }
+            | OperatorRequest::Status
+            | OperatorRequest::ShowDeadLetter { .. }
+            | OperatorRequest::ListRuns { .. }
+            | OperatorRequest::ListChecks { .. }
+            | OperatorRequest::ListGaps { .. }
+            | OperatorRequest::ListTombstones { .. }
+            | OperatorRequest::ListFailedOutbox { .. }
+            | OperatorRequest::ListSentOutbox { .. }
+            | OperatorRequest::ListBufferDeadLetters { .. }
+            | OperatorRequest::ListSubscriptions
+            | OperatorRequest::ShowEvent { .. }
+            | OperatorRequest::ListActions { .. }
+            | OperatorRequest::ListEvents { .. } => false,
+        }
+    }
 }
 
 /// How a request came in: recorded with every state change it makes.
@@ -362,6 +404,11 @@ pub enum OperatorResponse {
     Replayed {
         replay: crate::subscriptions::replay::ReplayProgress,
     },
+    Events {
+        events: Vec<crate::store::webhook_events::ListedEvent>,
+        /// The next page's `search.after`, when this page was full.
+        next: Option<crate::store::webhook_events::EventCursor>,
+    },
     Event {
         event: Box<crate::store::webhook_events::StoredEvent>,
         /// JSON, or a form's fields, as the envelope carries it.
@@ -381,6 +428,8 @@ pub enum OperatorResponse {
 
 /// Limits of the listing actions.
 const DEFAULT_LIMIT: i64 = 100;
+/// The most events one page of `ListEvents` holds.
+const MAX_EVENTS_LISTED: i64 = 500;
 /// Longest actor and reason recorded.
 const MAX_ACTOR_CHARS: usize = 200;
 const MAX_REASON_CHARS: usize = 2000;
@@ -891,6 +940,19 @@ pub async fn handle_invoked(
             )
             .await?;
             Ok(OperatorResponse::Replayed { replay: progress })
+        }
+        OperatorRequest::ListEvents { search, limit } => {
+            let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_EVENTS_LISTED);
+            let events = crate::store::webhook_events::search(pool, &search, limit).await?;
+            let next = events
+                .last()
+                .filter(|_| events.len() as i64 == limit)
+                .map(|last| crate::store::webhook_events::EventCursor {
+                    first_received_at: last.first_received_at,
+                    tenant_id: last.tenant_id.clone(),
+                    external_id: last.external_id.clone(),
+                });
+            Ok(OperatorResponse::Events { events, next })
         }
         OperatorRequest::ShowEvent {
             tenant_id,

@@ -1093,3 +1093,121 @@ pub async fn find(
         .fetch_optional(executor)
         .await?)
 }
+
+/// What an operator looks for among stored events (the console's events page): every field
+/// optional, all given ones must hold. Newest first.
+#[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventSearch {
+    #[serde(default)]
+    pub source_id: Option<String>,
+    #[serde(default)]
+    pub event_type: Option<String>,
+    /// `pending`, `processed` or `dead_lettered`.
+    #[serde(default)]
+    pub status: Option<String>,
+    /// The provider's event id, exactly (what its support names).
+    #[serde(default)]
+    pub external_id: Option<String>,
+    /// First received at or after.
+    #[serde(default)]
+    pub since: Option<chrono::DateTime<chrono::Utc>>,
+    /// First received before.
+    #[serde(default)]
+    pub until: Option<chrono::DateTime<chrono::Utc>>,
+    /// JSON the payload contains (PostgreSQL's `@>`): `{"data":{"object":{"customer":"cus_1"}}}`.
+    /// A payload that is not JSON, or was purged, never matches.
+    #[serde(default)]
+    pub contains: Option<serde_json::Value>,
+    /// The page after the one that ended with this event.
+    #[serde(default)]
+    pub after: Option<EventCursor>,
+}
+
+/// Where a page of [`search`] ended: its last event's place in the order.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventCursor {
+    pub first_received_at: chrono::DateTime<chrono::Utc>,
+    pub tenant_id: String,
+    pub external_id: String,
+}
+
+/// One event in a list: what it is and where it stands, without its bytes.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct ListedEvent {
+    pub tenant_id: String,
+    pub external_id: String,
+    pub source_id: String,
+    pub event_type: String,
+    pub entity_id: Option<String>,
+    pub status: String,
+    pub first_received_at: chrono::DateTime<chrono::Utc>,
+    pub delivery_count: i32,
+    pub conflict_count: i32,
+    /// Retention purged the payload.
+    pub purged: bool,
+}
+
+/// Events matching `search`, newest first (first received), at most `limit`. A page reads about
+/// the rows it returns: the order is the `(first_received_at)` and `(source_id,
+/// first_received_at)` indexes' (read backwards, stopped by the limit), and a provider id is
+/// looked up by the primary key. The state and the payload are checked on the rows those
+/// indexes give: a rare state or payload reads until the page is full or the range ends
+/// (`since`, `until` bound it).
+pub async fn search(
+    executor: impl PgExecutor<'_>,
+    search: &EventSearch,
+    limit: i64,
+) -> Result<Vec<ListedEvent>, StoreError> {
+    let mut query = sqlx::QueryBuilder::<sqlx::Postgres>::new(
+        "SELECT tenant_id, external_id, source_id, event_type, entity_id, status, \
+             first_received_at, delivery_count, conflict_count, payload IS NULL AS purged \
+         FROM webhook_events WHERE true",
+    );
+    if let Some(source_id) = &search.source_id {
+        query.push(" AND source_id = ").push_bind(source_id.clone());
+    }
+    if let Some(event_type) = &search.event_type {
+        query
+            .push(" AND event_type = ")
+            .push_bind(event_type.clone());
+    }
+    if let Some(status) = &search.status {
+        query.push(" AND status = ").push_bind(status.clone());
+    }
+    if let Some(external_id) = &search.external_id {
+        // By the primary key, (tenant_id, external_id), once for each tenant: an id alone
+        // is indexed by nothing.
+        query
+            .push(" AND tenant_id = ANY(ARRAY(SELECT DISTINCT tenant_id FROM sources))")
+            .push(" AND external_id = ")
+            .push_bind(external_id.clone());
+    }
+    if let Some(since) = search.since {
+        query.push(" AND first_received_at >= ").push_bind(since);
+    }
+    if let Some(until) = search.until {
+        query.push(" AND first_received_at < ").push_bind(until);
+    }
+    if let Some(contains) = &search.contains {
+        query
+            .push(" AND payload_json(payload) @> ")
+            .push_bind(sqlx::types::Json(contains.clone()))
+            .push("::jsonb");
+    }
+    if let Some(after) = &search.after {
+        query
+            .push(" AND (first_received_at, tenant_id, external_id) < (")
+            .push_bind(after.first_received_at)
+            .push(", ")
+            .push_bind(after.tenant_id.clone())
+            .push(", ")
+            .push_bind(after.external_id.clone())
+            .push(")");
+    }
+    query
+        .push(" ORDER BY first_received_at DESC, tenant_id DESC, external_id DESC LIMIT ")
+        .push_bind(limit);
+    Ok(query.build_query_as().fetch_all(executor).await?)
+}
