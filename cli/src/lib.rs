@@ -4,6 +4,7 @@
 pub mod backend;
 pub mod captured;
 pub mod commands;
+pub mod console;
 pub mod db_proxy;
 pub mod drill;
 pub mod render;

@@ -52,6 +52,10 @@ struct Cli {
 enum Command {
     /// Serve the ingest function over HTTP on this machine (the local runner).
     Serve(ServeArgs),
+    /// Serve the operator's console on 127.0.0.1 and print the URL to open (with a one-time
+    /// token). Against DATABASE_URL, or the deployed operator function with --function.
+    /// Read-only unless --write; every change is recorded with --actor (else the OS user).
+    Console(ConsoleArgs),
     /// Apply the schema migrations to DATABASE_URL.
     Migrate,
     /// Add, change or list sources (no redeploy: ingest sees changes within its cache TTL).
@@ -143,6 +147,19 @@ enum Command {
     Retention,
     /// Run the anomaly checks once, as the anomaly Lambda does.
     Anomaly,
+}
+
+#[derive(Args)]
+struct ConsoleArgs {
+    /// The port on 127.0.0.1 (0: a free one).
+    #[arg(long, default_value_t = 0)]
+    port: u16,
+    /// Answer requests that change state (replays, discards, tombstones, ...).
+    #[arg(long)]
+    write: bool,
+    /// Who the changes are recorded as (default: the OS user, $USER or $LOGNAME).
+    #[arg(long, env = "HOOKCTL_ACTOR")]
+    actor: Option<String>,
 }
 
 #[derive(Args)]
@@ -350,6 +367,10 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Serve(args) => run_serve(args).await,
+        Command::Console(args) => match operator_backend().await {
+            Ok(b) => run_console(b, args).await,
+            Err(e) => Err(e),
+        },
         Command::Migrate => migrate().await,
         Command::Sources { action } => run_sources(action).await,
         Command::Routes {
@@ -414,6 +435,35 @@ async fn main() -> ExitCode {
 }
 
 type CmdResult = Result<(), String>;
+
+/// `hookctl console`: binds 127.0.0.1, prints the URL to open, serves until interrupted.
+async fn run_console(backend: Backend, args: ConsoleArgs) -> CmdResult {
+    let actor = args
+        .actor
+        .or_else(|| std::env::var("USER").ok())
+        .or_else(|| std::env::var("LOGNAME").ok())
+        .filter(|a| !a.trim().is_empty())
+        .ok_or("who is this? no --actor (HOOKCTL_ACTOR) and no OS user ($USER, $LOGNAME)")?;
+    let listener = tokio::net::TcpListener::bind(("127.0.0.1", args.port))
+        .await
+        .map_err(|e| format!("cannot listen on 127.0.0.1:{}: {e}", args.port))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let options = hookctl::console::ConsoleOptions {
+        write: args.write,
+        actor,
+    };
+    let mode = if options.write {
+        "changes allowed"
+    } else {
+        "read-only"
+    };
+    let (console, url) = hookctl::console::console(backend, options, local);
+    println!("{url}");
+    eprintln!("hookctl console: {mode}; open the URL above (its token works once); Ctrl-C stops");
+    hookctl::console::serve(listener, console)
+        .await
+        .map_err(|e| e.to_string())
+}
 
 /// The operator function when `--function` is given, else DATABASE_URL.
 async fn backend(function: Option<String>, endpoint: Option<String>) -> Result<Backend, String> {

@@ -614,10 +614,12 @@ fn every_relative_link_lands_on_a_page_and_a_heading_that_exist() {
             } else {
                 root.join(page_dir).join(file)
             };
-            let Ok(linked) = std::fs::read_to_string(&resolved) else {
+            // A picture (the console's screenshots) is a file, not text.
+            let Ok(bytes) = std::fs::read(&resolved) else {
                 failures.push(format!("{page}:{line}: ({target}): no file {file}"));
                 continue;
             };
+            let linked = String::from_utf8_lossy(&bytes);
             if let Some(anchor) = anchor
                 && resolved.extension().is_some_and(|e| e == "md")
                 && !anchors(&linked).contains(anchor)

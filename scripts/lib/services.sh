@@ -211,6 +211,18 @@ ensure_cfn_lint() {
 # The Standard Webhooks reference library (PyPI `standardwebhooks`): the tests verify the
 # outbox's signed deliveries with it, independently of this code. From python3 when it has the
 # library, else from PyPI into a venv under $STATE_DIR. Exports STANDARD_WEBHOOKS_PYTHON.
+# Debian's chromium and chromium-driver, for the console's browser test (cli/tests/console.rs
+# drives a headless Chromium through chromedriver). Exports CHROMEDRIVER and CHROMIUM.
+ensure_chromium() {
+  local chromium
+  chromium=$(command -v chromium || command -v chromium-browser || true)
+  if [ -z "$chromium" ] || ! command -v chromedriver >/dev/null; then
+    apt_install chromium chromium-driver || die "the console's browser test needs chromium and chromium-driver (Debian's packages)"
+    chromium=$(command -v chromium)
+  fi
+  export CHROMIUM="$chromium" CHROMEDRIVER="$(command -v chromedriver)"
+}
+
 ensure_standard_webhooks() {
   local py
   for py in "${STANDARD_WEBHOOKS_PYTHON:-}" python3 "$STATE_DIR/verifier-venv/bin/python"; do

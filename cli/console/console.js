@@ -1,0 +1,281 @@
+// hookctl console: one page over the operator's requests (POST /api/operator). Plain
+// JavaScript, no dependencies; everything shown is set as text, never as HTML.
+"use strict";
+
+const state = { whoami: null, refresh: null, paused: false, eventsAfter: [] };
+
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [key, value] of Object.entries(attrs || {})) {
+    if (key === "onclick" || key === "onsubmit" || key === "onchange") node[key] = value;
+    else if (value !== null && value !== undefined) node.setAttribute(key, value);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return node;
+}
+
+async function ask(request) {
+  const response = await fetch("/api/operator", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(request),
+    credentials: "same-origin",
+  });
+  const answer = await response.json().catch(() => ({ error: response.statusText }));
+  if (!response.ok) throw new Error(answer.error || response.statusText);
+  return answer;
+}
+
+function show(...nodes) {
+  const main = document.getElementById("main");
+  main.replaceChildren(...nodes);
+}
+
+function failure(error) {
+  return el("p", { class: "error", id: "error" }, String(error.message || error));
+}
+
+function age(iso) {
+  if (!iso) return "never";
+  const seconds = Math.max(0, (Date.now() - Date.parse(iso)) / 1000);
+  if (seconds < 90) return `${Math.round(seconds)} s ago`;
+  if (seconds < 5400) return `${Math.round(seconds / 60)} min ago`;
+  if (seconds < 172800) return `${Math.round(seconds / 3600)} h ago`;
+  return `${Math.round(seconds / 86400)} d ago`;
+}
+
+function table(id, headings, rows) {
+  return el(
+    "table",
+    { id },
+    el("thead", {}, el("tr", {}, headings.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)))),
+    el("tbody", {}, rows),
+  );
+}
+
+// Overview: the status verdict first, then what it rests on.
+async function overview() {
+  let report;
+  try {
+    report = await ask({ action: "status" });
+  } catch (error) {
+    return show(el("h1", {}, "Overview"), failure(error));
+  }
+  const verdict = report.verdict === "accounted_for"
+    ? "Every event accounted for"
+    : "Needs attention";
+  const findings = (report.findings || []).map((f) =>
+    el("li", {}, `${f.detail} `, el("span", { class: "muted" }, `(${f.next})`)));
+  const sources = (report.sources || []).map((s) =>
+    el("tr", { "data-source": s.source_id },
+      el("td", {}, s.source_id), el("td", {}, s.tenant_id), el("td", {}, s.scheme),
+      el("td", {}, age(s.last_received_at)),
+      el("td", { class: "num" }, s.events_last_hour),
+      el("td", { class: "num" }, s.usual_hour && s.usual_hour.mean !== null ? s.usual_hour.mean.toFixed(1) : "–"),
+      el("td", { class: "num" }, s.events_last_day),
+      el("td", { class: "num" }, s.duplicates_last_day),
+      el("td", { class: "num" }, s.conflicts_last_day),
+      el("td", { class: "num" }, s.refused_last_day)));
+  const checks = (report.breaching_checks || []).map((c) =>
+    el("li", { "data-check": c.check_name || c.name }, `${c.check_name || c.name}: ${c.detail || ""}`));
+  const queue = report.queue || {};
+  show(
+    el("h1", {}, "Overview"),
+    el("div", { id: "verdict", class: `verdict ${report.verdict}` }, verdict),
+    findings.length ? el("ul", { id: "findings" }, findings) : null,
+    el("p", {},
+      el("label", {}, el("input", {
+        type: "checkbox", id: "pause",
+        onchange: (e) => { state.paused = e.target.checked; },
+      }), " pause refresh"),
+      el("span", { class: "muted" }, ` refreshed ${new Date().toLocaleTimeString()}`)),
+    el("h2", {}, "Sources"),
+    table("sources", ["source", "tenant", "scheme", "last event",
+      { label: "last hour", num: true }, { label: "usual hour", num: true },
+      { label: "last day", num: true }, { label: "duplicates", num: true },
+      { label: "conflicts", num: true }, { label: "refused", num: true }], sources),
+    el("h2", {}, "Queue and what waits on a person"),
+    table("waiting", ["", { label: "count", num: true }], [
+      el("tr", {}, el("td", {}, "pending"), el("td", { class: "num" }, queue.depth)),
+      el("tr", {}, el("td", {}, "oldest pending (s)"), el("td", { class: "num" }, Math.round(queue.oldest_pending_age_seconds || 0))),
+      el("tr", {}, el("td", {}, "pending past SLA"), el("td", { class: "num" }, queue.pending_past_sla)),
+      el("tr", {}, el("td", {}, "open dead letters"), el("td", { class: "num", id: "open-dead-letters" }, report.open_dead_letters)),
+      el("tr", {}, el("td", {}, "open gaps"), el("td", { class: "num" }, report.open_gaps)),
+      el("tr", {}, el("td", {}, "outbox failed"), el("td", { class: "num" }, (report.outbox || {}).failed)),
+    ]),
+    el("h2", {}, "Breaching checks"),
+    checks.length ? el("ul", { id: "checks" }, checks) : el("p", { class: "muted" }, "none"),
+  );
+}
+
+// Events: a search over stored events, newest first, a page at a time.
+function eventSearch() {
+  const params = new URLSearchParams(location.hash.split("?")[1] || "");
+  const search = {};
+  for (const [param, field] of [["source", "source_id"], ["type", "event_type"], ["status", "status"], ["id", "external_id"]]) {
+    if (params.get(param)) search[field] = params.get(param);
+  }
+  if (params.get("since")) search.since = new Date(params.get("since")).toISOString();
+  if (params.get("until")) search.until = new Date(params.get("until")).toISOString();
+  if (params.get("contains")) search.contains = JSON.parse(params.get("contains"));
+  return { params, search };
+}
+
+async function events() {
+  let params, search;
+  try {
+    ({ params, search } = eventSearch());
+  } catch (error) {
+    return show(el("h1", {}, "Events"), failure(new Error(`the payload filter is not JSON: ${error.message}`)));
+  }
+  const field = (name, label, placeholder) =>
+    el("label", {}, label, el("input", { name, id: `search-${name}`, value: params.get(name) || "", placeholder }));
+  const form = el("form", {
+    class: "search", id: "search",
+    onsubmit: (e) => {
+      e.preventDefault();
+      const query = new URLSearchParams();
+      for (const input of form.querySelectorAll("input, select")) if (input.value) query.set(input.name, input.value);
+      state.eventsAfter = [];
+      location.hash = `#/events?${query}`;
+    },
+  },
+  field("source", "source"), field("type", "event type"),
+  el("label", {}, "state", el("select", { name: "status", id: "search-status" },
+    ["", "pending", "processed", "dead_lettered"].map((s) =>
+      el("option", { value: s, selected: params.get("status") === s ? "" : null }, s || "any")))),
+  field("id", "provider event id"), field("since", "since", "2026-12-01T00:00"),
+  field("until", "until"), field("contains", "payload contains (JSON)", '{"type":"push"}'),
+  el("button", { type: "submit", id: "search-button" }, "Search"));
+  let answer;
+  try {
+    const after = state.eventsAfter[state.eventsAfter.length - 1];
+    answer = await ask({ action: "list_events", search: after ? { ...search, after } : search, limit: 50 });
+  } catch (error) {
+    return show(el("h1", {}, "Events"), form, failure(error));
+  }
+  const rows = answer.events.map((e) =>
+    el("tr", {},
+      el("td", {}, el("a", { href: `#/event/${encodeURIComponent(e.tenant_id)}/${encodeURIComponent(e.external_id)}`, class: "event-link" }, e.external_id)),
+      el("td", {}, e.source_id), el("td", {}, e.event_type), el("td", {}, e.status),
+      el("td", {}, new Date(e.first_received_at).toLocaleString()),
+      el("td", { class: "num" }, e.delivery_count), el("td", { class: "num" }, e.conflict_count)));
+  show(
+    el("h1", {}, "Events"), form,
+    table("events", ["provider event id", "source", "type", "state", "first received",
+      { label: "deliveries", num: true }, { label: "conflicts", num: true }], rows),
+    rows.length ? null : el("p", { class: "muted", id: "no-events" }, "No event matches."),
+    answer.next ? el("button", {
+      id: "next-page",
+      onclick: () => { state.eventsAfter.push(answer.next); route(); },
+    }, "Older") : null,
+  );
+}
+
+// One event: what it is, where it stands, its bytes.
+async function event(tenant, externalId) {
+  let answer;
+  try {
+    answer = await ask({ action: "show_event", tenant_id: tenant, external_id: externalId });
+  } catch (error) {
+    return show(el("h1", {}, externalId), failure(error));
+  }
+  const e = answer.event;
+  const facts = [
+    ["tenant", e.tenant_id], ["source", e.source_id], ["type", e.event_type],
+    ["entity", e.entity_id ? `${e.entity_id} (version ${e.entity_version ?? "–"})` : "–"],
+    ["state", e.status], ["first received", e.first_received_at], ["last seen", e.last_seen_at],
+    ["deliveries", e.delivery_count], ["conflicts", e.conflict_count], ["processed", e.processed_at || "–"],
+  ].map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { "data-fact": k }, v)));
+  let bytes;
+  if (answer.purged) bytes = el("p", { class: "muted", id: "payload" }, "Retention purged the payload; the record stays.");
+  else if (answer.data !== null && answer.data !== undefined) bytes = el("pre", { id: "payload" }, JSON.stringify(answer.data, null, 2));
+  else bytes = el("pre", { id: "payload" }, answer.data_base64 || "");
+  show(el("h1", { id: "event-id" }, e.external_id), table("event", ["", ""], facts), el("h2", {}, "Payload"), bytes);
+}
+
+// Dead letters, grouped by tenant, type and error; a group is replayed as one request.
+async function deadLetters() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_dead_letters", filter: {} });
+  } catch (error) {
+    return show(el("h1", {}, "Dead letters"), failure(error));
+  }
+  const groups = new Map();
+  for (const d of answer.dead_letters) {
+    const key = JSON.stringify([d.tenant_id, d.event_type, d.error]);
+    if (!groups.has(key)) groups.set(key, []);
+    groups.get(key).push(d);
+  }
+  const canWrite = state.whoami && state.whoami.write;
+  const rows = [...groups.entries()].map(([key, letters], index) => {
+    const [tenant, type, error] = JSON.parse(key);
+    const replay = el("button", {
+      class: "replay-group", id: `replay-group-${index}`, disabled: canWrite ? null : "",
+      title: canWrite ? "" : "read-only: start hookctl console with --write",
+      onclick: async () => {
+        const reason = prompt(`Replay ${letters.length} dead letter(s)? Why:`);
+        if (!reason) return;
+        try {
+          const outcome = await ask({ action: "replay", filter: { ids: letters.map((d) => d.dead_letter_id) }, reason });
+          document.getElementById("replay-outcome").textContent = JSON.stringify(outcome);
+          setTimeout(route, 500);
+        } catch (err) {
+          document.getElementById("replay-outcome").textContent = err.message;
+        }
+      },
+    }, "Replay group");
+    return el("tr", { "data-group": index },
+      el("td", {}, tenant), el("td", {}, type), el("td", {}, error),
+      el("td", { class: "num" }, letters.length), el("td", {}, replay));
+  });
+  show(
+    el("h1", {}, "Dead letters"),
+    table("dead-letters", ["tenant", "event type", "error", { label: "open", num: true }, ""], rows),
+    rows.length ? null : el("p", { class: "muted", id: "no-dead-letters" }, "No open dead letter."),
+    el("p", { id: "replay-outcome", class: "muted" }),
+  );
+}
+
+async function route() {
+  clearTimeout(state.refresh);
+  const hash = location.hash || "#/";
+  for (const link of document.querySelectorAll("header nav a")) {
+    link.classList.toggle("current", hash.startsWith(link.getAttribute("href")) && link.getAttribute("href") !== "#/" || hash === link.getAttribute("href"));
+  }
+  const eventPath = hash.match(/^#\/event\/([^/]+)\/(.+)$/);
+  if (eventPath) return event(decodeURIComponent(eventPath[1]), decodeURIComponent(eventPath[2]));
+  if (hash.startsWith("#/events")) return events();
+  if (hash.startsWith("#/dead-letters")) return deadLetters();
+  await overview();
+  state.refresh = setTimeout(() => { if (!state.paused && (location.hash || "#/") === "#/") route(); }, 10000);
+}
+
+async function start() {
+  const token = (location.hash.match(/token=([0-9a-f]+)/) || [])[1];
+  if (token) {
+    const response = await fetch("/session", {
+      method: "POST", headers: { "content-type": "application/json" },
+      body: JSON.stringify({ token }), credentials: "same-origin",
+    });
+    history.replaceState(null, "", "/#/");
+    if (!response.ok) {
+      const answer = await response.json().catch(() => ({}));
+      return show(failure(new Error(answer.error || "this link does not open a session")));
+    }
+  }
+  const who = await fetch("/api/whoami", { credentials: "same-origin" });
+  if (!who.ok) return show(failure(new Error("no session: open the URL hookctl console printed")));
+  state.whoami = await who.json();
+  document.getElementById("mode").textContent = state.whoami.write
+    ? `changes allowed, recorded as ${state.whoami.actor} (${state.whoami.backend})`
+    : `read-only (${state.whoami.backend})`;
+  window.addEventListener("hashchange", route);
+  route();
+}
+
+start();

@@ -1,0 +1,590 @@
+//! `hookctl console` as an operator and an attacker meet it: served on a loopback port against a
+//! real database, asked over HTTP (who may ask, what it answers), and driven in a real headless
+//! Chromium through WebDriver (`chromedriver`, which the test command installs from Debian's
+//! packages): the overview shows a breach the test caused, a search by provider id finds an
+//! event, a group of dead letters is replayed from the page. The browser test writes each
+//! screen to `docs/console/`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hookctl::backend::Backend;
+use hookctl::console::{self, ConsoleOptions};
+use serde_json::{Value, json};
+use shared::domain::Scheme;
+use shared::ingest::{Delivery, IngestLimits, Ingestor, unix_now};
+use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::sources::SourceRegistry;
+use sqlx::PgPool;
+
+const SECRET: &str = "whsec_console";
+
+/// A Stripe source `pay` of tenant `acme`, and events delivered to it through ingest.
+struct Shop {
+    pool: PgPool,
+    ingestor: Ingestor,
+}
+
+impl Shop {
+    async fn new(pool: PgPool) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("sources.toml");
+        std::fs::write(
+            &file,
+            "[[source]]\nid = 'pay'\ntenant = 'acme'\nscheme = 'stripe'\nsecret_ref = 'local/pay'\n",
+        )
+        .unwrap();
+        let sources = shared::sources::read_sources_file(&file).unwrap();
+        shared::sources::apply(&pool, &sources).await.unwrap();
+        let ingestor = Ingestor::new(
+            pool.clone(),
+            Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(30))),
+            Arc::new(SecretStore::memory([(
+                "local/pay".to_owned(),
+                SecretSet::new(SECRET, None),
+            )])),
+            IngestLimits {
+                max_body_bytes: 64 * 1024,
+            },
+        );
+        Shop { pool, ingestor }
+    }
+
+    async fn deliver(&self, id: &str, customer: &str) {
+        let body = serde_json::to_vec(&json!({
+            "id": id, "object": "event", "type": "customer.updated",
+            "data": {"object": {"id": customer, "object": "customer"}}
+        }))
+        .unwrap();
+        let headers: http::HeaderMap = shared::signature::sign(
+            Scheme::Stripe,
+            &SigningSecret::new(SECRET),
+            id,
+            unix_now(),
+            &body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        self.ingestor
+            .receive(Delivery {
+                source_id: "pay",
+                headers: &headers,
+                body: &body,
+                method: "POST",
+                url: None,
+            })
+            .await
+            .unwrap();
+    }
+
+    /// Moves a stored event to the dead letters, as the drain does when it gives up.
+    async fn dead_letter(&self, id: &str, error: &str) {
+        sqlx::query(
+            "WITH q AS (DELETE FROM event_queue WHERE external_id = $1 RETURNING tenant_id), \
+                  e AS (UPDATE webhook_events SET status = 'dead_lettered', attempts = 8 \
+                        WHERE external_id = $1 RETURNING *) \
+             INSERT INTO dead_letters (tenant_id, external_id, source_id, event_type, payload, \
+                 headers, error, reason, attempts) \
+             SELECT tenant_id, external_id, source_id, event_type, payload, headers, $2, \
+                 'exhausted', attempts FROM e",
+        )
+        .bind(id)
+        .bind(error)
+        .execute(&self.pool)
+        .await
+        .unwrap();
+    }
+}
+
+/// A console on a free loopback port; its URL (with the one-time token) and port.
+async fn start(pool: &PgPool, write: bool) -> (String, u16) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let local = listener.local_addr().unwrap();
+    let (console, url) = console::console(
+        Backend::direct(pool.clone()),
+        ConsoleOptions {
+            write,
+            actor: "alice".into(),
+        },
+        local,
+    );
+    tokio::spawn(console::serve(listener, console));
+    (url, local.port())
+}
+
+fn token_of(url: &str) -> String {
+    url.split_once("token=").unwrap().1.to_owned()
+}
+
+/// A page's HTTP client: it keeps the session cookie the console sets, as a browser does.
+#[derive(Default)]
+struct Page {
+    http: reqwest::Client,
+    cookie: std::sync::Mutex<Option<String>>,
+}
+
+fn client() -> Page {
+    Page::default()
+}
+
+impl Page {
+    fn with_cookie(&self, request: reqwest::RequestBuilder) -> reqwest::RequestBuilder {
+        match self.cookie.lock().unwrap().clone() {
+            Some(cookie) => request.header("cookie", cookie),
+            None => request,
+        }
+    }
+}
+
+async fn operate(page: &Page, port: u16, origin: Option<&str>, request: Value) -> (u16, Value) {
+    let mut call = page.with_cookie(
+        page.http
+            .post(format!("http://127.0.0.1:{port}/api/operator"))
+            .json(&request),
+    );
+    if let Some(origin) = origin {
+        call = call.header("origin", origin);
+    }
+    let response = call.send().await.unwrap();
+    let status = response.status().as_u16();
+    (status, response.json().await.unwrap_or(Value::Null))
+}
+
+/// Offers the one-time token; keeps the cookie it opens. Returns the status.
+async fn open_session(page: &Page, port: u16, token: &str) -> u16 {
+    let response = page
+        .http
+        .post(format!("http://127.0.0.1:{port}/session"))
+        .json(&json!({ "token": token }))
+        .send()
+        .await
+        .unwrap();
+    if let Some(set) = response.headers().get("set-cookie") {
+        let set = set.to_str().unwrap();
+        assert!(
+            set.contains("HttpOnly") && set.contains("SameSite=Strict"),
+            "{set}"
+        );
+        *page.cookie.lock().unwrap() = set.split(';').next().map(str::to_owned);
+    }
+    response.status().as_u16()
+}
+
+/// Only a page on this machine, opened by the person who started the console, gets answers:
+/// another `Host` (a rebound DNS name) is refused, the API needs the session that the
+/// one-time token opens, and the token opens one session only.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_console_answers_only_its_own_page_on_loopback(pool: PgPool) {
+    let (url, port) = start(&pool, false).await;
+    assert!(url.starts_with(&format!("http://127.0.0.1:{port}/#token=")));
+    let page = client();
+
+    let rebound = page
+        .http
+        .get(format!("http://127.0.0.1:{port}/"))
+        .header("host", format!("console.attacker.example:{port}"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(rebound.status().as_u16(), 403);
+    let shell = page
+        .http
+        .get(format!("http://localhost:{port}/"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(shell.status().as_u16(), 200);
+    assert!(shell.text().await.unwrap().contains("hookctl console"));
+
+    let (status, _) = operate(&page, port, None, json!({"action": "status"})).await;
+    assert_eq!(status, 401, "no session, no answer");
+    assert_eq!(open_session(&page, port, "00").await, 401);
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let (status, answer) = operate(&page, port, None, json!({"action": "status"})).await;
+    assert_eq!(status, 200, "{answer}");
+    assert_eq!(answer["verdict"], "accounted_for");
+
+    // The link works once: a second browser with the same URL gets nothing.
+    let other = client();
+    assert_eq!(open_session(&other, port, &token_of(&url)).await, 401);
+    let (status, _) = operate(&other, port, None, json!({"action": "status"})).await;
+    assert_eq!(status, 401);
+}
+
+/// A change is answered only by a console started with `--write`, only from its own origin,
+/// only with a reason; it is recorded as the console's actor whatever the page says.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_change_needs_write_its_own_origin_and_a_reason(pool: PgPool) {
+    let shop = Shop::new(pool.clone()).await;
+    shop.deliver("evt_1", "cus_1").await;
+    shop.dead_letter("evt_1", "retryable: upstream timeout")
+        .await;
+    let replay = json!({"action": "replay", "filter": {"ids": [1]}, "reason": "upstream is back",
+                        "actor": "mallory"});
+
+    let (url, port) = start(&pool, false).await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let own = format!("http://127.0.0.1:{port}");
+    let (status, answer) = operate(&page, port, Some(&own), replay.clone()).await;
+    assert_eq!(status, 403, "read-only: {answer}");
+
+    let (url, port) = start(&pool, true).await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let own = format!("http://127.0.0.1:{port}");
+    let (status, _) = operate(&page, port, None, replay.clone()).await;
+    assert_eq!(status, 403, "no Origin");
+    let (status, _) = operate(
+        &page,
+        port,
+        Some("http://console.attacker.example"),
+        replay.clone(),
+    )
+    .await;
+    assert_eq!(status, 403, "another origin");
+    let mut no_reason = replay.clone();
+    no_reason["reason"] = json!("  ");
+    let (status, _) = operate(&page, port, Some(&own), no_reason).await;
+    assert_eq!(status, 400);
+    let open: i64 = sqlx::query_scalar("SELECT count(*) FROM dead_letters WHERE status = 'new'")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(open, 1, "nothing refused changed anything");
+
+    let (status, answer) = operate(&page, port, Some(&own), replay).await;
+    assert_eq!(status, 200, "{answer}");
+    let (actor, reason): (String, String) = sqlx::query_as(
+        "SELECT actor, reason FROM operator_actions ORDER BY action_id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (actor.as_str(), reason.as_str()),
+        ("alice", "upstream is back")
+    );
+    let replayed: String =
+        sqlx::query_scalar("SELECT status FROM dead_letters WHERE external_id = 'evt_1'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(replayed, "replayed");
+}
+
+/// The events page's search: by provider id, by source and type, by what the payload
+/// contains, newest first, a page at a time with the cursor the answer gives.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn events_are_found_by_provider_id_payload_and_page(pool: PgPool) {
+    let shop = Shop::new(pool.clone()).await;
+    for (id, customer) in [("evt_a", "cus_1"), ("evt_b", "cus_2"), ("evt_c", "cus_1")] {
+        shop.deliver(id, customer).await;
+    }
+    let (url, port) = start(&pool, false).await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let ids = |answer: &Value| -> Vec<String> {
+        answer["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["external_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+
+    let (_, by_id) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "list_events", "search": {"external_id": "evt_b"}}),
+    )
+    .await;
+    assert_eq!(ids(&by_id), ["evt_b"]);
+    let (_, by_payload) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "list_events",
+               "search": {"source_id": "pay", "event_type": "customer.updated",
+                          "contains": {"data": {"object": {"id": "cus_1"}}}}}),
+    )
+    .await;
+    assert_eq!(ids(&by_payload), ["evt_c", "evt_a"], "newest first");
+
+    let (_, first) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "list_events", "limit": 2}),
+    )
+    .await;
+    assert_eq!(ids(&first), ["evt_c", "evt_b"]);
+    let after = first["next"].clone();
+    assert!(after.is_object(), "a full page says where the next begins");
+    let (_, second) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "list_events", "limit": 2, "search": {"after": after}}),
+    )
+    .await;
+    assert_eq!(ids(&second), ["evt_a"]);
+    assert!(second["next"].is_null());
+
+    let (_, shown) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "show_event", "tenant_id": "acme", "external_id": "evt_b"}),
+    )
+    .await;
+    assert_eq!(shown["data"]["data"]["object"]["id"], "cus_2");
+}
+
+/// A minimal WebDriver client over `chromedriver`'s HTTP API.
+struct Browser {
+    http: reqwest::Client,
+    base: String,
+    driver: std::process::Child,
+}
+
+const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
+
+impl Browser {
+    async fn start() -> Browser {
+        let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let driver = std::process::Command::new(&chromedriver)
+            .arg(format!("--port={port}"))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{chromedriver}: {e}. The console's browser test needs Debian's chromium and \
+                     chromium-driver; ./scripts/test installs them"
+                )
+            });
+        let http = reqwest::Client::new();
+        let root = format!("http://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while http.get(format!("{root}/status")).send().await.is_err() {
+            assert!(Instant::now() < deadline, "chromedriver did not start");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let session: Value = http
+            .post(format!("{root}/session"))
+            .json(&json!({"capabilities": {"alwaysMatch": {
+                "browserName": "chrome",
+                "goog:chromeOptions": {"binary": chromium, "args": [
+                    "--headless=new", "--no-sandbox", "--disable-gpu",
+                    "--disable-dev-shm-usage", "--window-size=1280,900"]}}}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        let id = session["value"]["sessionId"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no WebDriver session: {session}"))
+            .to_owned();
+        Browser {
+            http,
+            base: format!("{root}/session/{id}"),
+            driver,
+        }
+    }
+
+    async fn call(&self, method: reqwest::Method, path: &str, body: Value) -> Value {
+        let mut request = self.http.request(method, format!("{}{path}", self.base));
+        if !body.is_null() {
+            request = request.json(&body);
+        }
+        let answer: Value = request.send().await.unwrap().json().await.unwrap();
+        answer["value"].clone()
+    }
+
+    async fn go(&self, url: &str) {
+        self.call(reqwest::Method::POST, "/url", json!({ "url": url }))
+            .await;
+    }
+
+    /// The element `css` selects, once it exists (10 s at most).
+    async fn find(&self, css: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let found = self
+                .call(
+                    reqwest::Method::POST,
+                    "/element",
+                    json!({"using": "css selector", "value": css}),
+                )
+                .await;
+            if let Some(id) = found[ELEMENT].as_str() {
+                return id.to_owned();
+            }
+            assert!(Instant::now() < deadline, "no element {css}: {found}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The text of the element `css` selects, once it contains `expected` (10 s at most).
+    async fn text_containing(&self, css: &str, expected: &str) -> String {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let id = self.find(css).await;
+            let text = self
+                .call(
+                    reqwest::Method::GET,
+                    &format!("/element/{id}/text"),
+                    Value::Null,
+                )
+                .await;
+            let text = text.as_str().unwrap_or_default().to_owned();
+            if text.contains(expected) {
+                return text;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{css} says {text:?}, not {expected:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn click(&self, css: &str) {
+        let id = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/click"),
+            json!({}),
+        )
+        .await;
+    }
+
+    async fn type_into(&self, css: &str, text: &str) {
+        let id = self.find(css).await;
+        self.call(
+            reqwest::Method::POST,
+            &format!("/element/{id}/value"),
+            json!({ "text": text }),
+        )
+        .await;
+    }
+
+    async fn script(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/sync",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
+    /// Writes the page as it stands to `docs/console/<name>.png`.
+    async fn screenshot(&self, name: &str) {
+        use base64::Engine as _;
+        let png = self
+            .call(reqwest::Method::GET, "/screenshot", Value::Null)
+            .await;
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(png.as_str().unwrap())
+            .unwrap();
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/console");
+        std::fs::create_dir_all(dir).unwrap();
+        std::fs::write(format!("{dir}/{name}.png"), bytes).unwrap();
+    }
+
+    async fn quit(mut self) {
+        self.call(reqwest::Method::DELETE, "", Value::Null).await;
+        let _ = self.driver.kill();
+        let _ = self.driver.wait();
+    }
+}
+
+/// The console in a real browser: the overview leads with the breach the test caused (a dead
+/// letter), a search by the provider's id finds the event and its page shows its payload, and
+/// the dead letters' group is replayed from the page, recorded as the console's actor.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: PgPool) {
+    let shop = Shop::new(pool.clone()).await;
+    for (id, customer) in [
+        ("evt_ok", "cus_7"),
+        ("evt_dl1", "cus_8"),
+        ("evt_dl2", "cus_9"),
+    ] {
+        shop.deliver(id, customer).await;
+    }
+    shop.dead_letter("evt_dl1", "retryable: CRM timed out")
+        .await;
+    shop.dead_letter("evt_dl2", "retryable: CRM timed out")
+        .await;
+    let (url, _) = start(&pool, true).await;
+    let browser = Browser::start().await;
+
+    browser.go(&url).await;
+    browser.text_containing("#verdict", "Needs attention").await;
+    browser.text_containing("#open-dead-letters", "2").await;
+    browser.text_containing("#sources", "pay").await;
+    browser.text_containing("#mode", "recorded as alice").await;
+    browser.screenshot("overview").await;
+
+    browser.click("#nav-events").await;
+    browser.type_into("#search-id", "evt_ok").await;
+    browser.click("#search-button").await;
+    browser.text_containing("#events", "evt_ok").await;
+    browser.screenshot("events").await;
+    browser.click("#events a.event-link").await;
+    browser.text_containing("#event-id", "evt_ok").await;
+    browser.text_containing("#payload", "cus_7").await;
+    browser.screenshot("event").await;
+
+    browser.click("#nav-dead-letters").await;
+    browser
+        .text_containing("#dead-letters", "retryable: CRM timed out")
+        .await;
+    browser.screenshot("dead-letters").await;
+    browser.script("window.prompt = () => 'CRM is back';").await;
+    browser.click("#replay-group-0").await;
+    browser.text_containing("#replay-outcome", "replayed").await;
+    browser.quit().await;
+
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dead_letters WHERE status IN ('new', 'investigating')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(open, 0, "the group was replayed whole");
+    let processed: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM webhook_events \
+         WHERE external_id IN ('evt_dl1', 'evt_dl2') AND status = 'processed'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(processed, 2, "both events processed by the replay");
+    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM event_queue")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        queued, 1,
+        "only evt_ok waits for the drain; nothing replayed twice"
+    );
+    let (actor, reason): (String, String) = sqlx::query_as(
+        "SELECT actor, reason FROM operator_actions ORDER BY action_id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!((actor.as_str(), reason.as_str()), ("alice", "CRM is back"));
+}
