@@ -51,7 +51,9 @@ function table(id, headings, rows) {
   return el(
     "table",
     { id },
-    el("thead", {}, el("tr", {}, headings.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h)))),
+    headings.some((h) => h.label || h)
+      ? el("thead", {}, el("tr", {}, headings.map((h) => el("th", { class: h.num ? "num" : null }, h.label || h))))
+      : null,
     el("tbody", {}, rows),
   );
 }
@@ -82,6 +84,18 @@ async function overview() {
   const checks = (report.breaching_checks || []).map((c) =>
     el("li", { "data-check": c.check_name || c.name }, `${c.check_name || c.name}: ${c.detail || ""}`));
   const queue = report.queue || {};
+  const subscriptions = (report.subscriptions || []).map((u) =>
+    el("tr", {}, el("td", {}, u.tenant_id), el("td", {}, u.name),
+      el("td", { class: "num" }, u.undelivered), el("td", { class: "num" }, Math.round(u.oldest_age_seconds)),
+      el("td", { class: "num" }, u.failed), el("td", {}, u.paused ? "paused" : "")));
+  const b = report.buffer;
+  const buffer = !b ? el("p", { class: "muted", id: "buffer" }, "none configured")
+    : b.unknown ? el("p", { class: "error", id: "buffer" }, `cannot be counted: ${b.unknown}`)
+    : table("buffer", ["", { label: "count", num: true }], [
+      ["waiting", b.waiting], ["in flight", b.in_flight], ["delayed", b.delayed],
+      ["dead letters", b.dead_letters],
+      ["oldest (s)", b.oldest_age_seconds === null ? (b.oldest_age_unknown || "–") : Math.round(b.oldest_age_seconds)],
+    ].map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", { class: "num" }, v))));
   show(
     el("h1", {}, "Overview"),
     el("div", { id: "verdict", class: `verdict ${report.verdict}` }, verdict),
@@ -106,6 +120,13 @@ async function overview() {
       el("tr", {}, el("td", {}, "open gaps"), el("td", { class: "num" }, report.open_gaps)),
       el("tr", {}, el("td", {}, "outbox failed"), el("td", { class: "num" }, (report.outbox || {}).failed)),
     ]),
+    el("h2", {}, "Subscriptions"),
+    subscriptions.length
+      ? table("subscriptions", ["tenant", "subscription", { label: "undelivered", num: true },
+        { label: "oldest (s)", num: true }, { label: "failed", num: true }, ""], subscriptions)
+      : el("p", { class: "muted" }, "none"),
+    el("h2", {}, "The SQS buffer"),
+    buffer,
     el("h2", {}, "Breaching checks"),
     checks.length ? el("ul", { id: "checks" }, checks) : el("p", { class: "muted" }, "none"),
   );
@@ -175,26 +196,154 @@ async function events() {
   );
 }
 
-// One event: what it is, where it stands, its bytes.
+// One event: what it is, where it stands, its bytes, and what became of it.
 async function event(tenant, externalId) {
-  let answer;
+  let answer, history;
   try {
-    answer = await ask({ action: "show_event", tenant_id: tenant, external_id: externalId });
+    [answer, { history }] = await Promise.all([
+      ask({ action: "show_event", tenant_id: tenant, external_id: externalId }),
+      ask({ action: "event_history", tenant_id: tenant, external_id: externalId }),
+    ]);
   } catch (error) {
     return show(el("h1", {}, externalId), failure(error));
   }
   const e = answer.event;
+  const f = history.filing;
   const facts = [
     ["tenant", e.tenant_id], ["source", e.source_id], ["type", e.event_type],
     ["entity", e.entity_id ? `${e.entity_id} (version ${e.entity_version ?? "–"})` : "–"],
     ["state", e.status], ["first received", e.first_received_at], ["last seen", e.last_seen_at],
-    ["deliveries", e.delivery_count], ["conflicts", e.conflict_count], ["processed", e.processed_at || "–"],
+    ["deliveries", e.delivery_count], ["last delivery", f.last_delivery_outcome],
+    ["conflicts", e.conflict_count], ["processed", e.processed_at || "–"],
+    ["processing tries", f.attempts], ["last error", f.last_error || "–"],
+    ["verified with", `the ${f.verified_with} secret`],
+    ["id", f.id_outside_signature ? "outside the signature (its body is stored once)" : "signed"],
+    ["payload SHA-256", f.payload_sha256],
+    ["replaced payload SHA-256", f.superseded_sha256 || "–"],
+    ["queue", history.queued ? `waiting since ${history.queued.enqueued_at}, ready at ${history.queued.ready_at}` : "not queued"],
   ].map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", { "data-fact": k }, v)));
   let bytes;
   if (answer.purged) bytes = el("p", { class: "muted", id: "payload" }, "Retention purged the payload; the record stays.");
   else if (answer.data !== null && answer.data !== undefined) bytes = el("pre", { id: "payload" }, JSON.stringify(answer.data, null, 2));
   else bytes = el("pre", { id: "payload" }, answer.data_base64 || "");
-  show(el("h1", { id: "event-id" }, e.external_id), table("event", ["", ""], facts), el("h2", {}, "Payload"), bytes);
+  const headers = Object.entries(f.headers || {}).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)));
+  const outbox = history.outbox.map((m) => el("tr", {},
+    el("td", {}, m.action), el("td", {}, m.status), el("td", { class: "num" }, m.attempts),
+    el("td", {}, m.destination || "–"), el("td", {}, m.delivered_at || m.tried_at || "–"),
+    el("td", {}, m.last_error || "")));
+  const letters = history.dead_letters.map((d) => el("tr", {},
+    el("td", {}, d.dead_letter_id), el("td", {}, d.status), el("td", {}, d.reason), el("td", {}, d.error),
+    el("td", { class: "num" }, d.replay_count), el("td", {}, d.replayed_at || "–")));
+  const anomalies = history.anomalies.map((a) => el("tr", {},
+    el("td", {}, a.detected_at), el("td", {}, a.kind), el("td", {}, a.detail),
+    el("td", {}, a.payload_sha256.slice(0, 16)), el("td", {}, (a.stored_sha256 || "–").slice(0, 16))));
+  show(
+    el("h1", { id: "event-id" }, e.external_id),
+    table("event", ["", ""], facts),
+    el("h2", {}, "Effects: outbox messages"),
+    outbox.length ? table("outbox", ["action", "state", { label: "tries", num: true }, "destination", "when", "last error"], outbox)
+      : el("p", { class: "muted", id: "outbox" }, "No outbox message."),
+    el("h2", {}, "Dead letters and replays"),
+    letters.length ? table("letters", ["id", "state", "why", "error", { label: "replays", num: true }, "replayed"], letters)
+      : el("p", { class: "muted", id: "letters" }, "Never dead-lettered."),
+    el("h2", {}, "Anomalies"),
+    anomalies.length ? table("anomalies", ["detected", "kind", "detail", "delivered SHA-256", "stored SHA-256"], anomalies)
+      : el("p", { class: "muted", id: "anomalies" }, "None."),
+    el("h2", {}, "Headers kept"), table("headers", ["", ""], headers),
+    el("h2", {}, "Payload"), bytes);
+}
+
+// Asks for a reason, then sends a change; shows what came back in #action-outcome.
+async function change(question, request) {
+  const reason = prompt(question);
+  if (!reason) return;
+  const outcome = document.getElementById("action-outcome");
+  try {
+    outcome.textContent = JSON.stringify(await ask({ ...request, reason }));
+    setTimeout(route, 500);
+  } catch (err) {
+    outcome.textContent = err.message;
+  }
+}
+
+function writeButton(label, attrs, onclick) {
+  const canWrite = state.whoami && state.whoami.write;
+  return el("button", {
+    ...attrs, disabled: canWrite ? null : "",
+    title: canWrite ? "" : "read-only: start hookctl console with --write",
+    onclick,
+  }, label);
+}
+
+// Open gaps: ids the provider's sequence says are missing; backfill asks the provider, a
+// tombstone says one will never come.
+async function gaps() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_gaps" });
+  } catch (error) {
+    return show(el("h1", {}, "Gaps"), failure(error));
+  }
+  const rows = answer.gaps.map((g, i) => el("tr", {},
+    el("td", {}, g.source_id), el("td", {}, g.external_id), el("td", {}, g.sequence ?? "–"),
+    el("td", {}, age(g.first_seen_at)), el("td", {}, g.in_grace ? "in grace" : "past grace"),
+    el("td", { class: "num" }, g.attempts), el("td", {}, g.last_error || ""),
+    el("td", {}, writeButton("Tombstone", { class: "tombstone", id: `tombstone-${i}` }, () =>
+      change(`Declare ${g.external_id} never to arrive? Why:`, {
+        action: "tombstone", tenant_id: g.tenant_id, source_id: g.source_id, external_id: g.external_id,
+      })))));
+  show(
+    el("h1", {}, "Gaps"),
+    el("p", { class: "muted" }, "Backfill fetches each from the provider on its schedule (hookctl backfill runs one pass)."),
+    table("gaps", ["source", "missing id", "sequence", "found", "grace", { label: "backfill tries", num: true }, "last error", ""], rows),
+    rows.length ? null : el("p", { class: "muted", id: "no-gaps" }, "No open gap."),
+    el("p", { id: "action-outcome", class: "muted" }),
+  );
+}
+
+// The outbox's failed messages: resent one by one or all at once.
+async function outbox() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_failed_outbox", filter: {} });
+  } catch (error) {
+    return show(el("h1", {}, "Outbox"), failure(error));
+  }
+  const failed = answer.failed_outbox;
+  const rows = failed.map((m, i) => el("tr", {},
+    el("td", {}, m.outbox_id), el("td", {}, m.tenant_id),
+    el("td", {}, el("a", { href: `#/event/${encodeURIComponent(m.tenant_id)}/${encodeURIComponent(m.external_id)}` }, m.external_id)),
+    el("td", {}, m.action), el("td", { class: "num" }, m.attempts), el("td", {}, m.destination || "no route"),
+    el("td", {}, m.last_error || ""),
+    el("td", {}, writeButton("Resend", { class: "resend", id: `resend-${i}` }, () =>
+      change(`Resend message ${m.outbox_id}? Why:`, { action: "resend_outbox", filter: { ids: [m.outbox_id] } })))));
+  show(
+    el("h1", {}, "Outbox: failed messages"),
+    failed.length ? writeButton(`Resend all ${failed.length}`, { id: "resend-all" }, () =>
+      change(`Resend ${failed.length} failed message(s)? Why:`, { action: "resend_outbox", filter: { ids: failed.map((m) => m.outbox_id) } })) : null,
+    table("failed-outbox", ["id", "tenant", "event", "action", { label: "tries", num: true }, "destination", "last error", ""], rows),
+    rows.length ? null : el("p", { class: "muted", id: "no-failed-outbox" }, "No failed message."),
+    el("p", { id: "action-outcome", class: "muted" }),
+  );
+}
+
+// The latest anomaly run: every check, breaching first, with what it measured.
+async function checks() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_checks" });
+  } catch (error) {
+    return show(el("h1", {}, "Checks"), failure(error));
+  }
+  const range = (c) => `${c.expected_low ?? "–"} … ${c.expected_high ?? "–"}`;
+  const rows = answer.checks.map((c) => el("tr", { class: c.breached ? "breached" : null, "data-check": c.check_name },
+    el("td", {}, c.breached ? "BREACHED" : "ok"), el("td", {}, c.check_name), el("td", {}, c.family),
+    el("td", {}, c.subject), el("td", { class: "num" }, c.value ?? "–"), el("td", {}, range(c)), el("td", {}, c.detail)));
+  show(
+    el("h1", {}, "Checks"),
+    el("p", { class: "muted" }, answer.checks.length ? `measured ${age(answer.checks[0].measured_at)}` : "The anomaly job has not run yet."),
+    table("checks", ["", "check", "family", "subject", { label: "value", num: true }, "expected", "what it says"], rows),
+  );
 }
 
 // Dead letters, grouped by tenant, type and error; a group is replayed as one request.
@@ -211,33 +360,21 @@ async function deadLetters() {
     if (!groups.has(key)) groups.set(key, []);
     groups.get(key).push(d);
   }
-  const canWrite = state.whoami && state.whoami.write;
   const rows = [...groups.entries()].map(([key, letters], index) => {
     const [tenant, type, error] = JSON.parse(key);
-    const replay = el("button", {
-      class: "replay-group", id: `replay-group-${index}`, disabled: canWrite ? null : "",
-      title: canWrite ? "" : "read-only: start hookctl console with --write",
-      onclick: async () => {
-        const reason = prompt(`Replay ${letters.length} dead letter(s)? Why:`);
-        if (!reason) return;
-        try {
-          const outcome = await ask({ action: "replay", filter: { ids: letters.map((d) => d.dead_letter_id) }, reason });
-          document.getElementById("replay-outcome").textContent = JSON.stringify(outcome);
-          setTimeout(route, 500);
-        } catch (err) {
-          document.getElementById("replay-outcome").textContent = err.message;
-        }
-      },
-    }, "Replay group");
     return el("tr", { "data-group": index },
       el("td", {}, tenant), el("td", {}, type), el("td", {}, error),
-      el("td", { class: "num" }, letters.length), el("td", {}, replay));
+      el("td", { class: "num" }, letters.length),
+      el("td", {}, writeButton("Replay group", { class: "replay-group", id: `replay-group-${index}` }, () =>
+        change(`Replay ${letters.length} dead letter(s)? Why:`, {
+          action: "replay", filter: { ids: letters.map((d) => d.dead_letter_id) },
+        }))));
   });
   show(
     el("h1", {}, "Dead letters"),
     table("dead-letters", ["tenant", "event type", "error", { label: "open", num: true }, ""], rows),
     rows.length ? null : el("p", { class: "muted", id: "no-dead-letters" }, "No open dead letter."),
-    el("p", { id: "replay-outcome", class: "muted" }),
+    el("p", { id: "action-outcome", class: "muted" }),
   );
 }
 
@@ -251,6 +388,9 @@ async function route() {
   if (eventPath) return event(decodeURIComponent(eventPath[1]), decodeURIComponent(eventPath[2]));
   if (hash.startsWith("#/events")) return events();
   if (hash.startsWith("#/dead-letters")) return deadLetters();
+  if (hash.startsWith("#/gaps")) return gaps();
+  if (hash.startsWith("#/outbox")) return outbox();
+  if (hash.startsWith("#/checks")) return checks();
   await overview();
   state.refresh = setTimeout(() => { if (!state.paused && (location.hash || "#/") === "#/") route(); }, 10000);
 }

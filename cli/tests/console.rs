@@ -272,6 +272,25 @@ async fn a_change_needs_write_its_own_origin_and_a_reason(pool: PgPool) {
             .await
             .unwrap();
     assert_eq!(replayed, "replayed");
+
+    // The event's page reads its story from event_history.
+    let (status, story) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "event_history", "tenant_id": "acme", "external_id": "evt_1"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{story}");
+    let letters = &story["history"]["dead_letters"];
+    assert_eq!(letters.as_array().unwrap().len(), 1, "{story}");
+    assert_eq!(letters[0]["status"], "replayed");
+    assert_eq!(letters[0]["replay_count"], 1);
+    assert_eq!(story["history"]["filing"]["verified_with"], "current");
+    assert!(
+        story["history"]["queued"].is_null(),
+        "processed: not queued"
+    );
 }
 
 /// The events page's search: by provider id, by source and type, by what the payload
@@ -511,8 +530,9 @@ impl Browser {
 }
 
 /// The console in a real browser: the overview leads with the breach the test caused (a dead
-/// letter), a search by the provider's id finds the event and its page shows its payload, and
-/// the dead letters' group is replayed from the page, recorded as the console's actor.
+/// letter), a search by the provider's id finds the event and its page shows its payload, the
+/// dead letters' group is replayed from the page, recorded as the console's actor, and a
+/// replayed event's page shows its dead letter and that it was processed.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: PgPool) {
     let shop = Shop::new(pool.clone()).await;
@@ -554,7 +574,27 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.screenshot("dead-letters").await;
     browser.script("window.prompt = () => 'CRM is back';").await;
     browser.click("#replay-group-0").await;
-    browser.text_containing("#replay-outcome", "replayed").await;
+    browser.text_containing("#action-outcome", "replayed").await;
+
+    // A replayed event's page tells its story: dead-lettered once, replayed, processed.
+    browser
+        .go(&format!(
+            "{}#/event/acme/evt_dl1",
+            url.split('#').next().unwrap()
+        ))
+        .await;
+    browser.text_containing("#letters", "replayed").await;
+    browser
+        .text_containing("#letters", "retryable: CRM timed out")
+        .await;
+    browser
+        .text_containing("[data-fact=state]", "processed")
+        .await;
+    browser.screenshot("event-history").await;
+    browser.click("#nav-checks").await;
+    browser
+        .text_containing("main", "The anomaly job has not run yet.")
+        .await;
     browser.quit().await;
 
     let open: i64 = sqlx::query_scalar(

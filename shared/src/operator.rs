@@ -232,6 +232,13 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// What became of one event: how it was filed, its place in the queue, its outbox messages
+    /// and where each went, its dead letters and replays, the anomalies it raised (the
+    /// console's event page, beside `show_event`).
+    EventHistory {
+        tenant_id: String,
+        external_id: String,
+    },
     /// Stored events matching a search, newest first, a page at a time (the console's events).
     ListEvents {
         #[serde(default)]
@@ -271,6 +278,7 @@ impl OperatorRequest {
             | OperatorRequest::ListSubscriptions
             | OperatorRequest::ShowEvent { .. }
             | OperatorRequest::ListActions { .. }
+            | OperatorRequest::EventHistory { .. }
             | OperatorRequest::ListEvents { .. } => false,
         }
     }
@@ -403,6 +411,9 @@ pub enum OperatorResponse {
     },
     Replayed {
         replay: crate::subscriptions::replay::ReplayProgress,
+    },
+    History {
+        history: Box<crate::store::event_history::EventHistory>,
     },
     Events {
         events: Vec<crate::store::webhook_events::ListedEvent>,
@@ -940,6 +951,22 @@ pub async fn handle_invoked(
             )
             .await?;
             Ok(OperatorResponse::Replayed { replay: progress })
+        }
+        OperatorRequest::EventHistory {
+            tenant_id,
+            external_id,
+        } => {
+            let mut conn = pool.acquire().await.map_err(StoreError::from)?;
+            let history = crate::store::event_history::of(&mut conn, &tenant_id, &external_id)
+                .await?
+                .ok_or_else(|| {
+                    OperatorError::BadRequest(format!(
+                        "tenant {tenant_id} has no event {external_id}"
+                    ))
+                })?;
+            Ok(OperatorResponse::History {
+                history: Box::new(history),
+            })
         }
         OperatorRequest::ListEvents { search, limit } => {
             let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_EVENTS_LISTED);

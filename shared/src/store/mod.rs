@@ -9,6 +9,7 @@ pub mod consistency_sweep;
 pub mod dead_letters;
 pub mod delivery_hours;
 pub mod entities;
+pub mod event_history;
 pub mod event_queue;
 #[cfg(feature = "drill")]
 pub mod faults;
