@@ -60,12 +60,16 @@ function table(id, headings, rows) {
 
 // Overview: the status verdict first, then what it rests on.
 async function overview() {
-  let report;
+  let report, refusals;
   try {
-    report = await ask({ action: "status" });
+    [report, refusals] = await Promise.all([
+      ask({ action: "status" }),
+      ask({ action: "list_refused", limit: 1 }),
+    ]);
   } catch (error) {
     return show(el("h1", {}, "Overview"), failure(error));
   }
+  const refusedLastDay = refusals.last_day.reduce((sum, s) => sum + s.refused_last_day, 0);
   const verdict = report.verdict === "accounted_for"
     ? "Every event accounted for"
     : "Needs attention";
@@ -119,6 +123,8 @@ async function overview() {
       el("tr", {}, el("td", {}, "open dead letters"), el("td", { class: "num", id: "open-dead-letters" }, report.open_dead_letters)),
       el("tr", {}, el("td", {}, "open gaps"), el("td", { class: "num" }, report.open_gaps)),
       el("tr", {}, el("td", {}, "outbox failed"), el("td", { class: "num" }, (report.outbox || {}).failed)),
+      el("tr", {}, el("td", {}, el("a", { href: "#/refused" }, "refused before storing, last day")),
+        el("td", { class: "num", id: "refused-last-day" }, refusedLastDay)),
     ]),
     el("h2", {}, "Subscriptions"),
     subscriptions.length
@@ -378,6 +384,34 @@ async function deadLetters() {
   );
 }
 
+// Deliveries refused before anything was stored: what each source's add up to, then the latest.
+async function refused() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_refused", limit: 100 });
+  } catch (error) {
+    return show(el("h1", {}, "Refused deliveries"), failure(error));
+  }
+  const summary = answer.last_day.map((s) => el("tr", { "data-source": s.source_id },
+    el("td", {}, s.source_id), el("td", {}, s.check_failed), el("td", { class: "num" }, s.refused_last_day),
+    el("td", {}, age(s.first_refused_at)), el("td", {}, age(s.last_refused_at)), el("td", {}, s.reading)));
+  const latest = answer.refused.map((r) => el("tr", {},
+    el("td", {}, new Date(r.refused_at).toLocaleString()), el("td", {}, r.source_id),
+    el("td", { class: "num" }, r.status), el("td", {}, r.check_failed), el("td", {}, r.method),
+    el("td", { class: "num" }, r.body_bytes), el("td", {}, r.user_agent || "–"),
+    el("td", {}, r.header_names.join(", ")), el("td", { class: "num" }, r.also_refused), el("td", {}, r.detail)));
+  show(
+    el("h1", {}, "Refused deliveries"),
+    el("p", { class: "muted" }, "Kept for known sources only, the newest 100 of each, at most one a second for a source and check (the others counted in +). Nothing of a body or a signature is kept."),
+    el("h2", {}, "The last day"),
+    summary.length ? table("refused-summary", ["source", "check", { label: "refused", num: true }, "first", "last", "reading"], summary)
+      : el("p", { class: "muted", id: "refused-summary" }, "None in the last day."),
+    el("h2", {}, "Latest"),
+    table("refused", ["at", "source", { label: "status", num: true }, "check", "method", { label: "bytes", num: true },
+      "user agent", "headers", { label: "+", num: true }, "detail"], latest),
+  );
+}
+
 async function route() {
   clearTimeout(state.refresh);
   const hash = location.hash || "#/";
@@ -391,6 +425,7 @@ async function route() {
   if (hash.startsWith("#/gaps")) return gaps();
   if (hash.startsWith("#/outbox")) return outbox();
   if (hash.startsWith("#/checks")) return checks();
+  if (hash.startsWith("#/refused")) return refused();
   await overview();
   state.refresh = setTimeout(() => { if (!state.paused && (location.hash || "#/") === "#/") route(); }, 10000);
 }

@@ -256,6 +256,15 @@ pub enum ActionsAction {
     },
 }
 
+#[derive(Args, Debug)]
+pub struct RefusedArgs {
+    /// Only this source's.
+    #[arg(long)]
+    pub source: Option<String>,
+    #[arg(long, default_value_t = 20)]
+    pub limit: i64,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum GapsAction {
     /// Open gaps, oldest first: in grace (late events are normal) or due for backfill.
@@ -794,6 +803,25 @@ pub async fn actions(backend: &Backend, json: bool, action: ActionsAction) -> Ex
     let request = OperatorRequest::ListActions { limit: Some(limit) };
     answer(backend, json, request, |a: &Actions| {
         render::actions(&a.actions)
+    })
+    .await
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct Refused {
+    refused: Vec<shared::store::refused_deliveries::Refusal>,
+    last_day: Vec<shared::store::refused_deliveries::SourceRefusals>,
+}
+
+/// `hookctl refused`: deliveries refused before anything was stored, and what the last day's
+/// add up to per source and check.
+pub async fn refused(backend: &Backend, json: bool, args: RefusedArgs) -> Exit {
+    let request = OperatorRequest::ListRefused {
+        source_id: args.source,
+        limit: Some(args.limit),
+    };
+    answer(backend, json, request, |r: &Refused| {
+        render::refused(&r.last_day, &r.refused)
     })
     .await
 }

@@ -123,6 +123,9 @@ enum Command {
         #[command(subcommand)]
         action: ChecksAction,
     },
+    /// Deliveries refused before anything was stored (bad signature, stale, method, size,
+    /// unreadable), the newest 100 of each known source, and what the last day's add up to.
+    Refused(hookctl::commands::RefusedArgs),
     /// Operator actions recorded: who replayed, discarded, resent or tombstoned what, and why.
     Actions {
         #[command(subcommand)]
@@ -356,6 +359,10 @@ async fn main() -> ExitCode {
         },
         Command::Checks { action } => match operator_backend().await {
             Ok(b) => return exit(commands::checks(&b, json, action).await),
+            Err(e) => Err(e),
+        },
+        Command::Refused(args) => match operator_backend().await {
+            Ok(b) => return exit(commands::refused(&b, json, args).await),
             Err(e) => Err(e),
         },
         Command::Actions { action } => match operator_backend().await {

@@ -380,6 +380,60 @@ pub fn actions(list: &[RecordedAction]) -> String {
     format!("{t}\n")
 }
 
+pub fn refused(
+    last_day: &[shared::store::refused_deliveries::SourceRefusals],
+    list: &[shared::store::refused_deliveries::Refusal],
+) -> String {
+    if last_day.is_empty() && list.is_empty() {
+        return "no refused delivery kept\n".into();
+    }
+    let mut out = String::new();
+    if !last_day.is_empty() {
+        let mut t = table(&["source", "check", "last day", "first", "last", "reading"]);
+        for s in last_day {
+            t.add_row(vec![
+                s.source_id.clone(),
+                s.check_failed.clone(),
+                s.refused_last_day.to_string(),
+                time(Some(s.first_refused_at)),
+                time(Some(s.last_refused_at)),
+                s.reading().to_owned(),
+            ]);
+        }
+        out.push_str(&format!("LAST DAY\n{t}\n\n"));
+    }
+    let mut t = table(&[
+        "#",
+        "at",
+        "source",
+        "status",
+        "check",
+        "method",
+        "bytes",
+        "user agent",
+        "+",
+        "detail",
+    ]);
+    for r in list {
+        t.add_row(vec![
+            r.refusal_id.to_string(),
+            time(Some(r.refused_at)),
+            r.source_id.clone(),
+            r.status.to_string(),
+            r.check_failed.clone(),
+            r.method.clone(),
+            r.body_bytes.to_string(),
+            r.user_agent.clone().unwrap_or_default(),
+            r.also_refused.to_string(),
+            r.detail.clone(),
+        ]);
+    }
+    out.push_str(&format!(
+        "LATEST (+: refused in the second after, not kept one by one)\n{t}\n"
+    ));
+    out
+}
+
 pub fn replay(r: &ReplayOutcome) -> String {
     format!(
         "selected {}, replayed {}, failed again {}, skipped {}\n",

@@ -78,6 +78,35 @@ impl Shop {
             .unwrap();
     }
 
+    /// A request for `id` signed with a secret the source does not hold: refused (401), and
+    /// kept as a refusal.
+    async fn forge(&self, id: &str) {
+        let body =
+            serde_json::to_vec(&json!({"id": id, "object": "event", "type": "customer.updated"}))
+                .unwrap();
+        let headers: http::HeaderMap = shared::signature::sign(
+            Scheme::Stripe,
+            &SigningSecret::new("whsec_guessed"),
+            id,
+            unix_now(),
+            &body,
+        )
+        .unwrap()
+        .into_iter()
+        .collect();
+        let refused = self
+            .ingestor
+            .receive(Delivery {
+                source_id: "pay",
+                headers: &headers,
+                body: &body,
+                method: "POST",
+                url: None,
+            })
+            .await;
+        assert!(refused.is_err(), "{refused:?}");
+    }
+
     /// Moves a stored event to the dead letters, as the drain does when it gives up.
     async fn dead_letter(&self, id: &str, error: &str) {
         sqlx::query(
@@ -532,10 +561,13 @@ impl Browser {
 /// The console in a real browser: the overview leads with the breach the test caused (a dead
 /// letter), a search by the provider's id finds the event and its page shows its payload, the
 /// dead letters' group is replayed from the page, recorded as the console's actor, and a
-/// replayed event's page shows its dead letter and that it was processed.
+/// replayed event's page shows its dead letter and that it was processed; a forged request is
+/// counted on the overview and read, on the refusals page, as not the provider's.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: PgPool) {
     let shop = Shop::new(pool.clone()).await;
+    // Someone forges a request before the provider's own deliveries arrive.
+    shop.forge("evt_forged").await;
     for (id, customer) in [
         ("evt_ok", "cus_7"),
         ("evt_dl1", "cus_8"),
@@ -555,6 +587,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.text_containing("#open-dead-letters", "2").await;
     browser.text_containing("#sources", "pay").await;
     browser.text_containing("#mode", "recorded as alice").await;
+    browser.text_containing("#refused-last-day", "1").await;
     browser.screenshot("overview").await;
 
     browser.click("#nav-events").await;
@@ -591,6 +624,14 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .text_containing("[data-fact=state]", "processed")
         .await;
     browser.screenshot("event-history").await;
+    browser.click("#nav-refused").await;
+    browser
+        .text_containing("#refused-summary", "no_match")
+        .await;
+    browser
+        .text_containing("#refused-summary", "deliveries were stored meanwhile")
+        .await;
+    browser.screenshot("refused").await;
     browser.click("#nav-checks").await;
     browser
         .text_containing("main", "The anomaly job has not run yet.")

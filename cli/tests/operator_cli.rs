@@ -1696,3 +1696,51 @@ async fn a_kept_delivery_is_filed_by_hookctl_directly_and_through_the_function(
     .unwrap();
     assert_eq!(actors, ["alice", "bob"]);
 }
+
+/// `hookctl refused` after the provider rotated its secret and nothing landed since: the last
+/// day's refusals of the source, read as a secret that is not the provider's; `--json` for a
+/// script.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn refused_deliveries_read_as_a_secret_that_is_not_the_providers(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let body = br#"{"id":"evt_rotated","object":"event","type":"charge.succeeded"}"#;
+    let headers: http::HeaderMap = shared::signature::sign(
+        Scheme::Stripe,
+        &SigningSecret::new("whsec_rotated_at_the_provider"),
+        "evt_rotated",
+        unix_now(),
+        body,
+    )
+    .unwrap()
+    .into_iter()
+    .collect();
+    let refused = db
+        .ingestor
+        .receive(Delivery {
+            source_id: "pay",
+            headers: &headers,
+            body,
+            method: "POST",
+            url: None,
+        })
+        .await;
+    assert!(refused.is_err());
+
+    let out = db.hookctl(&["refused"]).await;
+    ok(&out);
+    assert!(out.stdout.contains("no_match"), "{}", out.stdout);
+    assert!(
+        out.stdout
+            .contains("is the source's secret the provider's?"),
+        "{}",
+        out.stdout
+    );
+    let json = db.hookctl(&["--json", "refused", "--source", "pay"]).await;
+    ok(&json);
+    let answer = json.json();
+    assert_eq!(answer["refused"][0]["status"], 401);
+    assert_eq!(answer["last_day"][0]["refused_last_day"], 1);
+}

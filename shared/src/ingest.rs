@@ -131,6 +131,25 @@ impl IngestError {
         }
     }
 
+    /// The answer's status when the refusal is kept for the operator
+    /// (`store::refused_deliveries`): a delivery of a known source refused for what it is (its
+    /// signature, method, size or fields). `None` for an unknown source (counted, not kept) and
+    /// for this side's failures (a secret or the database unavailable), which are not the
+    /// delivery's.
+    pub fn kept_refusal_status(&self) -> Option<u16> {
+        match self {
+            IngestError::Signature(VerifyError::UnusableSecret { .. }) => Some(500),
+            IngestError::Signature(_) => Some(401),
+            IngestError::MethodNotAllowed => Some(405),
+            IngestError::PayloadTooLarge { .. } | IngestError::TooManyEvents { .. } => Some(413),
+            IngestError::Unreadable(_) => Some(400),
+            IngestError::UnknownSource
+            | IngestError::Secret(_)
+            | IngestError::Store(_)
+            | IngestError::Unavailable { .. } => None,
+        }
+    }
+
     /// The `Reason` dimension of the refused-deliveries metric: few values, stable.
     pub fn metric_reason(&self) -> &'static str {
         match self {
@@ -163,6 +182,40 @@ pub struct Ingestor {
     limits: IngestLimits,
     /// The second buffer (`BUFFER_MODE` spillover or queue); `None` in database mode.
     buffer: Option<Buffer>,
+    /// When a refusal of each source and check was last kept.
+    refusals: RefusalPace,
+}
+
+/// At most one refusal kept a second for each source and check: a flood of forgeries costs a
+/// write a second, the rest counted into the next one kept.
+#[derive(Default)]
+struct RefusalPace(std::sync::Mutex<std::collections::HashMap<RefusalKey, LastKept>>);
+
+/// A source and the check its delivery failed.
+type RefusalKey = (String, &'static str);
+/// When one was last kept, and how many were refused since without being kept.
+type LastKept = (std::time::Instant, u32);
+
+impl RefusalPace {
+    /// `Some(refusals skipped since the last kept)` when this one is to be kept.
+    fn admit(&self, source_id: &str, check: &'static str) -> Option<u32> {
+        let now = std::time::Instant::now();
+        let mut last = self.0.lock().ok()?;
+        match last.get_mut(&(source_id.to_owned(), check)) {
+            Some((at, skipped)) if now.duration_since(*at) < Duration::from_secs(1) => {
+                *skipped = skipped.saturating_add(1);
+                None
+            }
+            Some((at, skipped)) => {
+                *at = now;
+                Some(std::mem::take(skipped))
+            }
+            None => {
+                last.insert((source_id.to_owned(), check), (now, 0));
+                Some(0)
+            }
+        }
+    }
 }
 
 /// The second buffer as ingest uses it: its mode, its queue, how long the direct path may try
@@ -245,6 +298,7 @@ impl Ingestor {
             secrets,
             limits,
             buffer: None,
+            refusals: RefusalPace::default(),
         }
     }
 
@@ -287,6 +341,7 @@ impl Ingestor {
                 max_body_bytes: settings.max_body_bytes,
             },
             buffer,
+            refusals: RefusalPace::default(),
         })
     }
 
@@ -333,9 +388,66 @@ impl Ingestor {
             Err(error) => {
                 crate::metrics::delivery_refused(error.metric_reason());
                 tracing::warn!(reason = error.reason_code(), %error, "delivery refused");
+                self.keep_refusal(&delivery, error).await;
             }
         }
         result
+    }
+
+    /// Keeps a refused delivery of a known source for the operator (`refused_deliveries`): at
+    /// most one a second for each source and check, the others counted into the next one kept.
+    /// Never fails the answer: a refusal that cannot be kept is logged.
+    async fn keep_refusal(&self, delivery: &Delivery<'_>, error: &IngestError) {
+        let Some(status) = error.kept_refusal_status() else {
+            return;
+        };
+        let Ok(source_id) = SourceId::parse(delivery.source_id) else {
+            return;
+        };
+        let Ok(Some(source)) = self.sources.get(&source_id).await else {
+            return;
+        };
+        let check = error.reason_code();
+        let Some(also_refused) = self.refusals.admit(source.source_id.as_str(), check) else {
+            return;
+        };
+        let header = |name: http::HeaderName| {
+            delivery
+                .headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(|v| v.chars().take(200).collect::<String>())
+        };
+        let (user_agent, content_type) = (
+            header(http::header::USER_AGENT),
+            header(http::header::CONTENT_TYPE),
+        );
+        let detail = error.to_string();
+        let refusal = crate::store::refused_deliveries::NewRefusal {
+            tenant_id: source.tenant_id.as_str(),
+            source_id: source.source_id.as_str(),
+            status,
+            reason: error.metric_reason(),
+            check_failed: check,
+            detail: &detail,
+            method: delivery.method,
+            body_bytes: delivery.body.len(),
+            body_sha256: Sha256::digest(delivery.body).into(),
+            header_names: delivery
+                .headers
+                .keys()
+                .take(64)
+                .map(|name| name.as_str().to_owned())
+                .collect(),
+            user_agent: user_agent.as_deref(),
+            content_type: content_type.as_deref(),
+            also_refused,
+        };
+        if let Err(error) =
+            crate::store::refused_deliveries::record(self.database.pool(), &refusal).await
+        {
+            tracing::warn!(%error, "the refusal could not be kept; it is counted in the metric");
+        }
     }
 
     /// Admits the delivery (source, signature, fields), then stores it where the buffer mode

@@ -239,6 +239,14 @@ pub enum OperatorRequest {
         tenant_id: String,
         external_id: String,
     },
+    /// Deliveries of known sources refused before anything was stored, newest first, with
+    /// what the last day's add up to per source and check (`hookctl refused`).
+    ListRefused {
+        #[serde(default)]
+        source_id: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
+    },
     /// Stored events matching a search, newest first, a page at a time (the console's events).
     ListEvents {
         #[serde(default)]
@@ -279,6 +287,7 @@ impl OperatorRequest {
             | OperatorRequest::ShowEvent { .. }
             | OperatorRequest::ListActions { .. }
             | OperatorRequest::EventHistory { .. }
+            | OperatorRequest::ListRefused { .. }
             | OperatorRequest::ListEvents { .. } => false,
         }
     }
@@ -414,6 +423,11 @@ pub enum OperatorResponse {
     },
     History {
         history: Box<crate::store::event_history::EventHistory>,
+    },
+    Refused {
+        refused: Vec<crate::store::refused_deliveries::Refusal>,
+        /// The last day's refusals, per source and check.
+        last_day: Vec<crate::store::refused_deliveries::SourceRefusals>,
     },
     Events {
         events: Vec<crate::store::webhook_events::ListedEvent>,
@@ -967,6 +981,21 @@ pub async fn handle_invoked(
             Ok(OperatorResponse::History {
                 history: Box::new(history),
             })
+        }
+        OperatorRequest::ListRefused { source_id, limit } => {
+            use crate::store::refused_deliveries;
+            let refused = refused_deliveries::list(
+                pool,
+                source_id.as_deref(),
+                limit.unwrap_or(DEFAULT_LIMIT),
+            )
+            .await?;
+            let last_day = refused_deliveries::last_day(pool)
+                .await?
+                .into_iter()
+                .filter(|s| source_id.as_deref().is_none_or(|id| s.source_id == id))
+                .collect();
+            Ok(OperatorResponse::Refused { refused, last_day })
         }
         OperatorRequest::ListEvents { search, limit } => {
             let limit = limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_EVENTS_LISTED);

@@ -24,6 +24,7 @@ pub mod processing_completions;
 pub mod provider_notices;
 pub mod recent_changes;
 pub mod reconcile;
+pub mod refused_deliveries;
 pub mod retention;
 pub mod schema;
 pub mod sources;
