@@ -58,13 +58,48 @@ function table(id, headings, rows) {
   );
 }
 
+// A source's hours as bars, the mean of the same hours of past weeks as a line.
+function chart(hours) {
+  const svg = "http://www.w3.org/2000/svg";
+  const width = 240, height = 36, step = width / Math.max(hours.length, 1);
+  const top = Math.max(1, ...hours.map((h) => Math.max(h.events, h.usual || 0)));
+  const y = (v) => height - (v / top) * (height - 2);
+  const node = document.createElementNS(svg, "svg");
+  node.setAttribute("width", width);
+  node.setAttribute("height", height);
+  node.setAttribute("class", "chart");
+  hours.forEach((h, i) => {
+    const bar = document.createElementNS(svg, "rect");
+    bar.setAttribute("x", i * step + 1);
+    bar.setAttribute("y", y(h.events));
+    bar.setAttribute("width", Math.max(1, step - 2));
+    bar.setAttribute("height", height - y(h.events));
+    bar.setAttribute("fill", "#5b7bd5");
+    const title = document.createElementNS(svg, "title");
+    title.textContent = `${new Date(h.hour).toLocaleString()}: ${h.events} (usually ${h.usual === null ? "unknown" : h.usual.toFixed(1)})`;
+    bar.append(title);
+    node.append(bar);
+  });
+  const usual = hours.map((h, i) => (h.usual === null ? null : `${i * step + step / 2},${y(h.usual)}`)).filter(Boolean);
+  if (usual.length > 1) {
+    const line = document.createElementNS(svg, "polyline");
+    line.setAttribute("points", usual.join(" "));
+    line.setAttribute("fill", "none");
+    line.setAttribute("stroke", "#c2410c");
+    line.setAttribute("stroke-width", "1.5");
+    node.append(line);
+  }
+  return node;
+}
+
 // Overview: the status verdict first, then what it rests on.
 async function overview() {
-  let report, refusals;
+  let report, refusals, hours;
   try {
-    [report, refusals] = await Promise.all([
+    [report, refusals, hours] = await Promise.all([
       ask({ action: "status" }),
       ask({ action: "list_refused", limit: 1 }),
+      ask({ action: "source_hours", hours: 24 }),
     ]);
   } catch (error) {
     return show(el("h1", {}, "Overview"), failure(error));
@@ -84,7 +119,8 @@ async function overview() {
       el("td", { class: "num" }, s.events_last_day),
       el("td", { class: "num" }, s.duplicates_last_day),
       el("td", { class: "num" }, s.conflicts_last_day),
-      el("td", { class: "num" }, s.refused_last_day)));
+      el("td", { class: "num" }, s.refused_last_day),
+      el("td", {}, chart(hours.source_hours.filter((h) => h.source_id === s.source_id)))));
   const checks = (report.breaching_checks || []).map((c) =>
     el("li", { "data-check": c.check_name || c.name }, `${c.check_name || c.name}: ${c.detail || ""}`));
   const queue = report.queue || {};
@@ -114,7 +150,8 @@ async function overview() {
     table("sources", ["source", "tenant", "scheme", "last event",
       { label: "last hour", num: true }, { label: "usual hour", num: true },
       { label: "last day", num: true }, { label: "duplicates", num: true },
-      { label: "conflicts", num: true }, { label: "refused", num: true }], sources),
+      { label: "conflicts", num: true }, { label: "unreadable (400)", num: true },
+      "last 24 h (bars) against the same hours of past weeks (line)"], sources),
     el("h2", {}, "Queue and what waits on a person"),
     table("waiting", ["", { label: "count", num: true }], [
       el("tr", {}, el("td", {}, "pending"), el("td", { class: "num" }, queue.depth)),
@@ -165,7 +202,9 @@ async function events() {
     onsubmit: (e) => {
       e.preventDefault();
       const query = new URLSearchParams();
-      for (const input of form.querySelectorAll("input, select")) if (input.value) query.set(input.name, input.value);
+      for (const input of form.querySelectorAll("input, select")) {
+        if (input.type === "checkbox" ? input.checked : input.value) query.set(input.name, input.value);
+      }
       state.eventsAfter = [];
       location.hash = `#/events?${query}`;
     },
@@ -176,6 +215,10 @@ async function events() {
       el("option", { value: s, selected: params.get("status") === s ? "" : null }, s || "any")))),
   field("id", "provider event id"), field("since", "since", "2026-12-01T00:00"),
   field("until", "until"), field("contains", "payload contains (JSON)", '{"type":"push"}'),
+  el("label", {}, "live", el("input", {
+    type: "checkbox", name: "live", value: "1", id: "search-live",
+    checked: params.get("live") ? "" : null,
+  })),
   el("button", { type: "submit", id: "search-button" }, "Search"));
   let answer;
   try {
@@ -199,7 +242,14 @@ async function events() {
       id: "next-page",
       onclick: () => { state.eventsAfter.push(answer.next); route(); },
     }, "Older") : null,
+    el("p", { class: "muted", id: "events-shown" }, `${rows.length} shown, newest first`
+      + (params.get("live") && !state.eventsAfter.length ? `; live, read ${new Date().toLocaleTimeString()}` : "")),
   );
+  // A live tail: the first page read again every two seconds while it is shown.
+  if (params.get("live") && !state.eventsAfter.length) {
+    const shown = location.hash;
+    state.refresh = setTimeout(() => { if (location.hash === shown) route(); }, 2000);
+  }
 }
 
 // One event: what it is, where it stands, its bytes, and what became of it.

@@ -8,12 +8,13 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+mod support;
+
 use hookctl::backend::Backend;
 use hookctl::console::{self, ConsoleOptions};
 use serde_json::{Value, json};
-use shared::domain::Scheme;
-use shared::ingest::{Delivery, IngestLimits, Ingestor, unix_now};
-use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::ingest::{IngestLimits, Ingestor};
+use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::SourceRegistry;
 use sqlx::PgPool;
 
@@ -56,24 +57,7 @@ impl Shop {
             "data": {"object": {"id": customer, "object": "customer"}}
         }))
         .unwrap();
-        let headers: http::HeaderMap = shared::signature::sign(
-            Scheme::Stripe,
-            &SigningSecret::new(SECRET),
-            id,
-            unix_now(),
-            &body,
-        )
-        .unwrap()
-        .into_iter()
-        .collect();
-        self.ingestor
-            .receive(Delivery {
-                source_id: "pay",
-                headers: &headers,
-                body: &body,
-                method: "POST",
-                url: None,
-            })
+        support::post_stripe(&self.ingestor, "pay", SECRET, id, &body)
             .await
             .unwrap();
     }
@@ -84,26 +68,7 @@ impl Shop {
         let body =
             serde_json::to_vec(&json!({"id": id, "object": "event", "type": "customer.updated"}))
                 .unwrap();
-        let headers: http::HeaderMap = shared::signature::sign(
-            Scheme::Stripe,
-            &SigningSecret::new("whsec_guessed"),
-            id,
-            unix_now(),
-            &body,
-        )
-        .unwrap()
-        .into_iter()
-        .collect();
-        let refused = self
-            .ingestor
-            .receive(Delivery {
-                source_id: "pay",
-                headers: &headers,
-                body: &body,
-                method: "POST",
-                url: None,
-            })
-            .await;
+        let refused = support::post_stripe(&self.ingestor, "pay", "whsec_guessed", id, &body).await;
         assert!(refused.is_err(), "{refused:?}");
     }
 
@@ -562,7 +527,8 @@ impl Browser {
 /// letter), a search by the provider's id finds the event and its page shows its payload, the
 /// dead letters' group is replayed from the page, recorded as the console's actor, and a
 /// replayed event's page shows its dead letter and that it was processed; a forged request is
-/// counted on the overview and read, on the refusals page, as not the provider's.
+/// counted on the overview and read, on the refusals page, as not the provider's; the overview
+/// charts the last 24 hours; the events page tails new events live.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: PgPool) {
     let shop = Shop::new(pool.clone()).await;
@@ -579,6 +545,8 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .await;
     shop.dead_letter("evt_dl2", "retryable: CRM timed out")
         .await;
+    // The anomaly run's rollup of the hours, which the overview's chart reads.
+    shared::store::delivery_hours::roll(&pool).await.unwrap();
     let (url, _) = start(&pool, true).await;
     let browser = Browser::start().await;
 
@@ -588,6 +556,17 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.text_containing("#sources", "pay").await;
     browser.text_containing("#mode", "recorded as alice").await;
     browser.text_containing("#refused-last-day", "1").await;
+    let bars = browser
+        .script("return document.querySelectorAll('#sources svg rect').length;")
+        .await;
+    assert_eq!(bars, 24, "a bar for each of the last 24 hours");
+    let now = browser
+        .script("const bars = document.querySelectorAll('#sources svg rect title'); return bars[bars.length - 1].textContent;")
+        .await;
+    assert!(
+        now.as_str().unwrap().contains(": 3 (usually unknown)"),
+        "{now}"
+    );
     browser.screenshot("overview").await;
 
     browser.click("#nav-events").await;
@@ -624,6 +603,17 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .text_containing("[data-fact=state]", "processed")
         .await;
     browser.screenshot("event-history").await;
+    // The live tail: an event delivered while the page is open shows up on its own.
+    browser
+        .go(&format!(
+            "{}#/events?live=1",
+            url.split('#').next().unwrap()
+        ))
+        .await;
+    browser.text_containing("#events-shown", "live").await;
+    shop.deliver("evt_live", "cus_live").await;
+    browser.text_containing("#events", "evt_live").await;
+
     browser.click("#nav-refused").await;
     browser
         .text_containing("#refused-summary", "no_match")
@@ -653,13 +643,15 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     .await
     .unwrap();
     assert_eq!(processed, 2, "both events processed by the replay");
-    let queued: i64 = sqlx::query_scalar("SELECT count(*) FROM event_queue")
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let queued: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM event_queue ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(
-        queued, 1,
-        "only evt_ok waits for the drain; nothing replayed twice"
+        queued,
+        ["evt_live", "evt_ok"],
+        "only the events never dead-lettered wait for the drain; nothing replayed twice"
     );
     let (actor, reason): (String, String) = sqlx::query_as(
         "SELECT actor, reason FROM operator_actions ORDER BY action_id DESC LIMIT 1",

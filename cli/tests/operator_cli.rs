@@ -4,6 +4,8 @@
 //! with a local HTTP server standing in for the Lambda Invoke API in front of the real operator
 //! handler.
 
+mod support;
+
 use std::process::Output;
 use std::sync::{Arc, Mutex};
 
@@ -12,9 +14,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use shared::domain::Scheme;
-use shared::ingest::{Delivery, IngestLimits, Ingestor, unix_now};
-use shared::secrets::{SecretSet, SecretStore, SigningSecret};
+use shared::ingest::{IngestLimits, Ingestor, unix_now};
+use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::SourceRegistry;
 use sqlx::PgPool;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -75,24 +76,7 @@ impl Db {
             "data": {"object": {"id": format!("ch_{id}"), "version": 1}}
         }))
         .unwrap();
-        let headers: http::HeaderMap = shared::signature::sign(
-            Scheme::Stripe,
-            &SigningSecret::new(SECRET),
-            id,
-            unix_now(),
-            &body,
-        )
-        .unwrap()
-        .into_iter()
-        .collect();
-        self.ingestor
-            .receive(Delivery {
-                source_id: "pay",
-                headers: &headers,
-                body: &body,
-                method: "POST",
-                url: None,
-            })
+        support::post_stripe(&self.ingestor, "pay", SECRET, id, &body)
             .await
             .unwrap();
         body
@@ -1707,26 +1691,14 @@ async fn refused_deliveries_read_as_a_secret_that_is_not_the_providers(
 ) {
     let db = db(pool_options, connect).await;
     let body = br#"{"id":"evt_rotated","object":"event","type":"charge.succeeded"}"#;
-    let headers: http::HeaderMap = shared::signature::sign(
-        Scheme::Stripe,
-        &SigningSecret::new("whsec_rotated_at_the_provider"),
+    let refused = support::post_stripe(
+        &db.ingestor,
+        "pay",
+        "whsec_rotated_at_the_provider",
         "evt_rotated",
-        unix_now(),
         body,
     )
-    .unwrap()
-    .into_iter()
-    .collect();
-    let refused = db
-        .ingestor
-        .receive(Delivery {
-            source_id: "pay",
-            headers: &headers,
-            body,
-            method: "POST",
-            url: None,
-        })
-        .await;
+    .await;
     assert!(refused.is_err());
 
     let out = db.hookctl(&["refused"]).await;

@@ -247,6 +247,13 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// Every source's last hours against the same hours of the four weeks before (the
+    /// console's overview chart), as fresh as the last anomaly run.
+    SourceHours {
+        /// 24 when not given; at most a week.
+        #[serde(default)]
+        hours: Option<i64>,
+    },
     /// Stored events matching a search, newest first, a page at a time (the console's events).
     ListEvents {
         #[serde(default)]
@@ -288,6 +295,7 @@ impl OperatorRequest {
             | OperatorRequest::ListActions { .. }
             | OperatorRequest::EventHistory { .. }
             | OperatorRequest::ListRefused { .. }
+            | OperatorRequest::SourceHours { .. }
             | OperatorRequest::ListEvents { .. } => false,
         }
     }
@@ -423,6 +431,9 @@ pub enum OperatorResponse {
     },
     History {
         history: Box<crate::store::event_history::EventHistory>,
+    },
+    SourceHours {
+        source_hours: Vec<crate::store::delivery_hours::SourceHour>,
     },
     Refused {
         refused: Vec<crate::store::refused_deliveries::Refusal>,
@@ -982,6 +993,13 @@ pub async fn handle_invoked(
                 history: Box::new(history),
             })
         }
+        OperatorRequest::SourceHours { hours } => Ok(OperatorResponse::SourceHours {
+            source_hours: crate::store::delivery_hours::recent_against_past_weeks(
+                pool,
+                hours.unwrap_or(24),
+            )
+            .await?,
+        }),
         OperatorRequest::ListRefused { source_id, limit } => {
             use crate::store::refused_deliveries;
             let refused = refused_deliveries::list(

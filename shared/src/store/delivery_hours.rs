@@ -267,3 +267,36 @@ pub async fn mark_late(
 pub fn may_be_late(received_at: chrono::DateTime<chrono::Utc>) -> bool {
     received_at < chrono::Utc::now() - chrono::TimeDelta::seconds(MARK_AFTER_SECONDS / 2)
 }
+
+/// One source's events first received in one hour, and the mean of the same hour one to four
+/// weeks before (the hours the rollup holds of them; `None` when it holds none).
+#[derive(Debug, Clone, PartialEq, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct SourceHour {
+    pub source_id: String,
+    pub hour: chrono::DateTime<chrono::Utc>,
+    pub events: i64,
+    pub usual: Option<f64>,
+}
+
+/// Every source's last `hours` hours (the current one included) against the same hours of the
+/// four weeks before, as the rollup holds them: figures as fresh as the last anomaly run. Reads
+/// by the rollup's key, five hours a source and hour.
+pub async fn recent_against_past_weeks(
+    executor: impl PgExecutor<'_>,
+    hours: i64,
+) -> Result<Vec<SourceHour>, StoreError> {
+    const SQL: &str = "WITH hours AS (SELECT generate_series(date_trunc('hour', now()) - make_interval(hours => $1 - 1), \
+                 date_trunc('hour', now()), interval '1 hour') AS hour) \
+         SELECT s.source_id, h.hour, \
+             coalesce((SELECT d.events FROM delivery_hours AS d \
+                       WHERE d.source_id = s.source_id AND d.hour = h.hour), 0)::bigint AS events, \
+             (SELECT avg(d.events)::float8 FROM delivery_hours AS d \
+              WHERE d.source_id = s.source_id AND d.hour = ANY(ARRAY[h.hour - interval '7 days', \
+                  h.hour - interval '14 days', h.hour - interval '21 days', h.hour - interval '28 days'])) AS usual \
+         FROM sources AS s CROSS JOIN hours AS h \
+         ORDER BY s.source_id, h.hour";
+    Ok(sqlx::query_as(SQL)
+        .bind(hours.clamp(1, 24 * 7) as i32)
+        .fetch_all(executor)
+        .await?)
+}
