@@ -29,9 +29,14 @@ async function ask(request) {
   return answer;
 }
 
+// Nothing absent is shown: replaceChildren would write null as text.
+function present(nodes) {
+  return nodes.filter((node) => node !== null && node !== undefined);
+}
+
 function show(...nodes) {
   const main = document.getElementById("main");
-  main.replaceChildren(...nodes);
+  main.replaceChildren(...present(nodes));
 }
 
 function failure(error) {
@@ -402,11 +407,57 @@ async function checks() {
   );
 }
 
-// Dead letters, grouped by tenant, type and error; a group is replayed as one request.
-async function deadLetters() {
-  let answer;
+// A job over dead letters: its estimate first, a confirmation and a reason, then the server
+// runs it while the page shows its progress, with an abort.
+async function startJob(kind, filter, all) {
+  const verb = kind === "replay_dead_letters" ? "Replay" : "Discard";
+  const outcome = document.getElementById("action-outcome");
   try {
-    answer = await ask({ action: "list_dead_letters", filter: {} });
+    const { estimate } = await ask({ action: "estimate_job", kind, filter });
+    if (!estimate) { outcome.textContent = "No open dead letter matches."; return; }
+    if (!confirm(`${verb} ${estimate} dead letter(s)?`)) return;
+    const reason = prompt(`${verb} ${estimate} dead letter(s): why?`);
+    if (!reason) return;
+    const { job } = await ask({ action: "start_job", kind, filter, all, reason });
+    watchJob(job.job_id);
+  } catch (err) {
+    outcome.textContent = err.message;
+  }
+}
+
+async function watchJob(jobId) {
+  const panel = document.getElementById("job");
+  let job;
+  try {
+    ({ job } = await ask({ action: "show_job", job_id: jobId }));
+  } catch (err) {
+    panel.replaceChildren(failure(err));
+    return;
+  }
+  const taken = job.done + job.failed + job.skipped;
+  panel.replaceChildren(...present([
+    el("p", { id: "job-status", "data-status": job.status },
+      `Job ${job.job_id} (${job.kind.replaceAll("_", " ")}): ${job.status}; `
+      + `${job.done} done, ${job.failed} failed again, ${job.skipped} skipped, of ${job.estimate} estimated`),
+    el("progress", { id: "job-progress", max: Math.max(job.estimate, taken, 1), value: taken }),
+    job.status === "running" ? writeButton("Abort", { id: "abort-job" }, async () => {
+      const reason = prompt(`Abort job ${job.job_id}? Why:`);
+      if (!reason) return;
+      try { await ask({ action: "abort_job", job_id: job.job_id, reason }); } catch (err) { alert(err.message); }
+    }) : null,
+  ]));
+  if (job.status === "running") setTimeout(() => { if (document.getElementById("job")) watchJob(jobId); }, 1000);
+}
+
+// Dead letters, grouped by tenant, type and error; a group, or everything a filter matches, is
+// replayed or discarded as a job.
+async function deadLetters() {
+  let answer, jobs;
+  try {
+    [answer, { jobs }] = await Promise.all([
+      ask({ action: "list_dead_letters", filter: {} }),
+      ask({ action: "list_jobs", limit: 5 }),
+    ]);
   } catch (error) {
     return show(el("h1", {}, "Dead letters"), failure(error));
   }
@@ -418,20 +469,52 @@ async function deadLetters() {
   }
   const rows = [...groups.entries()].map(([key, letters], index) => {
     const [tenant, type, error] = JSON.parse(key);
+    const ids = { ids: letters.map((d) => d.dead_letter_id) };
     return el("tr", { "data-group": index },
       el("td", {}, tenant), el("td", {}, type), el("td", {}, error),
       el("td", { class: "num" }, letters.length),
-      el("td", {}, writeButton("Replay group", { class: "replay-group", id: `replay-group-${index}` }, () =>
-        change(`Replay ${letters.length} dead letter(s)? Why:`, {
-          action: "replay", filter: { ids: letters.map((d) => d.dead_letter_id) },
-        }))));
+      el("td", {},
+        writeButton("Replay group", { class: "replay-group", id: `replay-group-${index}` }, () =>
+          startJob("replay_dead_letters", ids, false)),
+        " ",
+        writeButton("Discard group", { class: "discard-group", id: `discard-group-${index}` }, () =>
+          startJob("discard_dead_letters", ids, false))));
   });
+  const field = (name, label) => el("label", {}, label, el("input", { name, id: `letters-${name}` }));
+  const filterForm = el("form", { class: "search", id: "letters-filter", onsubmit: (e) => e.preventDefault() },
+    field("tenant_id", "tenant"), field("event_type", "event type"), field("error_contains", "error contains"),
+    writeButton("Replay all matching", { id: "replay-matching", type: "button" }, () => {
+      const { filter, all } = lettersFilter();
+      startJob("replay_dead_letters", filter, all);
+    }),
+    writeButton("Discard all matching", { id: "discard-matching", type: "button" }, () => {
+      const { filter, all } = lettersFilter();
+      startJob("discard_dead_letters", filter, all);
+    }));
+  const recent = jobs.map((j) => el("tr", {},
+    el("td", {}, j.job_id), el("td", {}, j.kind.replaceAll("_", " ")), el("td", {}, j.status),
+    el("td", { class: "num" }, `${j.done + j.failed + j.skipped} / ${j.estimate}`), el("td", {}, j.actor), el("td", {}, j.reason)));
   show(
     el("h1", {}, "Dead letters"),
     table("dead-letters", ["tenant", "event type", "error", { label: "open", num: true }, ""], rows),
     rows.length ? null : el("p", { class: "muted", id: "no-dead-letters" }, "No open dead letter."),
+    el("h2", {}, "Everything a filter matches (an empty filter: every open dead letter)"),
+    filterForm,
+    el("div", { id: "job" }),
     el("p", { id: "action-outcome", class: "muted" }),
+    el("h2", {}, "Recent jobs"),
+    recent.length ? table("jobs", ["job", "kind", "status", { label: "taken / estimate", num: true }, "actor", "reason"], recent)
+      : el("p", { class: "muted" }, "none"),
   );
+}
+
+function lettersFilter() {
+  const filter = {};
+  for (const name of ["tenant_id", "event_type", "error_contains"]) {
+    const value = document.getElementById(`letters-${name}`).value.trim();
+    if (value) filter[name] = value;
+  }
+  return { filter, all: Object.keys(filter).length === 0 };
 }
 
 // Deliveries refused before anything was stored: what each source's add up to, then the latest.

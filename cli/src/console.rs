@@ -307,9 +307,39 @@ async fn operate(State(console): State<Arc<Console>>, headers: HeaderMap, body: 
         Ok(request) => request,
         Err(e) => return refused(StatusCode::BAD_REQUEST, &format!("not a request: {e}")),
     };
+    let starts_a_job = matches!(request, OperatorRequest::StartJob { .. });
     match console.backend.call_json(&request).await {
-        Ok(answer) => axum::Json(answer).into_response(),
+        Ok(answer) => {
+            if starts_a_job && let Some(job_id) = answer["job"]["job_id"].as_i64() {
+                tokio::spawn(run_job(console.clone(), job_id));
+            }
+            axum::Json(answer).into_response()
+        }
         Err(CallError::BadRequest(why)) => refused(StatusCode::BAD_REQUEST, &why),
         Err(e) => refused(StatusCode::BAD_GATEWAY, &e.to_string()),
     }
 }
+
+/// Runs a job the page started, a step of a few seconds at a time through the backend (the
+/// operator function answers each within its timeout), until it finishes or is aborted. The
+/// job's progress is the server's: the page reads it with `show_job`. A step that fails stops
+/// the runner and is logged; the job stays running, and `run_job` resumes it where it stopped.
+async fn run_job(console: Arc<Console>, job_id: i64) {
+    let step = OperatorRequest::RunJob {
+        job_id,
+        seconds: Some(JOB_STEP_SECONDS),
+    };
+    loop {
+        match console.backend.call_json(&step).await {
+            Ok(answer) if answer["job"]["status"] == "running" => continue,
+            Ok(_) => return,
+            Err(error) => {
+                tracing::warn!(job_id, %error, "a job's step failed: the job stops here; run_job resumes it");
+                return;
+            }
+        }
+    }
+}
+
+/// How long one step of a job runs in the backend.
+const JOB_STEP_SECONDS: u64 = 5;

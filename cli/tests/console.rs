@@ -525,7 +525,8 @@ impl Browser {
 
 /// The console in a real browser: the overview leads with the breach the test caused (a dead
 /// letter), a search by the provider's id finds the event and its page shows its payload, the
-/// dead letters' group is replayed from the page, recorded as the console's actor, and a
+/// dead letters' group is replayed from the page as a job (its estimate confirmed, its progress
+/// shown to the end), recorded as the console's actor, and a
 /// replayed event's page shows its dead letter and that it was processed; a forged request is
 /// counted on the overview and read, on the refusals page, as not the provider's; the overview
 /// charts the last 24 hours; the events page tails new events live.
@@ -584,9 +585,17 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .text_containing("#dead-letters", "retryable: CRM timed out")
         .await;
     browser.screenshot("dead-letters").await;
-    browser.script("window.prompt = () => 'CRM is back';").await;
+    browser
+        .script("window.prompt = () => 'CRM is back'; window.confirm = () => true;")
+        .await;
     browser.click("#replay-group-0").await;
-    browser.text_containing("#action-outcome", "replayed").await;
+    browser
+        .text_containing(
+            "#job-status",
+            "finished; 2 done, 0 failed again, 0 skipped, of 2 estimated",
+        )
+        .await;
+    browser.screenshot("job").await;
 
     // A replayed event's page tells its story: dead-lettered once, replayed, processed.
     browser
@@ -660,4 +669,131 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     .await
     .unwrap();
     assert_eq!((actor.as_str(), reason.as_str()), ("alice", "CRM is back"));
+    let (action, outcome): (String, Value) = sqlx::query_as(
+        "SELECT action, outcome FROM operator_actions WHERE finished_at IS NOT NULL \
+         ORDER BY action_id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(action, "replay");
+    assert_eq!(
+        outcome["done"], 2,
+        "the job's record holds its counts: {outcome}"
+    );
+}
+
+/// A job over everything a filter matches: estimated first, started from the page (the console
+/// runs it server-side, a step at a time), read to the end; its record holds its counts. A job
+/// aborted before its first step takes nothing.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_job_replays_what_a_filter_matches_and_an_abort_stops_it(pool: PgPool) {
+    let shop = Shop::new(pool.clone()).await;
+    for id in ["evt_x1", "evt_x2", "evt_x3", "evt_y1"] {
+        shop.deliver(id, "cus_1").await;
+    }
+    for id in ["evt_x1", "evt_x2", "evt_x3"] {
+        shop.dead_letter(id, "retryable: X timed out").await;
+    }
+    shop.dead_letter("evt_y1", "fatal: Y refused").await;
+    let (url, port) = start(&pool, true).await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let own = format!("http://127.0.0.1:{port}");
+    let filter = json!({"error_contains": "x timed"});
+
+    let (_, estimate) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "estimate_job", "kind": "replay_dead_letters", "filter": filter}),
+    )
+    .await;
+    assert_eq!(estimate["estimate"], 3);
+    let (status, started) = operate(
+        &page,
+        port,
+        Some(&own),
+        json!({"action": "start_job", "kind": "replay_dead_letters", "filter": filter,
+               "reason": "X is back"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{started}");
+    let job_id = started["job"]["job_id"].as_i64().unwrap();
+    assert_eq!(started["job"]["estimate"], 3);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let job = loop {
+        let (_, shown) = operate(
+            &page,
+            port,
+            None,
+            json!({"action": "show_job", "job_id": job_id}),
+        )
+        .await;
+        if shown["job"]["status"] != "running" {
+            break shown["job"].clone();
+        }
+        assert!(Instant::now() < deadline, "the job did not finish: {shown}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(job["status"], "finished", "{job}");
+    assert_eq!(
+        (job["done"].as_i64(), job["failed"].as_i64()),
+        (Some(3), Some(0))
+    );
+    let open: Vec<String> = sqlx::query_scalar(
+        "SELECT external_id FROM dead_letters WHERE status IN ('new', 'investigating')",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        open,
+        ["evt_y1"],
+        "only what the filter did not match stays open"
+    );
+
+    // Aborted before its first step: nothing is taken, and the abort is recorded.
+    let registry = shared::effects::EffectRegistry::standard();
+    let ask = async |request: Value| {
+        let request = shared::operator::parse(request).unwrap();
+        serde_json::to_value(
+            shared::operator::handle(&pool, &registry, request)
+                .await
+                .unwrap(),
+        )
+        .unwrap()
+    };
+    let started = ask(
+        json!({"action": "start_job", "kind": "discard_dead_letters", "all": true,
+                             "actor": "bob", "reason": "noise"}),
+    )
+    .await;
+    let job_id = started["job"]["job_id"].as_i64().unwrap();
+    assert_eq!(started["job"]["estimate"], 1);
+    let aborted = ask(
+        json!({"action": "abort_job", "job_id": job_id, "actor": "bob",
+                             "reason": "wrong filter"}),
+    )
+    .await;
+    assert_eq!(aborted["job"]["status"], "aborted");
+    let ran = ask(json!({"action": "run_job", "job_id": job_id})).await;
+    assert_eq!(
+        (ran["job"]["status"].as_str(), ran["job"]["done"].as_i64()),
+        (Some("aborted"), Some(0))
+    );
+    let still_open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dead_letters WHERE external_id = 'evt_y1' AND status = 'new'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(still_open, 1);
+    let abort_recorded: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM operator_actions WHERE action = 'abort_job' AND actor = 'bob'",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(abort_recorded, 1);
 }

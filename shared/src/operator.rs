@@ -247,6 +247,49 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// How many open dead letters a job over this filter would take now: its estimate.
+    EstimateJob {
+        kind: JobKind,
+        #[serde(default)]
+        filter: ReplayFilter,
+    },
+    /// Starts a job over every open dead letter the filter matches (its `limit` ignored):
+    /// replay them all, or discard them all. An empty filter needs `all`. Answers the job with
+    /// its estimate; `run_job` runs it.
+    StartJob {
+        kind: JobKind,
+        #[serde(default)]
+        filter: ReplayFilter,
+        #[serde(default)]
+        all: bool,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// Runs a job for up to `seconds` (10 by default, at most 60) in steps of 50 letters, its
+    /// counts and cursor stored after each; an abort is seen between steps. Answers the job as
+    /// it stands: asked again, it resumes where it stopped.
+    RunJob {
+        job_id: i64,
+        #[serde(default)]
+        seconds: Option<u64>,
+    },
+    /// Stops a running job at its next step.
+    AbortJob {
+        job_id: i64,
+        #[serde(default)]
+        actor: Option<String>,
+        #[serde(default)]
+        reason: Option<String>,
+    },
+    /// One job: its estimate, progress and status.
+    ShowJob { job_id: i64 },
+    /// The newest jobs first.
+    ListJobs {
+        #[serde(default)]
+        limit: Option<i64>,
+    },
     /// Every source's last hours against the same hours of the four weeks before (the
     /// console's overview chart), as fresh as the last anomaly run.
     SourceHours {
@@ -264,6 +307,36 @@ pub enum OperatorRequest {
     },
 }
 
+/// What a job does to each dead letter it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobKind {
+    /// Processed again through the normal path, as `replay` does.
+    ReplayDeadLetters,
+    /// Closed without processing.
+    DiscardDeadLetters,
+}
+
+impl JobKind {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobKind::ReplayDeadLetters => "replay_dead_letters",
+            JobKind::DiscardDeadLetters => "discard_dead_letters",
+        }
+    }
+
+    /// The operator action that records a job of this kind.
+    fn action(self) -> &'static str {
+        match self {
+            JobKind::ReplayDeadLetters => "replay",
+            JobKind::DiscardDeadLetters => "discard_dead_letters",
+        }
+    }
+}
+
+/// Letters a job takes in one step.
+const JOB_STEP: i64 = 50;
+
 impl OperatorRequest {
     /// Whether the request changes state (and so carries an actor and a reason, recorded in
     /// `operator_actions`), rather than only reading. The console answers these only when
@@ -279,7 +352,10 @@ impl OperatorRequest {
             | OperatorRequest::FileKept { .. }
             | OperatorRequest::PauseSubscription { .. }
             | OperatorRequest::ResumeSubscription { .. }
-            | OperatorRequest::ReplayToSubscription { .. } => true,
+            | OperatorRequest::ReplayToSubscription { .. }
+            | OperatorRequest::StartJob { .. }
+            | OperatorRequest::RunJob { .. }
+            | OperatorRequest::AbortJob { .. } => true,
             OperatorRequest::ListDeadLetters { .. }
             | OperatorRequest::Status
             | OperatorRequest::ShowDeadLetter { .. }
@@ -296,6 +372,9 @@ impl OperatorRequest {
             | OperatorRequest::EventHistory { .. }
             | OperatorRequest::ListRefused { .. }
             | OperatorRequest::SourceHours { .. }
+            | OperatorRequest::EstimateJob { .. }
+            | OperatorRequest::ShowJob { .. }
+            | OperatorRequest::ListJobs { .. }
             | OperatorRequest::ListEvents { .. } => false,
         }
     }
@@ -435,6 +514,15 @@ pub enum OperatorResponse {
     SourceHours {
         source_hours: Vec<crate::store::delivery_hours::SourceHour>,
     },
+    Estimate {
+        estimate: i64,
+    },
+    Job {
+        job: Box<crate::store::operator_jobs::Job>,
+    },
+    Jobs {
+        jobs: Vec<crate::store::operator_jobs::Job>,
+    },
     Refused {
         refused: Vec<crate::store::refused_deliveries::Refusal>,
         /// The last day's refusals, per source and check.
@@ -537,6 +625,71 @@ fn bounded(action: &str, everything: &str, empty: bool, all: bool) -> Result<(),
         )));
     }
     Ok(())
+}
+
+/// A job's counts, as its operator action records them.
+fn job_counts(job: &crate::store::operator_jobs::Job) -> serde_json::Value {
+    serde_json::json!({
+        "job_id": job.job_id, "status": job.status, "estimate": job.estimate,
+        "done": job.done, "failed": job.failed, "skipped": job.skipped,
+    })
+}
+
+/// Runs a job for up to `seconds`: steps of [`JOB_STEP`] letters in id order from its cursor,
+/// each step's counts and cursor stored as it ends; it ends `finished` when no letter is left,
+/// and stops early when an abort ended it. A job not running is answered as it is.
+async fn run_job(
+    pool: &PgPool,
+    registry: &EffectRegistry,
+    job_id: i64,
+    seconds: u64,
+) -> Result<crate::store::operator_jobs::Job, OperatorError> {
+    use crate::store::operator_jobs;
+    let mut job = operator_jobs::get(pool, job_id)
+        .await?
+        .ok_or_else(|| OperatorError::BadRequest(format!("no job {job_id}")))?;
+    let filter: ReplayFilter = serde_json::from_value(job.filter.clone())
+        .map_err(|e| OperatorError::BadRequest(format!("job {job_id}'s filter: {e}")))?;
+    let kind: JobKind = serde_json::from_value(serde_json::Value::String(job.kind.clone()))
+        .map_err(|e| OperatorError::BadRequest(format!("job {job_id}'s kind: {e}")))?;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
+    while job.status == "running" {
+        let letters =
+            dead_letters::select_open_after(pool, &filter, job.after_id, JOB_STEP).await?;
+        let Some(last) = letters.last().map(|l| l.dead_letter_id) else {
+            if let Some(ended) = operator_jobs::end(pool, job_id, "finished").await? {
+                operator_actions::finish(pool, ended.action_id, &job_counts(&ended)).await?;
+                job = ended;
+            }
+            break;
+        };
+        let (done, failed, skipped) = match kind {
+            JobKind::ReplayDeadLetters => {
+                let outcome = drain::replay_letters(pool, registry, &letters).await?;
+                (outcome.replayed, outcome.failed, outcome.skipped)
+            }
+            JobKind::DiscardDeadLetters => {
+                let ids: Vec<i64> = letters.iter().map(|l| l.dead_letter_id).collect();
+                let discarded = dead_letters::discard_open(pool, &ids).await?;
+                (discarded, 0, ids.len() as u64 - discarded)
+            }
+        };
+        let as_i64 = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        job = operator_jobs::advance(
+            pool,
+            job_id,
+            as_i64(done),
+            as_i64(failed),
+            as_i64(skipped),
+            last,
+        )
+        .await?
+        .unwrap_or(job);
+        if std::time::Instant::now() >= deadline {
+            break;
+        }
+    }
+    Ok(job)
 }
 
 fn to_json<T: Serialize>(value: &T) -> serde_json::Value {
@@ -993,6 +1146,94 @@ pub async fn handle_invoked(
                 history: Box::new(history),
             })
         }
+        OperatorRequest::EstimateJob { kind: _, filter } => Ok(OperatorResponse::Estimate {
+            estimate: dead_letters::count_matching(pool, &filter).await?,
+        }),
+        OperatorRequest::StartJob {
+            kind,
+            filter,
+            all,
+            actor,
+            reason,
+        } => {
+            let asked = asked(kind.action(), &actor, &reason)?;
+            bounded(
+                kind.as_str(),
+                "every open dead letter",
+                filter.is_empty(),
+                all,
+            )?;
+            let estimate = dead_letters::count_matching(pool, &filter).await?;
+            let request = serde_json::json!({"kind": kind, "filter": filter, "all": all});
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let action_id = operator_actions::record(
+                &mut *tx,
+                &asked.record(invocation, &request, &serde_json::json!([]), None, false),
+            )
+            .await?;
+            let job = crate::store::operator_jobs::create(
+                &mut *tx,
+                &crate::store::operator_jobs::NewJob {
+                    kind: kind.as_str(),
+                    filter: &to_json(&filter),
+                    actor: asked.actor,
+                    reason: asked.reason,
+                    action_id,
+                    estimate,
+                },
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            tracing::info!(
+                job_id = job.job_id,
+                kind = kind.as_str(),
+                estimate,
+                actor = asked.actor,
+                "job started"
+            );
+            Ok(OperatorResponse::Job { job: Box::new(job) })
+        }
+        OperatorRequest::RunJob { job_id, seconds } => {
+            let job = run_job(pool, registry, job_id, seconds.unwrap_or(10).clamp(1, 60)).await?;
+            Ok(OperatorResponse::Job { job: Box::new(job) })
+        }
+        OperatorRequest::AbortJob {
+            job_id,
+            actor,
+            reason,
+        } => {
+            let asked = asked("abort_job", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let Some(job) = crate::store::operator_jobs::end(&mut *tx, job_id, "aborted").await?
+            else {
+                return Err(OperatorError::BadRequest(format!(
+                    "job {job_id} is not running"
+                )));
+            };
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(
+                    invocation,
+                    &serde_json::json!({"job_id": job_id}),
+                    &serde_json::json!([job_id]),
+                    Some(&to_json(&job_counts(&job))),
+                    true,
+                ),
+            )
+            .await?;
+            operator_actions::finish(&mut *tx, job.action_id, &to_json(&job_counts(&job))).await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(OperatorResponse::Job { job: Box::new(job) })
+        }
+        OperatorRequest::ShowJob { job_id } => {
+            let job = crate::store::operator_jobs::get(pool, job_id)
+                .await?
+                .ok_or_else(|| OperatorError::BadRequest(format!("no job {job_id}")))?;
+            Ok(OperatorResponse::Job { job: Box::new(job) })
+        }
+        OperatorRequest::ListJobs { limit } => Ok(OperatorResponse::Jobs {
+            jobs: crate::store::operator_jobs::list(pool, limit.unwrap_or(DEFAULT_LIMIT)).await?,
+        }),
         OperatorRequest::SourceHours { hours } => Ok(OperatorResponse::SourceHours {
             source_hours: crate::store::delivery_hours::recent_against_past_weeks(
                 pool,

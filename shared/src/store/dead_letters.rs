@@ -285,3 +285,69 @@ pub async fn find(
     }
     Ok(Some(detail))
 }
+
+/// How many open dead letters match the filter (its `limit` ignored): a job's estimate.
+pub async fn count_matching(
+    executor: impl PgExecutor<'_>,
+    f: &ReplayFilter,
+) -> Result<i64, StoreError> {
+    const SQL: &str = "SELECT count(*) FROM dead_letters \
+         WHERE status IN ('new', 'investigating') \
+           AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
+           AND ($2::text IS NULL OR tenant_id = $2) \
+           AND ($3::text IS NULL OR event_type = $3) \
+           AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
+           AND ($5::timestamptz IS NULL OR created_at >= $5) \
+           AND ($6::timestamptz IS NULL OR created_at < $6)";
+    Ok(sqlx::query_scalar(SQL)
+        .bind(&f.ids)
+        .bind(&f.tenant_id)
+        .bind(&f.event_type)
+        .bind(&f.error_contains)
+        .bind(f.created_after)
+        .bind(f.created_before)
+        .fetch_one(executor)
+        .await?)
+}
+
+/// The next `limit` open dead letters matching the filter with an id above `after_id`, in id
+/// order: a job's next step.
+pub async fn select_open_after(
+    executor: impl PgExecutor<'_>,
+    f: &ReplayFilter,
+    after_id: i64,
+    limit: i64,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    const SQL: &str = "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
+         FROM dead_letters \
+         WHERE status IN ('new', 'investigating') AND dead_letter_id > $7 \
+           AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
+           AND ($2::text IS NULL OR tenant_id = $2) \
+           AND ($3::text IS NULL OR event_type = $3) \
+           AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
+           AND ($5::timestamptz IS NULL OR created_at >= $5) \
+           AND ($6::timestamptz IS NULL OR created_at < $6) \
+         ORDER BY dead_letter_id LIMIT $8";
+    Ok(sqlx::query_as(SQL)
+        .bind(&f.ids)
+        .bind(&f.tenant_id)
+        .bind(&f.event_type)
+        .bind(&f.error_contains)
+        .bind(f.created_after)
+        .bind(f.created_before)
+        .bind(after_id)
+        .bind(limit)
+        .fetch_all(executor)
+        .await?)
+}
+
+/// Discards these letters that are still open, in one statement; how many it discarded.
+pub async fn discard_open(executor: impl PgExecutor<'_>, ids: &[i64]) -> Result<u64, StoreError> {
+    const SQL: &str = "UPDATE dead_letters SET status = 'discarded' \
+         WHERE dead_letter_id = ANY($1) AND status IN ('new', 'investigating')";
+    Ok(sqlx::query(SQL)
+        .bind(ids)
+        .execute(executor)
+        .await?
+        .rows_affected())
+}

@@ -17,6 +17,7 @@ pub mod gaps;
 pub mod ingest_anomalies;
 pub mod maintenance_runs;
 pub mod operator_actions;
+pub mod operator_jobs;
 pub mod orders;
 pub mod outbox;
 pub mod outbox_routes;
