@@ -517,6 +517,32 @@ function lettersFilter() {
   return { filter, all: Object.keys(filter).length === 0 };
 }
 
+// The SQS buffer's dead letters: deliveries SQS took and the consumer could not file, never
+// their bytes; redriven to the buffer's queue all at once.
+async function buffer() {
+  let answer;
+  try {
+    answer = await ask({ action: "list_buffer_dead_letters", limit: 100 });
+  } catch (error) {
+    return show(el("h1", {}, "The buffer's dead letters"), failure(error));
+  }
+  const letters = answer.buffer_dead_letters;
+  const rows = letters.map((d) => el("tr", {},
+    el("td", {}, d.source_id || "–"), el("td", {}, d.delivery_id || "–"),
+    el("td", {}, d.received_at_micros ? new Date(d.received_at_micros / 1000).toLocaleString() : "–"),
+    el("td", { class: "num" }, d.body_bytes ?? "–"), el("td", { class: "num" }, d.receive_count),
+    el("td", {}, d.unreadable || "")));
+  show(
+    el("h1", {}, "The buffer's dead letters"),
+    letters.length ? writeButton(`Redrive all ${letters.length}`, { id: "redrive-buffer" }, () =>
+      change(`Send ${letters.length} delivery(ies) back to the buffer's queue? Why:`, { action: "redrive_buffer" })) : null,
+    table("buffer-dead-letters", ["source", "delivery", "received", { label: "bytes", num: true },
+      { label: "tries", num: true }, "not a delivery because"], rows),
+    rows.length ? null : el("p", { class: "muted", id: "no-buffer-dead-letters" }, "None."),
+    el("p", { id: "action-outcome", class: "muted" }),
+  );
+}
+
 // Deliveries refused before anything was stored: what each source's add up to, then the latest.
 async function refused() {
   let answer;
@@ -559,6 +585,7 @@ async function route() {
   if (hash.startsWith("#/outbox")) return outbox();
   if (hash.startsWith("#/checks")) return checks();
   if (hash.startsWith("#/refused")) return refused();
+  if (hash.startsWith("#/buffer")) return buffer();
   await overview();
   state.refresh = setTimeout(() => { if (!state.paused && (location.hash || "#/") === "#/") route(); }, 10000);
 }

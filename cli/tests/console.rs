@@ -93,10 +93,14 @@ impl Shop {
 
 /// A console on a free loopback port; its URL (with the one-time token) and port.
 async fn start(pool: &PgPool, write: bool) -> (String, u16) {
+    start_with(Backend::direct(pool.clone()), write).await
+}
+
+async fn start_with(backend: Backend, write: bool) -> (String, u16) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let local = listener.local_addr().unwrap();
     let (console, url) = console::console(
-        Backend::direct(pool.clone()),
+        backend,
         ConsoleOptions {
             write,
             actor: "alice".into(),
@@ -796,4 +800,62 @@ async fn a_job_replays_what_a_filter_matches_and_an_abort_stops_it(pool: PgPool)
     .await
     .unwrap();
     assert_eq!(abort_recorded, 1);
+}
+
+/// The SQS buffer's dead letters on the console: listed without their bytes, and redriven to
+/// the buffer's queue by a change recorded as the console's actor.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn the_buffers_dead_letters_are_listed_and_redriven(pool: PgPool) {
+    let _shop = Shop::new(pool.clone()).await;
+    let (buffer, _queue, dead_letters) = support::buffer_queues().await;
+    buffer
+        .send_to(
+            &dead_letters,
+            support::pay_delivery("d-stuck", br#"{"card":"4242-secret-looking"}"#),
+        )
+        .await
+        .unwrap();
+    let (url, port) = start_with(
+        Backend::direct_with_buffer(pool.clone(), Some(buffer.clone())),
+        true,
+    )
+    .await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let (status, listed) = operate(
+        &page,
+        port,
+        None,
+        json!({"action": "list_buffer_dead_letters"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{listed}");
+    let letters = listed["buffer_dead_letters"].as_array().unwrap();
+    assert_eq!(letters.len(), 1);
+    assert_eq!(letters[0]["delivery_id"], "d-stuck");
+    assert!(
+        !listed.to_string().contains("4242"),
+        "never the body: {listed}"
+    );
+
+    let own = format!("http://127.0.0.1:{port}");
+    let (status, redriven) = operate(
+        &page,
+        port,
+        Some(&own),
+        json!({"action": "redrive_buffer", "reason": "consumer fixed"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{redriven}");
+    assert_eq!(redriven["redriven"]["moved"], 1);
+    let (actor, action): (String, String) = sqlx::query_as(
+        "SELECT actor, action FROM operator_actions ORDER BY action_id DESC LIMIT 1",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (actor.as_str(), action.as_str()),
+        ("alice", "redrive_buffer")
+    );
 }

@@ -14,7 +14,7 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde_json::Value;
-use shared::ingest::{IngestLimits, Ingestor, unix_now};
+use shared::ingest::{IngestLimits, Ingestor};
 use shared::secrets::{SecretSet, SecretStore};
 use shared::sources::SourceRegistry;
 use sqlx::PgPool;
@@ -1205,58 +1205,15 @@ async fn failed_outbox_messages_are_listed_resent_and_discarded(
     );
 }
 
-/// A delivery to the source `pay`, buffered now, as ingest would have sent it.
-fn pay_delivery(delivery_id: &str, body: &[u8]) -> shared::buffer::BufferedDelivery {
-    shared::buffer::BufferedDelivery {
-        envelope: shared::buffer::Envelope {
-            v: shared::buffer::ENVELOPE_VERSION,
-            delivery_id: delivery_id.into(),
-            source_id: "pay".into(),
-            received_at_micros: unix_now() * 1_000_000,
-            verified_with: "current".into(),
-            headers: Default::default(),
-            signed_headers: vec![],
-            signed_digest: None,
-            element_digests: Vec::new(),
-        },
-        body: body.to_vec(),
-    }
-}
-
-/// The buffer's queues on moto (`MOTO_ENDPOINT`, which the test command starts), named uniquely.
-async fn buffer_queues() -> (shared::buffer::BufferQueue, String, String) {
-    let endpoint = std::env::var("MOTO_ENDPOINT").expect("MOTO_ENDPOINT: run scripts/test");
-    let aws = shared::aws::AwsEndpoint {
-        endpoint_url: Some(endpoint),
-        region: Some("us-east-1".into()),
-    };
-    // Unique per test too: tests of one process run in the same second.
-    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let name = format!(
-        "cli-buffer-{}-{}-{}",
-        std::process::id(),
-        unix_now(),
-        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-    );
-    let buffer = hookctl::serve::create_buffer_queue(&aws, &name, 5, 30)
-        .await
-        .unwrap();
-    let (queue, dead_letters) = (
-        buffer.queue_url().to_owned(),
-        buffer.dead_letter_queue_url().unwrap().to_owned(),
-    );
-    (buffer, queue, dead_letters)
-}
-
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn the_buffers_dead_letters_are_not_accounted_for_until_redriven(
     pool_options: PgPoolOptions,
     connect: PgConnectOptions,
 ) {
     let db = db(pool_options, connect).await;
-    let (buffer, queue, dead_letters) = buffer_queues().await;
+    let (buffer, queue, dead_letters) = support::buffer_queues().await;
     // A delivery the consumer failed on five times: SQS moved it to the dead-letter queue.
-    let delivery = pay_delivery("d-failed-five-times", br#"{"secret-looking":"body"}"#);
+    let delivery = support::pay_delivery("d-failed-five-times", br#"{"secret-looking":"body"}"#);
     buffer.send_to(&dead_letters, delivery).await.unwrap();
     let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
     let env = [
@@ -1360,8 +1317,8 @@ async fn status_shows_how_long_the_oldest_buffered_delivery_has_waited(
     connect: PgConnectOptions,
 ) {
     let db = db(pool_options, connect).await;
-    let (buffer, queue, dead_letters) = buffer_queues().await;
-    let delivery = pay_delivery("d-waiting", br#"{"id":"evt_1"}"#);
+    let (buffer, queue, dead_letters) = support::buffer_queues().await;
+    let delivery = support::pay_delivery("d-waiting", br#"{"id":"evt_1"}"#);
     buffer.send(delivery).await.unwrap();
     let endpoint = std::env::var("MOTO_ENDPOINT").unwrap();
     let env = |cloudwatch: &str| {
@@ -1451,7 +1408,7 @@ async fn status_counts_young_gaps_in_grace_while_the_buffer_holds_deliveries(
     connect: PgConnectOptions,
 ) {
     let db = db(pool_options, connect).await;
-    let (buffer, queue, dead_letters) = buffer_queues().await;
+    let (buffer, queue, dead_letters) = support::buffer_queues().await;
     passes(&db).await;
     // Source grace 600 s + allowance 900 s: both are past it; only the first is within the
     // buffer's hold (3600 s + 900 s).
@@ -1496,7 +1453,7 @@ async fn status_counts_young_gaps_in_grace_while_the_buffer_holds_deliveries(
     assert_eq!(status.code, Some(1));
 
     // A delivery waits in the buffer: the young gap may be it.
-    let waiting = pay_delivery("d-gap", br#"{"id":"evt_gap_young"}"#);
+    let waiting = support::pay_delivery("d-gap", br#"{"id":"evt_gap_young"}"#);
     buffer.send(waiting).await.unwrap();
     let status = run(&["status", "--json"], &env).await;
     assert_eq!(gaps(&status.json()), (1, 1, Some(1)), "{}", status.stdout);
