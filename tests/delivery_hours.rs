@@ -286,10 +286,26 @@ async fn stripe_events_at(pool: &PgPool, hour: i64) -> i64 {
     .unwrap()
 }
 
+/// Waits out the last minute of an hour, so that a test which reads "the current hour" more
+/// than once reads one hour throughout.
+async fn away_from_the_turn_of_the_hour() {
+    let into_hour = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
+        % 3600;
+    if into_hour >= 3540 {
+        tokio::time::sleep(std::time::Duration::from_secs(3600 - into_hour + 1)).await;
+    }
+}
+
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_late_event_filed_days_later_is_counted_in_its_old_hour_and_source_flow_sees_it(
     pool: PgPool,
 ) {
+    // The test places events by the current hour and judges the last complete one: started
+    // in the seconds before an hour turns, the two are an hour apart (it failed so at 20:00).
+    away_from_the_turn_of_the_hour().await;
     // Created 22 days ago: three weeks of history. 20 stripe events at this hour of the week
     // in each of the three weeks before, 20 in the last complete hour.
     sources::apply(&pool, &sources_for_every_scheme())
