@@ -396,7 +396,7 @@ pub async fn dead_letters(backend: &Backend, json: bool, action: DeadLettersActi
                     "no filter: this would replay every open dead letter; narrow it (--id, --tenant, --event-type, --error-contains, --since, --until) or give --all",
                 );
             }
-            replay(backend, json, &filter, &decision).await
+            replay(backend, json, &filter, all, &decision).await
         }
         DeadLettersAction::Discard { ids, decision } => {
             let actor = match decision.actor() {
@@ -433,53 +433,61 @@ pub async fn dead_letters(backend: &Backend, json: bool, action: DeadLettersActi
     result.unwrap_or_else(fail)
 }
 
-/// How many letters one replay request carries: small enough that each answers quickly and the
-/// progress bar moves, large enough that thousands take a few dozen requests.
-const REPLAY_CHUNK: usize = 25;
+/// How long one step of a replay job runs in the backend: the progress bar moves between
+/// steps, and through the operator function each step answers within its timeout.
+const JOB_STEP_SECONDS: u64 = 5;
 
-/// Lists the matching letters, then replays them in chunks by id with a progress bar on a
-/// terminal (nothing when stderr is piped). Exit 1 when some failed again.
-/// Every chunk is recorded as its own action, with the same actor and reason.
+#[derive(Deserialize, serde::Serialize)]
+struct JobAnswer {
+    job: shared::store::operator_jobs::Job,
+}
+
+/// Replays the matching letters as a job (the console's): its estimate counted, then steps of a
+/// few seconds until it finishes, with a progress bar on a terminal (nothing when stderr is
+/// piped). Interrupted, the job stays running and `run_job` resumes it. Exit 1 when some failed
+/// again. The job is one recorded action, finished with its counts.
 async fn replay(
     backend: &Backend,
     json: bool,
     filter: &LetterFilter,
+    all: bool,
     decision: &Decision,
 ) -> Result<Exit, CallError> {
     let actor = decision.actor()?;
-    let letters = backend
-        .call::<Letters>(&OperatorRequest::ListDeadLetters {
+    let mut job = backend
+        .call::<JobAnswer>(&OperatorRequest::StartJob {
+            kind: shared::operator::JobKind::ReplayDeadLetters,
             filter: filter.to_filter(),
+            all,
+            actor: Some(actor),
+            reason: Some(decision.reason.clone()),
         })
         .await?
-        .dead_letters;
-    let bar = ProgressBar::new(letters.len() as u64);
+        .job;
+    let bar = ProgressBar::new(u64::try_from(job.estimate).unwrap_or(0));
     bar.set_style(
         ProgressStyle::with_template("replaying {bar:40} {pos}/{len} {msg} ({eta} left)")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    let mut total = ReplayOutcome::default();
-    for chunk in letters.chunks(REPLAY_CHUNK) {
-        let ids = chunk.iter().map(|l| l.dead_letter_id).collect();
-        let done = backend
-            .call::<ReplayOutcome>(&OperatorRequest::Replay {
-                filter: ReplayFilter {
-                    ids,
-                    ..ReplayFilter::default()
-                },
-                all: false,
-                actor: Some(actor.clone()),
-                reason: Some(decision.reason.clone()),
+    while job.status == "running" {
+        job = backend
+            .call::<JobAnswer>(&OperatorRequest::RunJob {
+                job_id: job.job_id,
+                seconds: Some(JOB_STEP_SECONDS),
             })
-            .await?;
-        total.selected += done.selected;
-        total.replayed += done.replayed;
-        total.failed += done.failed;
-        total.skipped += done.skipped;
-        bar.inc(chunk.len() as u64);
-        bar.set_message(format!("{} failed again", total.failed));
+            .await?
+            .job;
+        bar.set_position(u64::try_from(job.done + job.failed + job.skipped).unwrap_or(0));
+        bar.set_message(format!("{} failed again", job.failed));
     }
     bar.finish_and_clear();
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    let total = ReplayOutcome {
+        selected: count(job.done + job.failed + job.skipped),
+        replayed: count(job.done),
+        failed: count(job.failed),
+        skipped: count(job.skipped),
+    };
     show(json, &total, render::replay);
     Ok(if total.failed > 0 { 1 } else { 0 })
 }

@@ -941,9 +941,11 @@ async fn every_state_change_records_who_asked_and_why(
             .fetch_one(&db.pool)
             .await
             .unwrap();
+    // A replay runs as a job: its record holds the job's counts.
     assert_eq!(
         outcome,
-        serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0})
+        serde_json::json!({"selected": 1, "replayed": 1, "failed": 0, "skipped": 0,
+                           "job_id": 1, "status": "finished", "estimate": 1})
     );
     assert_eq!(invocation, serde_json::json!({}));
     let (outcome, invocation): (Value, Value) =

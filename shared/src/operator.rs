@@ -253,9 +253,9 @@ pub enum OperatorRequest {
         #[serde(default)]
         filter: ReplayFilter,
     },
-    /// Starts a job over every open dead letter the filter matches (its `limit` ignored):
-    /// replay them all, or discard them all. An empty filter needs `all`. Answers the job with
-    /// its estimate; `run_job` runs it.
+    /// Starts a job over every open dead letter the filter matches (at most its `limit`, when
+    /// it gives one): replay them all, or discard them all. An empty filter needs `all`.
+    /// Answers the job with its estimate; `run_job` runs it.
     StartJob {
         kind: JobKind,
         #[serde(default)]
@@ -627,11 +627,19 @@ fn bounded(action: &str, everything: &str, empty: bool, all: bool) -> Result<(),
     Ok(())
 }
 
-/// A job's counts, as its operator action records them.
+/// A job's counts, as its operator action records them: a replay's under the names a
+/// `replay` request's outcome has (`selected`, `replayed`, `failed`, `skipped`), a discard's
+/// `discarded`, with the job's id, status and estimate.
 fn job_counts(job: &crate::store::operator_jobs::Job) -> serde_json::Value {
+    let done = if job.kind == JobKind::DiscardDeadLetters.as_str() {
+        "discarded"
+    } else {
+        "replayed"
+    };
     serde_json::json!({
         "job_id": job.job_id, "status": job.status, "estimate": job.estimate,
-        "done": job.done, "failed": job.failed, "skipped": job.skipped,
+        "selected": job.done + job.failed + job.skipped, done: job.done,
+        "failed": job.failed, "skipped": job.skipped,
     })
 }
 
@@ -654,8 +662,16 @@ async fn run_job(
         .map_err(|e| OperatorError::BadRequest(format!("job {job_id}'s kind: {e}")))?;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(seconds);
     while job.status == "running" {
-        let letters =
-            dead_letters::select_open_after(pool, &filter, job.after_id, JOB_STEP).await?;
+        // A filter's limit caps the letters the job takes.
+        let taken = job.done + job.failed + job.skipped;
+        let step = filter
+            .limit
+            .map_or(JOB_STEP, |limit| JOB_STEP.min(limit - taken).max(0));
+        let letters = if step == 0 {
+            Vec::new()
+        } else {
+            dead_letters::select_open_after(pool, &filter, job.after_id, step).await?
+        };
         let Some(last) = letters.last().map(|l| l.dead_letter_id) else {
             if let Some(ended) = operator_jobs::end(pool, job_id, "finished").await? {
                 operator_actions::finish(pool, ended.action_id, &job_counts(&ended)).await?;
@@ -663,13 +679,15 @@ async fn run_job(
             }
             break;
         };
+        // The job's record names every letter it takes, before acting on it.
+        let ids: Vec<i64> = letters.iter().map(|l| l.dead_letter_id).collect();
+        operator_actions::add_affected(pool, job.action_id, &to_json(&ids)).await?;
         let (done, failed, skipped) = match kind {
             JobKind::ReplayDeadLetters => {
                 let outcome = drain::replay_letters(pool, registry, &letters).await?;
                 (outcome.replayed, outcome.failed, outcome.skipped)
             }
             JobKind::DiscardDeadLetters => {
-                let ids: Vec<i64> = letters.iter().map(|l| l.dead_letter_id).collect();
                 let discarded = dead_letters::discard_open(pool, &ids).await?;
                 (discarded, 0, ids.len() as u64 - discarded)
             }
@@ -1147,7 +1165,9 @@ pub async fn handle_invoked(
             })
         }
         OperatorRequest::EstimateJob { kind: _, filter } => Ok(OperatorResponse::Estimate {
-            estimate: dead_letters::count_matching(pool, &filter).await?,
+            estimate: dead_letters::count_matching(pool, &filter)
+                .await?
+                .min(filter.limit.unwrap_or(i64::MAX)),
         }),
         OperatorRequest::StartJob {
             kind,
@@ -1163,7 +1183,9 @@ pub async fn handle_invoked(
                 filter.is_empty(),
                 all,
             )?;
-            let estimate = dead_letters::count_matching(pool, &filter).await?;
+            let estimate = dead_letters::count_matching(pool, &filter)
+                .await?
+                .min(filter.limit.unwrap_or(i64::MAX));
             let request = serde_json::json!({"kind": kind, "filter": filter, "all": all});
             let mut tx = pool.begin().await.map_err(StoreError::from)?;
             let action_id = operator_actions::record(

@@ -67,6 +67,22 @@ pub async fn finish(
     Ok(())
 }
 
+/// Adds what a running action touched in one of its steps (a job's letters) to its record.
+pub async fn add_affected(
+    executor: impl PgExecutor<'_>,
+    action_id: i64,
+    affected: &serde_json::Value,
+) -> Result<(), StoreError> {
+    const SQL: &str =
+        "UPDATE operator_actions SET affected = affected || $2::jsonb WHERE action_id = $1";
+    sqlx::query(SQL)
+        .bind(action_id)
+        .bind(affected)
+        .execute(executor)
+        .await?;
+    Ok(())
+}
+
 /// A recorded action, as `hookctl actions list` shows it.
 #[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
 pub struct RecordedAction {
