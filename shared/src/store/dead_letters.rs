@@ -87,29 +87,45 @@ pub struct DeadLetter {
     pub attempts: i32,
 }
 
-/// Open dead letters (`new` or `investigating`) matching the filter, oldest first.
-pub async fn select_open(
-    executor: impl PgExecutor<'_>,
-    f: &ReplayFilter,
-) -> Result<Vec<DeadLetter>, StoreError> {
-    const SQL: &str = "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
-         FROM dead_letters \
-         WHERE status IN ('new', 'investigating') \
+/// The open letters (`new`, `investigating`) a [`ReplayFilter`] matches: its fields are `$1` to
+/// `$6`, bound in that order by [`bind_filter!`].
+macro_rules! open_and_matching {
+    () => {
+        " WHERE status IN ('new', 'investigating') \
            AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
            AND ($2::text IS NULL OR tenant_id = $2) \
            AND ($3::text IS NULL OR event_type = $3) \
            AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
            AND ($5::timestamptz IS NULL OR created_at >= $5) \
-           AND ($6::timestamptz IS NULL OR created_at < $6) \
-         ORDER BY created_at, dead_letter_id \
-         LIMIT $7";
-    Ok(sqlx::query_as(SQL)
-        .bind(&f.ids)
-        .bind(&f.tenant_id)
-        .bind(&f.event_type)
-        .bind(&f.error_contains)
-        .bind(f.created_after)
-        .bind(f.created_before)
+           AND ($6::timestamptz IS NULL OR created_at < $6)"
+    };
+}
+
+/// Binds a [`ReplayFilter`]'s fields as [`open_and_matching!`] reads them.
+macro_rules! bind_filter {
+    ($query:expr, $f:expr) => {
+        $query
+            .bind(&$f.ids)
+            .bind(&$f.tenant_id)
+            .bind(&$f.event_type)
+            .bind(&$f.error_contains)
+            .bind($f.created_after)
+            .bind($f.created_before)
+    };
+}
+
+/// Open dead letters (`new` or `investigating`) matching the filter, oldest first.
+pub async fn select_open(
+    executor: impl PgExecutor<'_>,
+    f: &ReplayFilter,
+) -> Result<Vec<DeadLetter>, StoreError> {
+    const SQL: &str = concat!(
+        "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
+         FROM dead_letters",
+        open_and_matching!(),
+        " ORDER BY created_at, dead_letter_id LIMIT $7"
+    );
+    Ok(bind_filter!(sqlx::query_as(SQL), f)
         .bind(f.limit.unwrap_or(1000).clamp(1, 100_000))
         .fetch_all(executor)
         .await?)
@@ -291,21 +307,8 @@ pub async fn count_matching(
     executor: impl PgExecutor<'_>,
     f: &ReplayFilter,
 ) -> Result<i64, StoreError> {
-    const SQL: &str = "SELECT count(*) FROM dead_letters \
-         WHERE status IN ('new', 'investigating') \
-           AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
-           AND ($2::text IS NULL OR tenant_id = $2) \
-           AND ($3::text IS NULL OR event_type = $3) \
-           AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
-           AND ($5::timestamptz IS NULL OR created_at >= $5) \
-           AND ($6::timestamptz IS NULL OR created_at < $6)";
-    Ok(sqlx::query_scalar(SQL)
-        .bind(&f.ids)
-        .bind(&f.tenant_id)
-        .bind(&f.event_type)
-        .bind(&f.error_contains)
-        .bind(f.created_after)
-        .bind(f.created_before)
+    const SQL: &str = concat!("SELECT count(*) FROM dead_letters", open_and_matching!());
+    Ok(bind_filter!(sqlx::query_scalar(SQL), f)
         .fetch_one(executor)
         .await?)
 }
@@ -318,23 +321,13 @@ pub async fn select_open_after(
     after_id: i64,
     limit: i64,
 ) -> Result<Vec<DeadLetter>, StoreError> {
-    const SQL: &str = "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
-         FROM dead_letters \
-         WHERE status IN ('new', 'investigating') AND dead_letter_id > $7 \
-           AND (cardinality($1::bigint[]) = 0 OR dead_letter_id = ANY($1)) \
-           AND ($2::text IS NULL OR tenant_id = $2) \
-           AND ($3::text IS NULL OR event_type = $3) \
-           AND ($4::text IS NULL OR strpos(lower(error), lower($4)) > 0) \
-           AND ($5::timestamptz IS NULL OR created_at >= $5) \
-           AND ($6::timestamptz IS NULL OR created_at < $6) \
-         ORDER BY dead_letter_id LIMIT $8";
-    Ok(sqlx::query_as(SQL)
-        .bind(&f.ids)
-        .bind(&f.tenant_id)
-        .bind(&f.event_type)
-        .bind(&f.error_contains)
-        .bind(f.created_after)
-        .bind(f.created_before)
+    const SQL: &str = concat!(
+        "SELECT dead_letter_id, tenant_id, external_id, event_type, status, error, attempts \
+         FROM dead_letters",
+        open_and_matching!(),
+        " AND dead_letter_id > $7 ORDER BY dead_letter_id LIMIT $8"
+    );
+    Ok(bind_filter!(sqlx::query_as(SQL), f)
         .bind(after_id)
         .bind(limit)
         .fetch_all(executor)
