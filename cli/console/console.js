@@ -388,23 +388,75 @@ async function outbox() {
   );
 }
 
-// The latest anomaly run: every check, breaching first, with what it measured.
+// The latest anomaly run: every check, breaching first, with what it measured; a check's
+// name opens its history (#/checks/<name>/<subject>).
 async function checks() {
-  let answer;
+  const opened = location.hash.match(/^#\/checks\/([^/]+)\/?(.*)$/);
+  let answer, history;
   try {
-    answer = await ask({ action: "list_checks" });
+    [answer, history] = await Promise.all([
+      ask({ action: "list_checks" }),
+      opened ? ask({ action: "check_history", check_name: decodeURIComponent(opened[1]),
+        subject: decodeURIComponent(opened[2] || ""), runs: 48 }) : null,
+    ]);
   } catch (error) {
     return show(el("h1", {}, "Checks"), failure(error));
   }
   const range = (c) => `${c.expected_low ?? "–"} … ${c.expected_high ?? "–"}`;
   const rows = answer.checks.map((c) => el("tr", { class: c.breached ? "breached" : null, "data-check": c.check_name },
-    el("td", {}, c.breached ? "BREACHED" : "ok"), el("td", {}, c.check_name), el("td", {}, c.family),
-    el("td", {}, c.subject), el("td", { class: "num" }, c.value ?? "–"), el("td", {}, range(c)), el("td", {}, c.detail)));
+    el("td", {}, c.breached ? "BREACHED" : "ok"),
+    el("td", {}, el("a", { href: `#/checks/${encodeURIComponent(c.check_name)}/${encodeURIComponent(c.subject)}`, class: "check-link" }, c.check_name)),
+    el("td", {}, c.family), el("td", {}, c.subject), el("td", { class: "num" }, c.value ?? "–"), el("td", {}, range(c)), el("td", {}, c.detail)));
   show(
     el("h1", {}, "Checks"),
+    history ? checkHistory(history.check_history) : null,
     el("p", { class: "muted" }, answer.checks.length ? `measured ${age(answer.checks[0].measured_at)}` : "The anomaly job has not run yet."),
     table("checks", ["", "check", "family", "subject", { label: "value", num: true }, "expected", "what it says"], rows),
   );
+}
+
+// A check's values over its latest runs (oldest left), its expected range as a band, breaches red.
+function checkHistory(results) {
+  const runs = [...results].reverse();
+  const name = runs.length ? `${runs[0].check_name}${runs[0].subject ? ` (${runs[0].subject})` : ""}` : "no run measured it";
+  const svg = "http://www.w3.org/2000/svg";
+  const width = 480, height = 80, step = width / Math.max(runs.length, 1);
+  const values = runs.flatMap((r) => [r.value, r.expected_low, r.expected_high]).filter((v) => v !== null && Number.isFinite(v));
+  const low = Math.min(0, ...values), high = Math.max(1, ...values);
+  const y = (v) => height - 5 - ((v - low) / (high - low || 1)) * (height - 10);
+  const node = document.createElementNS(svg, "svg");
+  node.setAttribute("width", width);
+  node.setAttribute("height", height);
+  node.setAttribute("id", "check-history");
+  runs.forEach((r, i) => {
+    if (r.expected_low !== null || r.expected_high !== null) {
+      const band = document.createElementNS(svg, "rect");
+      const top = y(r.expected_high ?? high), bottom = y(r.expected_low ?? low);
+      band.setAttribute("x", i * step);
+      band.setAttribute("y", top);
+      band.setAttribute("width", step);
+      band.setAttribute("height", Math.max(1, bottom - top));
+      band.setAttribute("fill", "#dff3e4");
+      node.append(band);
+    }
+  });
+  runs.forEach((r, i) => {
+    if (r.value === null) return;
+    const dot = document.createElementNS(svg, "circle");
+    dot.setAttribute("cx", i * step + step / 2);
+    dot.setAttribute("cy", y(r.value));
+    dot.setAttribute("r", 3);
+    dot.setAttribute("fill", r.breached ? "#b91c1c" : "#1d4ed8");
+    dot.setAttribute("class", r.breached ? "breach" : "within");
+    const title = document.createElementNS(svg, "title");
+    title.textContent = `${new Date(r.measured_at).toLocaleString()}: ${r.value}${r.breached ? " (breached)" : ""}`;
+    dot.append(title);
+    node.append(dot);
+  });
+  return el("div", { id: "check" },
+    el("h2", {}, `${name}: its last ${runs.length} run(s)`),
+    node,
+    el("p", { class: "muted" }, "Green: the range the check expects; red: a breach. The check's meaning and what to do are in docs/operating.md."));
 }
 
 // A job over dead letters: its estimate first, a confirmation and a reason, then the server

@@ -533,7 +533,8 @@ impl Browser {
 /// shown to the end), recorded as the console's actor, and a
 /// replayed event's page shows its dead letter and that it was processed; a forged request is
 /// counted on the overview and read, on the refusals page, as not the provider's; the overview
-/// charts the last 24 hours; the events page tails new events live.
+/// charts the last 24 hours; the events page tails new events live; a check's page shows its
+/// history over the anomaly runs.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: PgPool) {
     let shop = Shop::new(pool.clone()).await;
@@ -635,10 +636,20 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .text_containing("#refused-summary", "deliveries were stored meanwhile")
         .await;
     browser.screenshot("refused").await;
+    // Two anomaly runs: the checks page, and one check's history.
+    let settings = shared::anomaly::AnomalySettings::default();
+    for _ in 0..2 {
+        shared::anomaly::run_once(&pool, &settings, "test")
+            .await
+            .unwrap();
+    }
     browser.click("#nav-checks").await;
+    browser.text_containing("main", "measured").await;
+    browser.click("#checks a.check-link").await;
     browser
-        .text_containing("main", "The anomaly job has not run yet.")
+        .text_containing("#check h2", "its last 2 run(s)")
         .await;
+    browser.screenshot("check").await;
     browser.quit().await;
 
     let open: i64 = sqlx::query_scalar(

@@ -290,6 +290,16 @@ pub enum OperatorRequest {
         #[serde(default)]
         limit: Option<i64>,
     },
+    /// One check's results over its latest anomaly runs, newest first (the console's chart).
+    CheckHistory {
+        check_name: String,
+        /// The source of a per-source check; empty for a global one.
+        #[serde(default)]
+        subject: String,
+        /// 48 when not given.
+        #[serde(default)]
+        runs: Option<i64>,
+    },
     /// Every source's last hours against the same hours of the four weeks before (the
     /// console's overview chart), as fresh as the last anomaly run.
     SourceHours {
@@ -372,6 +382,7 @@ impl OperatorRequest {
             | OperatorRequest::EventHistory { .. }
             | OperatorRequest::ListRefused { .. }
             | OperatorRequest::SourceHours { .. }
+            | OperatorRequest::CheckHistory { .. }
             | OperatorRequest::EstimateJob { .. }
             | OperatorRequest::ShowJob { .. }
             | OperatorRequest::ListJobs { .. }
@@ -516,6 +527,9 @@ pub enum OperatorResponse {
     },
     Estimate {
         estimate: i64,
+    },
+    CheckHistory {
+        check_history: Vec<StoredResult>,
     },
     Job {
         job: Box<crate::store::operator_jobs::Job>,
@@ -1164,6 +1178,19 @@ pub async fn handle_invoked(
                 history: Box::new(history),
             })
         }
+        OperatorRequest::CheckHistory {
+            check_name,
+            subject,
+            runs,
+        } => Ok(OperatorResponse::CheckHistory {
+            check_history: crate::store::anomaly::check_history(
+                pool,
+                &check_name,
+                &subject,
+                runs.unwrap_or(48),
+            )
+            .await?,
+        }),
         OperatorRequest::EstimateJob { kind: _, filter } => Ok(OperatorResponse::Estimate {
             estimate: dead_letters::count_matching(pool, &filter)
                 .await?

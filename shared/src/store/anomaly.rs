@@ -610,6 +610,29 @@ pub struct StoredResult {
     pub detail: String,
 }
 
+/// One check's results over its latest `runs` anomaly runs, newest first: its history (the
+/// console's chart). Walks the newest runs by `maintenance_runs_by_job` and reads each one's
+/// result by the primary key.
+pub async fn check_history(
+    executor: impl sqlx::PgExecutor<'_>,
+    check_name: &str,
+    subject: &str,
+    runs: i64,
+) -> Result<Vec<StoredResult>, StoreError> {
+    const SQL: &str = "SELECT r.run_id, COALESCE(m.finished_at, m.started_at) AS measured_at, r.check_name, \
+                r.family, r.subject, r.value, r.expected_low, r.expected_high, r.breached, r.detail \
+         FROM (SELECT run_id, started_at, finished_at FROM maintenance_runs WHERE job = 'anomaly' \
+               ORDER BY started_at DESC LIMIT $3) AS m \
+         JOIN anomaly_results AS r ON r.run_id = m.run_id AND r.check_name = $1 AND r.subject = $2 \
+         ORDER BY m.started_at DESC";
+    Ok(sqlx::query_as(SQL)
+        .bind(check_name)
+        .bind(subject)
+        .bind(runs.clamp(1, 1000))
+        .fetch_all(executor)
+        .await?)
+}
+
 /// Every result of the latest anomaly run that stored results: breaching first, then by family
 /// and name.
 pub async fn latest_results(
