@@ -20,9 +20,8 @@ use std::time::{Duration, Instant};
 
 use shared::buffer::{BufferMode, BufferQueue};
 use shared::domain::Scheme;
-use shared::ingest::{Buffer, IngestLimits, Ingestor};
-use shared::secrets::{SecretSet, SecretStore};
-use shared::sources::{self, SourceRegistry};
+use shared::ingest::{Buffer, Ingestor};
+use shared::sources;
 use shared::store;
 use sqlx::postgres::PgConnectOptions;
 
@@ -41,16 +40,7 @@ async fn ingestor(
     .connect_with(options.clone())
     .await
     .unwrap();
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
-    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
-    let ingestor = Ingestor::new(
-        pool,
-        registry,
-        Arc::new(secrets),
-        IngestLimits {
-            max_body_bytes: 1 << 20,
-        },
-    );
+    let ingestor = benchmarks::memory_ingestor(pool, SECRET);
     Arc::new(match buffer {
         Some(buffer) => ingestor.with_buffer(buffer),
         None => ingestor,

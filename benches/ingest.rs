@@ -20,9 +20,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use shared::domain::Scheme;
-use shared::ingest::{IngestLimits, Ingestor};
-use shared::secrets::{SecretSet, SecretStore};
-use shared::sources::{self, SourceRegistry};
+use shared::sources;
 use shared::store::{self, webhook_events};
 use sqlx::postgres::PgConnectOptions;
 
@@ -51,57 +49,18 @@ async fn run_handler(
     level: usize,
 ) -> f64 {
     let pool = deployed_pool(options, concurrency).await;
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
-    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
-    let ingestor = Arc::new(Ingestor::new(
-        pool,
-        registry,
-        Arc::new(secrets),
-        IngestLimits {
-            max_body_bytes: 1 << 20,
-        },
-    ));
+    let ingestor = Arc::new(benchmarks::memory_ingestor(pool, SECRET));
     let at = shared::ingest::unix_now();
-    let prebuilt: Vec<_> = (0..PREBUILT_PER_SECOND * seconds)
+    let prebuilt = (0..PREBUILT_PER_SECOND * seconds)
         .map(|n| {
-            std::sync::Mutex::new(Some(benchmarks::signed_request(
+            benchmarks::signed_request(
                 benchmarks::stripe_event_body(&format!("evt_l{level}_{n}")),
                 at,
                 SECRET,
-            )))
+            )
         })
         .collect();
-    let prebuilt = Arc::new(prebuilt);
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (ingestor, prebuilt, next, done) = (
-                ingestor.clone(),
-                prebuilt.clone(),
-                next.clone(),
-                done.clone(),
-            );
-            tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(slot) = prebuilt.get(n) else {
-                        panic!("ran out of prebuilt requests: raise PREBUILT_PER_SECOND");
-                    };
-                    let req = slot.lock().unwrap().take().unwrap();
-                    let response = ingest::handler(req, &ingestor).await.unwrap();
-                    assert_eq!(response.status(), 200, "{:?}", response.body());
-                    done.fetch_add(1, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    benchmarks::drive_handler(ingestor, prebuilt, concurrency, seconds, 1).await
 }
 
 /// The same statement through sqlx alone (no signature, no parsing): separates the driver's
@@ -187,14 +146,13 @@ fn hubspot_batch_of(batch: &str, n: usize, padding: &str) -> Vec<u8> {
 }
 
 fn hubspot_request(body: Vec<u8>, at: i64) -> lambda_http::Request {
-    use lambda_http::RequestExt;
     let v3 = Scheme::Hubspot
         .provider()
         .signatures
         .iter()
         .find(|l| l.name.as_deref() == Some("v3"))
         .unwrap();
-    let headers: http::HeaderMap = shared::signature::sign_with(
+    let signature = shared::signature::sign_with(
         v3,
         &shared::secrets::SigningSecret::new(SECRET),
         &shared::signature::Signing {
@@ -205,23 +163,8 @@ fn hubspot_request(body: Vec<u8>, at: i64) -> lambda_http::Request {
             url: Some(HUBSPOT_URL),
         },
     )
-    .unwrap()
-    .into_iter()
-    .chain([(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    )])
-    .collect();
-    let mut req = http::Request::builder()
-        .method("POST")
-        .uri("/webhooks/bench-hubspot")
-        .body(lambda_http::Body::Binary(body))
-        .unwrap();
-    *req.headers_mut() = headers;
-    req.with_path_parameters(std::collections::HashMap::from([(
-        "source_id".to_owned(),
-        "bench-hubspot".to_owned(),
-    )]))
+    .unwrap();
+    benchmarks::api_gateway_request("bench-hubspot", signature, body)
 }
 
 /// The ingest function's timeout (template.yaml, `IngestFunction`'s `Timeout`).
@@ -233,16 +176,7 @@ const INGEST_TIMEOUT: Duration = Duration::from_secs(10);
 async fn run_largest_batches(options: &PgConnectOptions) {
     use shared::domain::MAX_ELEMENTS;
     let pool = deployed_pool(options, 1).await;
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
-    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
-    let ingestor = Ingestor::new(
-        pool,
-        registry,
-        Arc::new(secrets),
-        IngestLimits {
-            max_body_bytes: 1 << 20,
-        },
-    );
+    let ingestor = benchmarks::memory_ingestor(pool, SECRET);
     // Just under 1 MiB: 1 800 elements of about 550 B.
     let padding = "x".repeat(300);
     for (name, n, pad) in [
@@ -286,56 +220,12 @@ async fn run_largest_batches(options: &PgConnectOptions) {
 /// Elements stored per second through the handler, HubSpot batches of [`BATCH_ELEMENTS`].
 async fn run_batch_handler(options: &PgConnectOptions, concurrency: usize, seconds: u64) -> f64 {
     let pool = deployed_pool(options, concurrency).await;
-    let registry = Arc::new(SourceRegistry::new(pool.clone(), Duration::from_secs(3600)));
-    let secrets = SecretStore::memory([("bench".to_owned(), SecretSet::new(SECRET, None))]);
-    let ingestor = Arc::new(Ingestor::new(
-        pool,
-        registry,
-        Arc::new(secrets),
-        IngestLimits {
-            max_body_bytes: 1 << 20,
-        },
-    ));
+    let ingestor = Arc::new(benchmarks::memory_ingestor(pool, SECRET));
     let at = shared::ingest::unix_now();
-    let prebuilt: Vec<_> = (0..PREBUILT_BATCHES_PER_SECOND * seconds)
-        .map(|n| {
-            std::sync::Mutex::new(Some(hubspot_request(
-                hubspot_batch(&format!("c{concurrency}-{n}")),
-                at,
-            )))
-        })
+    let prebuilt = (0..PREBUILT_BATCHES_PER_SECOND * seconds)
+        .map(|n| hubspot_request(hubspot_batch(&format!("c{concurrency}-{n}")), at))
         .collect();
-    let prebuilt = Arc::new(prebuilt);
-    let next = Arc::new(AtomicUsize::new(0));
-    let done = Arc::new(AtomicUsize::new(0));
-    let deadline = Instant::now() + Duration::from_secs(seconds);
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let (ingestor, prebuilt, next, done) = (
-                ingestor.clone(),
-                prebuilt.clone(),
-                next.clone(),
-                done.clone(),
-            );
-            tokio::spawn(async move {
-                while Instant::now() < deadline {
-                    let n = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(slot) = prebuilt.get(n) else {
-                        panic!("ran out of prebuilt batches: raise PREBUILT_BATCHES_PER_SECOND");
-                    };
-                    let req = slot.lock().unwrap().take().unwrap();
-                    let response = ingest::handler(req, &ingestor).await.unwrap();
-                    assert_eq!(response.status(), 200, "{:?}", response.body());
-                    done.fetch_add(BATCH_ELEMENTS, Ordering::Relaxed);
-                }
-            })
-        })
-        .collect();
-    for t in tasks {
-        t.await.unwrap();
-    }
-    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
+    benchmarks::drive_handler(ingestor, prebuilt, concurrency, seconds, BATCH_ELEMENTS).await
 }
 
 /// What pgbench writes for a batch: the limit, or the least any filing of it must write.

@@ -42,31 +42,112 @@ pub fn stripe_event_body(id: &str) -> Vec<u8> {
 /// `POST /webhooks/bench` as API Gateway hands it to the ingest handler, Stripe-signed with
 /// `secret` at Unix time `at`.
 pub fn signed_request(body: Vec<u8>, at: i64, secret: &str) -> lambda_http::Request {
-    use lambda_http::RequestExt;
-    let headers: http::HeaderMap = shared::signature::sign(
+    let headers = shared::signature::sign(
         Scheme::Stripe,
         &shared::secrets::SigningSecret::new(secret),
         "",
         at,
         &body,
     )
-    .unwrap()
-    .into_iter()
-    .chain([(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static("application/json"),
-    )])
-    .collect();
+    .unwrap();
+    api_gateway_request("bench", headers, body)
+}
+
+/// `POST /webhooks/<source_id>` as API Gateway hands it to the ingest handler: these signature
+/// headers, a JSON content type, the route's path parameter.
+pub fn api_gateway_request(
+    source_id: &str,
+    signature: Vec<(http::HeaderName, http::HeaderValue)>,
+    body: Vec<u8>,
+) -> lambda_http::Request {
+    use lambda_http::RequestExt;
+    let headers: http::HeaderMap = signature
+        .into_iter()
+        .chain([(
+            http::header::CONTENT_TYPE,
+            http::HeaderValue::from_static("application/json"),
+        )])
+        .collect();
     let mut req = http::Request::builder()
         .method("POST")
-        .uri("/webhooks/bench")
+        .uri(format!("/webhooks/{source_id}"))
         .body(lambda_http::Body::Binary(body))
         .unwrap();
     *req.headers_mut() = headers;
     req.with_path_parameters(std::collections::HashMap::from([(
         "source_id".to_owned(),
-        "bench".to_owned(),
+        source_id.to_owned(),
     )]))
+}
+
+/// The ingest path over `pool` as the function builds it, its secrets in memory: `bench`
+/// holds `secret`; bodies up to 1 MiB.
+pub fn memory_ingestor(pool: sqlx::PgPool, secret: &str) -> shared::ingest::Ingestor {
+    let registry = std::sync::Arc::new(shared::sources::SourceRegistry::new(
+        pool.clone(),
+        Duration::from_secs(3600),
+    ));
+    let secrets = shared::secrets::SecretStore::memory([(
+        "bench".to_owned(),
+        shared::secrets::SecretSet::new(secret, None),
+    )]);
+    shared::ingest::Ingestor::new(
+        pool,
+        registry,
+        std::sync::Arc::new(secrets),
+        shared::ingest::IngestLimits {
+            max_body_bytes: 1 << 20,
+        },
+    )
+}
+
+/// Sends the prebuilt requests through the ingest handler from `concurrency` tasks until
+/// `seconds` pass, each answered 200; what each request counts is `per_request` (1 event, or
+/// a batch's elements). Returns the count per second.
+pub async fn drive_handler(
+    ingestor: std::sync::Arc<shared::ingest::Ingestor>,
+    prebuilt: Vec<lambda_http::Request>,
+    concurrency: usize,
+    seconds: u64,
+    per_request: usize,
+) -> f64 {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let prebuilt: std::sync::Arc<Vec<_>> = std::sync::Arc::new(
+        prebuilt
+            .into_iter()
+            .map(|r| std::sync::Mutex::new(Some(r)))
+            .collect(),
+    );
+    let next = std::sync::Arc::new(AtomicUsize::new(0));
+    let done = std::sync::Arc::new(AtomicUsize::new(0));
+    let deadline = Instant::now() + Duration::from_secs(seconds);
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let (ingestor, prebuilt, next, done) = (
+                ingestor.clone(),
+                prebuilt.clone(),
+                next.clone(),
+                done.clone(),
+            );
+            tokio::spawn(async move {
+                while Instant::now() < deadline {
+                    let n = next.fetch_add(1, Ordering::Relaxed);
+                    let Some(slot) = prebuilt.get(n) else {
+                        panic!("ran out of prebuilt requests: prebuild more a second");
+                    };
+                    let req = slot.lock().unwrap().take().unwrap();
+                    let response = ingest::handler(req, &ingestor).await.unwrap();
+                    assert_eq!(response.status(), 200, "{:?}", response.body());
+                    done.fetch_add(per_request, Ordering::Relaxed);
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        t.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / start.elapsed().as_secs_f64()
 }
 
 /// The direct path's single-row upsert with its parameters replaced by pgbench expressions: a
