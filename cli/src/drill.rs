@@ -942,21 +942,25 @@ impl Lab {
     }
 
     fn signed(secret: &str, id: &str, body: &[u8]) -> Result<http::HeaderMap> {
-        let mut headers: http::HeaderMap = shared::signature::sign(
+        shared::signature::sign(
             Scheme::Stripe,
             &SigningSecret::new(secret),
             id,
             unix_now(),
             body,
         )
-        .map_err(|e| DrillError::Setup(e.to_string()))?
-        .into_iter()
-        .collect();
+        .map(Self::json_headers)
+        .map_err(|e| DrillError::Setup(e.to_string()))
+    }
+
+    /// A signature's headers and a JSON content type: a delivery's headers.
+    fn json_headers(signature: Vec<(http::HeaderName, http::HeaderValue)>) -> http::HeaderMap {
+        let mut headers: http::HeaderMap = signature.into_iter().collect();
         headers.insert(
             http::header::CONTENT_TYPE,
             http::HeaderValue::from_static("application/json"),
         );
-        Ok(headers)
+        headers
     }
 
     fn provider_body(&self, n: u64) -> Result<serde_json::Value> {
@@ -1010,7 +1014,7 @@ impl Lab {
             .iter()
             .find(|l| l.name.as_deref() == Some("v3"))
             .ok_or_else(|| DrillError::Setup("the HubSpot entry has no v3 layout".into()))?;
-        let mut headers: http::HeaderMap = shared::signature::sign_with(
+        let headers = shared::signature::sign_with(
             v3,
             &SigningSecret::new(CRM_SECRET),
             &shared::signature::Signing {
@@ -1021,13 +1025,8 @@ impl Lab {
                 url: Some(CRM_URL),
             },
         )
-        .map_err(|e| DrillError::Setup(e.to_string()))?
-        .into_iter()
-        .collect();
-        headers.insert(
-            http::header::CONTENT_TYPE,
-            http::HeaderValue::from_static("application/json"),
-        );
+        .map(Self::json_headers)
+        .map_err(|e| DrillError::Setup(e.to_string()))?;
         let reply = self
             .http
             .post(format!("{}/webhooks/crm", self.ingest_url))
