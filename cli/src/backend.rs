@@ -175,3 +175,36 @@ mod tests {
         ));
     }
 }
+
+/// How long one step of a job runs in the backend: through the operator function each step is
+/// one Invoke, answered well within its timeout, and progress shows between steps.
+pub const JOB_STEP_SECONDS: u64 = 5;
+
+#[derive(serde::Deserialize)]
+struct JobAnswer {
+    job: shared::store::operator_jobs::Job,
+}
+
+impl Backend {
+    /// Runs a started job a step at a time until it is no longer running (finished, or
+    /// aborted), telling `each_step` where it stands after each; the job as it ended. A step
+    /// that fails ends the run with its error; the job stays running where it stopped, and
+    /// `run_job` resumes it.
+    pub async fn run_job(
+        &self,
+        job_id: i64,
+        mut each_step: impl FnMut(&shared::store::operator_jobs::Job),
+    ) -> Result<shared::store::operator_jobs::Job, CallError> {
+        let step = OperatorRequest::RunJob {
+            job_id,
+            seconds: Some(JOB_STEP_SECONDS),
+        };
+        loop {
+            let job = self.call::<JobAnswer>(&step).await?.job;
+            each_step(&job);
+            if job.status != "running" {
+                return Ok(job);
+            }
+        }
+    }
+}

@@ -433,10 +433,6 @@ pub async fn dead_letters(backend: &Backend, json: bool, action: DeadLettersActi
     result.unwrap_or_else(fail)
 }
 
-/// How long one step of a replay job runs in the backend: the progress bar moves between
-/// steps, and through the operator function each step answers within its timeout.
-const JOB_STEP_SECONDS: u64 = 5;
-
 #[derive(Deserialize, serde::Serialize)]
 struct JobAnswer {
     job: shared::store::operator_jobs::Job,
@@ -469,16 +465,13 @@ async fn replay(
         ProgressStyle::with_template("replaying {bar:40} {pos}/{len} {msg} ({eta} left)")
             .unwrap_or_else(|_| ProgressStyle::default_bar()),
     );
-    while job.status == "running" {
+    if job.status == "running" {
         job = backend
-            .call::<JobAnswer>(&OperatorRequest::RunJob {
-                job_id: job.job_id,
-                seconds: Some(JOB_STEP_SECONDS),
+            .run_job(job.job_id, |job| {
+                bar.set_position(u64::try_from(job.done + job.failed + job.skipped).unwrap_or(0));
+                bar.set_message(format!("{} failed again", job.failed));
             })
-            .await?
-            .job;
-        bar.set_position(u64::try_from(job.done + job.failed + job.skipped).unwrap_or(0));
-        bar.set_message(format!("{} failed again", job.failed));
+            .await?;
     }
     bar.finish_and_clear();
     let count = |n: i64| u64::try_from(n).unwrap_or(0);

@@ -320,26 +320,11 @@ async fn operate(State(console): State<Arc<Console>>, headers: HeaderMap, body: 
     }
 }
 
-/// Runs a job the page started, a step of a few seconds at a time through the backend (the
-/// operator function answers each within its timeout), until it finishes or is aborted. The
-/// job's progress is the server's: the page reads it with `show_job`. A step that fails stops
-/// the runner and is logged; the job stays running, and `run_job` resumes it where it stopped.
+/// Runs a job the page started, through the backend, until it finishes or is aborted
+/// ([`Backend::run_job`]); the page reads its progress with `show_job`. A step that fails is
+/// logged, and the job stays running where it stopped.
 async fn run_job(console: Arc<Console>, job_id: i64) {
-    let step = OperatorRequest::RunJob {
-        job_id,
-        seconds: Some(JOB_STEP_SECONDS),
-    };
-    loop {
-        match console.backend.call_json(&step).await {
-            Ok(answer) if answer["job"]["status"] == "running" => continue,
-            Ok(_) => return,
-            Err(error) => {
-                tracing::warn!(job_id, %error, "a job's step failed: the job stops here; run_job resumes it");
-                return;
-            }
-        }
+    if let Err(error) = console.backend.run_job(job_id, |_| {}).await {
+        tracing::warn!(job_id, %error, "a job's step failed: the job stops here; run_job resumes it");
     }
 }
-
-/// How long one step of a job runs in the backend.
-const JOB_STEP_SECONDS: u64 = 5;
