@@ -2208,3 +2208,19 @@ fn every_method_a_provider_checks_its_endpoint_with_is_routed_to_ingest() {
         "routed {routed:?}, the catalogue needs {needed:?}"
     );
 }
+
+/// A job's step (`run_job`, the console's and `hookctl dead-letters replay`'s) runs at most
+/// `MAX_JOB_SECONDS`, and through `--function` each step is one Invoke of the operator
+/// function: the step must end, and answer, before Lambda ends the function at its Timeout.
+#[test]
+fn a_job_step_ends_before_the_operator_function_times_out() {
+    let t = template();
+    let timeout = t["Resources"]["OperatorFunction"]["Properties"]["Timeout"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        shared::operator::MAX_JOB_SECONDS * 2 <= timeout,
+        "a {} s step in a {timeout} s function leaves too little to commit and answer",
+        shared::operator::MAX_JOB_SECONDS
+    );
+}

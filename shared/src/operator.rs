@@ -346,6 +346,9 @@ impl JobKind {
 
 /// Letters a job takes in one step.
 const JOB_STEP: i64 = 50;
+/// The longest `run_job` runs, whatever it is asked: under the operator function's timeout
+/// (tests/deployment.rs holds the two together), so a step answers before Lambda ends it.
+pub const MAX_JOB_SECONDS: u64 = 60;
 
 impl OperatorRequest {
     /// Whether the request changes state (and so carries an actor and a reason, recorded in
@@ -1243,7 +1246,13 @@ pub async fn handle_invoked(
             Ok(OperatorResponse::Job { job: Box::new(job) })
         }
         OperatorRequest::RunJob { job_id, seconds } => {
-            let job = run_job(pool, registry, job_id, seconds.unwrap_or(10).clamp(1, 60)).await?;
+            let job = run_job(
+                pool,
+                registry,
+                job_id,
+                seconds.unwrap_or(10).clamp(1, MAX_JOB_SECONDS),
+            )
+            .await?;
             Ok(OperatorResponse::Job { job: Box::new(job) })
         }
         OperatorRequest::AbortJob {
