@@ -113,8 +113,10 @@ async fn run_upsert_batch(
                         provider_retries: 0,
                         id_outside_signature: false,
                         signed_digest: None,
+                        verified_layout: None,
                     },
                     received_at: now,
+                    buffered: false,
                 })
                 .collect();
             let mut tx = pool.begin().await.unwrap();
@@ -147,6 +149,7 @@ async fn run_file_batch(
                             envelope: Envelope {
                                 v: ENVELOPE_VERSION,
                                 delivery_id: id.clone(),
+                                verified_layout: None,
                                 source_id: "bench".into(),
                                 received_at_micros: shared::ingest::unix_now_micros(),
                                 verified_with: "current".into(),

@@ -100,6 +100,7 @@ async fn run_store_only(
                         provider_retries: 0,
                         id_outside_signature: false,
                         signed_digest: None,
+                        verified_layout: None,
                     };
                     webhook_events::upsert(&pool, &event).await.unwrap();
                     done.fetch_add(1, Ordering::Relaxed);

@@ -449,6 +449,7 @@ async fn no_source_is_silent_while_the_buffer_holds_deliveries(pool: PgPool) {
         envelope: shared::buffer::Envelope {
             v: shared::buffer::ENVELOPE_VERSION,
             delivery_id: "d-waiting".into(),
+            verified_layout: None,
             source_id: "github".into(),
             received_at_micros: now() * 1_000_000,
             verified_with: "current".into(),

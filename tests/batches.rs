@@ -496,6 +496,7 @@ async fn the_buffer_files_a_batch_element_by_element(pool: PgPool) {
                 envelope: shared::buffer::Envelope {
                     v: shared::buffer::ENVELOPE_VERSION,
                     delivery_id: delivery_id.to_owned(),
+                    verified_layout: None,
                     source_id: "hubspot".to_owned(),
                     received_at_micros: shared::ingest::unix_now_micros(),
                     verified_with: "current".to_owned(),
@@ -806,6 +807,7 @@ async fn every_adyen_item_is_verified_and_filed_as_its_own_event(pool: PgPool) {
             envelope: shared::buffer::Envelope {
                 v: shared::buffer::ENVELOPE_VERSION,
                 delivery_id: "d-adyen".to_owned(),
+                verified_layout: None,
                 source_id: "adyen".to_owned(),
                 received_at_micros: shared::ingest::unix_now_micros(),
                 verified_with: "current".to_owned(),
@@ -1002,4 +1004,86 @@ async fn every_graph_notification_is_checked_and_its_client_state_never_kept(poo
     let reply = app.post("graph", json_headers(), &retried).await;
     assert_eq!(reply.json["elements"]["duplicate"], 1, "{:?}", reply.json);
     assert_eq!(events(&pool).await.len(), 2);
+}
+
+/// An event's row says which of its provider's layouts verified it and how many of its
+/// deliveries came through the SQS buffer (what its page in the console shows): HubSpot's v3
+/// for a direct delivery, none buffered; a buffered copy of the same request counts one more
+/// buffered delivery for each element, and a new element filed from the buffer starts at one.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_event_records_the_layout_that_verified_it_and_the_deliveries_the_buffer_filed(
+    pool: PgPool,
+) {
+    let app = hubspot_app(&pool).await;
+    let direct = serde_json::to_vec(&serde_json::json!([hubspot_event(1, 1, 0)])).unwrap();
+    let reply = app.post("hubspot", hubspot_signed(&direct), &direct).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+    let filing = || async {
+        sqlx::query_as::<_, (String, Option<String>, Option<i32>, i32)>(
+            "SELECT e.external_id, f.verified_layout, NULLIF(f.buffered_deliveries, 0), \
+                    e.delivery_count \
+             FROM webhook_events AS e LEFT JOIN event_filings AS f USING (tenant_id, external_id) \
+             ORDER BY e.external_id",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    assert_eq!(
+        filing().await,
+        [("62515:12345:1".to_owned(), Some("v3".to_owned()), None, 1)]
+    );
+
+    let body = serde_json::to_vec(&serde_json::json!([
+        hubspot_event(1, 1, 0),
+        hubspot_event(2, 2, 0)
+    ]))
+    .unwrap();
+    let hubspot = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
+    let kept: std::collections::BTreeMap<String, String> =
+        shared::ingest::kept_headers(&hubspot, &hubspot_signed(&body))
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+    let message = shared::buffer::filing::Message {
+        message_id: "m-1".to_owned(),
+        delivery: Ok(shared::buffer::BufferedDelivery {
+            envelope: shared::buffer::Envelope {
+                v: shared::buffer::ENVELOPE_VERSION,
+                delivery_id: "d-1".to_owned(),
+                verified_layout: Some("v3".to_owned()),
+                source_id: "hubspot".to_owned(),
+                received_at_micros: shared::ingest::unix_now_micros(),
+                verified_with: "current".to_owned(),
+                signed_headers: vec!["x-hubspot-request-timestamp".to_owned()],
+                headers: kept,
+                signed_digest: None,
+                element_digests: Vec::new(),
+            },
+            body,
+        }),
+    };
+    let consumed = shared::buffer::consumer::consume(&pool, &[message])
+        .await
+        .unwrap();
+    assert_eq!(consumed.stored, 1, "{consumed:?}");
+    assert_eq!(
+        filing().await,
+        [
+            (
+                "62515:12345:1".to_owned(),
+                Some("v3".to_owned()),
+                Some(1),
+                2
+            ),
+            (
+                "62515:12345:2".to_owned(),
+                Some("v3".to_owned()),
+                Some(1),
+                1
+            ),
+        ]
+    );
 }

@@ -81,6 +81,7 @@ fn delivery(n: u32) -> BufferedDelivery {
         envelope: Envelope {
             v: ENVELOPE_VERSION,
             delivery_id: format!("delivery-{n}"),
+            verified_layout: None,
             source_id: "stripe".into(),
             received_at_micros: 1_764_000_000_000_000 + i64::from(n),
             verified_with: "current".into(),

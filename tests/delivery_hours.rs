@@ -692,6 +692,7 @@ async fn redeliver_with_another_body(
         provider_retries: 0,
         id_outside_signature: false,
         signed_digest: None,
+        verified_layout: None,
     };
     webhook_events::upsert(pool, &event).await.unwrap().outcome
 }

@@ -2224,3 +2224,23 @@ fn a_job_step_ends_before_the_operator_function_times_out() {
         shared::operator::MAX_JOB_SECONDS
     );
 }
+
+/// The console says a gap asked to be backfilled now is fetched within
+/// `BACKFILL_PASS_SECONDS`: the backfill function's schedule is that often.
+#[test]
+fn a_gap_asked_to_be_backfilled_now_is_fetched_within_the_pass_the_console_names() {
+    let t = template();
+    let events = t["Resources"]["BackfillFunction"]["Properties"]["Events"]
+        .as_mapping()
+        .unwrap();
+    let schedules: Vec<&str> = events
+        .values()
+        .filter(|e| e["Type"] == "Schedule")
+        .filter_map(|e| e["Properties"]["Schedule"].as_str())
+        .collect();
+    let expected = format!(
+        "rate({} minutes)",
+        shared::operator::BACKFILL_PASS_SECONDS / 60
+    );
+    assert_eq!(schedules, [expected.as_str()]);
+}

@@ -774,6 +774,7 @@ async fn beside_live_writes(
                     provider_retries: 0,
                     id_outside_signature: false,
                     signed_digest: None,
+                    verified_layout: None,
                 };
                 let stored = match shared::store::webhook_events::upsert(&writers, &event).await {
                     // This build's upsert needs this build's whole schema; a database one

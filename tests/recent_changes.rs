@@ -61,6 +61,7 @@ fn event<'a>(id: &'a str, change: &'a Change, body: &'a [u8], sha: [u8; 32]) -> 
         provider_retries: 0,
         id_outside_signature: false,
         signed_digest: None,
+        verified_layout: None,
     }
 }
 
@@ -211,6 +212,7 @@ async fn the_check_counts_what_grouping_the_day_counts_and_a_run_reads_what_came
         &[BatchedEvent {
             event: event("y-1", &newer, b"newer-y", sha(b"newer-y")),
             received_at: chrono::Utc::now(),
+            buffered: false,
         }],
     )
     .await

@@ -234,6 +234,86 @@ async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
     assert_eq!(status, "arrived");
 }
 
+/// "Backfill now": a gap still inside a long grace period, asked for by an operator (recorded
+/// with who and why), is fetched by the next pass and stored; asking for a gap that is not open
+/// is refused with the reason.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_gap_an_operator_asks_for_is_fetched_by_the_next_pass_despite_its_grace(pool: PgPool) {
+    let provider = provider(100, vec![]);
+    let base = Arc::clone(&provider).serve().await;
+    let app = app(
+        pool.clone(),
+        &[provider_source(
+            "seq",
+            sequence_strategy(),
+            &base,
+            Duration::from_secs(3600),
+        )],
+    )
+    .await;
+    let (deliveries, _) = provider.deliveries(plan(0.0, 4));
+    deliver_all(
+        &app,
+        "seq",
+        deliveries
+            .into_iter()
+            .filter(|d| d.id != "evt_40")
+            .collect(),
+    )
+    .await;
+    let found = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    assert_eq!((found.waiting_grace, found.fetched), (1, 0));
+
+    let registry = shared::effects::EffectRegistry::standard();
+    let ask = |request: serde_json::Value| {
+        let (pool, registry) = (&pool, &registry);
+        async move {
+            let request = shared::operator::parse(request).unwrap();
+            shared::operator::handle(pool, registry, request)
+                .await
+                .map(|answer| serde_json::to_value(answer).unwrap())
+        }
+    };
+    let asked = ask(serde_json::json!({
+        "action": "backfill_gap", "tenant_id": TENANT, "source_id": "seq", "external_id": "evt_40",
+        "actor": "carol", "reason": "the customer is waiting"}))
+    .await
+    .unwrap();
+    assert_eq!(asked["next_pass_within_seconds"], 300, "{asked}");
+
+    let next = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    assert_eq!(
+        (next.fetched, next.backfilled, next.waiting_grace),
+        (1, 1, 0)
+    );
+    assert_eq!(provider.fetched(), ["evt_40"]);
+    let stored: String =
+        sqlx::query_scalar("SELECT verified_with FROM webhook_events WHERE external_id = 'evt_40'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, "provider_api");
+    let (actor, reason): (String, String) =
+        sqlx::query_as("SELECT actor, reason FROM operator_actions WHERE action = 'backfill_gap'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(
+        (actor.as_str(), reason.as_str()),
+        ("carol", "the customer is waiting")
+    );
+
+    let refused = ask(serde_json::json!({
+        "action": "backfill_gap", "tenant_id": TENANT, "source_id": "seq", "external_id": "evt_40",
+        "actor": "carol", "reason": "again"}))
+    .await
+    .unwrap_err();
+    assert!(
+        refused.to_string().contains("no open gap evt_40"),
+        "{refused}"
+    );
+}
+
 /// An operator tombstone stops a gap from being flagged.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
@@ -1586,6 +1666,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
         envelope: shared::buffer::Envelope {
             v: shared::buffer::ENVELOPE_VERSION,
             delivery_id: "d-evt-7".into(),
+            verified_layout: None,
             source_id: "by-sequence".into(),
             received_at_micros: now() * 1_000_000,
             verified_with: "current".into(),

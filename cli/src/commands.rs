@@ -274,6 +274,19 @@ pub enum GapsAction {
         #[arg(long, default_value_t = 100)]
         limit: i64,
     },
+    /// Ask for an open gap to be fetched by the next backfill pass (every 5 minutes in AWS;
+    /// `hookctl backfill` runs one here), without waiting out its source's grace period.
+    Backfill {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        source: String,
+        /// The missing event's external id.
+        #[arg(long = "id")]
+        external_id: String,
+        #[command(flatten)]
+        decision: Decision,
+    },
 }
 
 #[derive(Subcommand, Debug)]
@@ -756,12 +769,50 @@ struct Gaps {
 }
 
 pub async fn gaps(backend: &Backend, json: bool, action: GapsAction) -> Exit {
-    let GapsAction::List { source, limit } = action;
-    let request = OperatorRequest::ListGaps {
-        source_id: source,
-        limit: Some(limit),
-    };
-    answer(backend, json, request, |g: &Gaps| render::gaps(&g.gaps)).await
+    match action {
+        GapsAction::List { source, limit } => {
+            let request = OperatorRequest::ListGaps {
+                source_id: source,
+                limit: Some(limit),
+            };
+            answer(backend, json, request, |g: &Gaps| render::gaps(&g.gaps)).await
+        }
+        GapsAction::Backfill {
+            tenant,
+            source,
+            external_id,
+            decision,
+        } => {
+            let result = match decision.actor() {
+                Err(e) => Err(e),
+                Ok(actor) => backend
+                    .call::<BackfillRequested>(&OperatorRequest::BackfillGap {
+                        tenant_id: tenant,
+                        source_id: source,
+                        external_id,
+                        reason: Some(decision.reason),
+                        actor: Some(actor),
+                    })
+                    .await
+                    .map(|b| {
+                        show(json, &b, |b| {
+                            format!(
+                                "{} will be fetched by the next backfill pass (within {} s)\n",
+                                b.external_id, b.next_pass_within_seconds
+                            )
+                        });
+                        0
+                    }),
+            };
+            result.unwrap_or_else(fail)
+        }
+    }
+}
+
+#[derive(Deserialize, serde::Serialize)]
+struct BackfillRequested {
+    external_id: String,
+    next_pass_within_seconds: u64,
 }
 
 #[derive(Deserialize, serde::Serialize)]

@@ -749,6 +749,7 @@ impl Ingestor {
             &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
+            admitted.verified.layout.name.as_deref(),
         );
         let (Some(event), Some(fields)) = (events.first(), prepared.first()) else {
             return Err(IngestError::Store(StoreError::Corrupt {
@@ -800,6 +801,7 @@ impl Ingestor {
             &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
+            admitted.verified.layout.name.as_deref(),
         );
         let received_at = chrono::DateTime::from_timestamp_micros(admitted.received_at_micros)
             .unwrap_or_else(chrono::Utc::now);
@@ -871,6 +873,7 @@ async fn file_elements(
                 .map(|event| BatchedEvent {
                     event: event.clone(),
                     received_at,
+                    buffered: false,
                 })
                 .collect();
             let stored = webhook_events::upsert_batch(&mut tx, &batched).await?;
@@ -930,6 +933,7 @@ impl Admitted<'_> {
             envelope: Envelope {
                 v: ENVELOPE_VERSION,
                 delivery_id: format!("{:032x}", rand::random::<u128>()),
+                verified_layout: self.verified.layout.name.clone(),
                 source_id: self.source.source_id.as_str().to_owned(),
                 received_at_micros: self.received_at_micros,
                 verified_with: self.verified.secret.as_str().to_owned(),

@@ -94,6 +94,17 @@ pub enum OperatorRequest {
         #[serde(default, alias = "operator")]
         actor: Option<String>,
     },
+    /// Asks for an open gap to be fetched from the provider by the next backfill pass, without
+    /// waiting out its source's grace period (the console's "Backfill now").
+    BackfillGap {
+        tenant_id: String,
+        source_id: String,
+        external_id: String,
+        #[serde(default)]
+        reason: Option<String>,
+        #[serde(default)]
+        actor: Option<String>,
+    },
     /// The verdict (every event accounted for, or what is not) and its evidence.
     Status,
     /// One dead letter, whatever its status, with its headers (less the signatures) and payload.
@@ -350,6 +361,10 @@ const JOB_STEP: i64 = 50;
 /// (tests/deployment.rs holds the two together), so a step answers before Lambda ends it.
 pub const MAX_JOB_SECONDS: u64 = 60;
 
+/// How often the backfill pass runs in AWS (the backfill function's schedule in template.yaml):
+/// a gap asked to be backfilled now is fetched within this long.
+pub const BACKFILL_PASS_SECONDS: u64 = 300;
+
 impl OperatorRequest {
     /// Whether the request changes state (and so carries an actor and a reason, recorded in
     /// `operator_actions`), rather than only reading. The console answers these only when
@@ -359,6 +374,7 @@ impl OperatorRequest {
             OperatorRequest::Replay { .. }
             | OperatorRequest::SetDeadLetterStatus { .. }
             | OperatorRequest::Tombstone { .. }
+            | OperatorRequest::BackfillGap { .. }
             | OperatorRequest::ResendOutbox { .. }
             | OperatorRequest::DiscardOutbox { .. }
             | OperatorRequest::RedriveBuffer { .. }
@@ -463,6 +479,11 @@ pub enum OperatorResponse {
     Tombstoned {
         external_id: String,
         created: bool,
+    },
+    /// The gap will be fetched by the next backfill pass.
+    BackfillRequested {
+        external_id: String,
+        next_pass_within_seconds: u64,
     },
     Status(Box<StatusReport>),
     DeadLetter {
@@ -902,6 +923,47 @@ pub async fn handle_invoked(
             Ok(OperatorResponse::Tombstoned {
                 external_id,
                 created,
+            })
+        }
+        OperatorRequest::BackfillGap {
+            tenant_id,
+            source_id,
+            external_id,
+            reason,
+            actor,
+        } => {
+            let asked = asked("backfill_gap", &actor, &reason)?;
+            let mut tx = pool.begin().await.map_err(StoreError::from)?;
+            let open = crate::store::gaps::request_backfill(
+                &mut *tx,
+                &tenant_id,
+                &source_id,
+                &external_id,
+            )
+            .await?;
+            if !open {
+                return Err(OperatorError::BadRequest(format!(
+                    "no open gap {external_id} of source {source_id} (tenant {tenant_id}): it arrived, was backfilled or tombstoned"
+                )));
+            }
+            let request = serde_json::json!({
+                "tenant_id": tenant_id, "source_id": source_id, "external_id": external_id,
+            });
+            operator_actions::record(
+                &mut *tx,
+                &asked.record(
+                    invocation,
+                    &request,
+                    &serde_json::json!([external_id]),
+                    None,
+                    true,
+                ),
+            )
+            .await?;
+            tx.commit().await.map_err(StoreError::from)?;
+            Ok(OperatorResponse::BackfillRequested {
+                external_id,
+                next_pass_within_seconds: BACKFILL_PASS_SECONDS,
             })
         }
         OperatorRequest::Status => {

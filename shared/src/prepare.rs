@@ -231,15 +231,16 @@ impl Prepared {
         self.events.first().map(|e| &e.fields)
     }
 
-    /// The events to store: this delivery's fields under its source. `signed_digest` is the
-    /// verification's [`signature::Verified::signed_digest`] (carried in the buffer's envelope
-    /// for a buffered delivery).
+    /// The events to store: this delivery's fields under its source. `signed_digest` and
+    /// `verified_layout` are the verification's ([`signature::Verified`]; carried in the
+    /// buffer's envelope for a buffered delivery).
     pub fn events<'a>(
         &'a self,
         source: &'a Source,
         body: &'a [u8],
         verified_with: &'a str,
         signed_digest: Option<[u8; 32]>,
+        verified_layout: Option<&'a str>,
     ) -> Vec<NewEvent<'a>> {
         let payload = self.form_json.as_deref().unwrap_or(body);
         self.events
@@ -258,6 +259,7 @@ impl Prepared {
                 event.provider_retries = self.provider_retries;
                 event.id_outside_signature = self.id_outside_signature;
                 event.signed_digest = prepared.signed_digest.or(signed_digest);
+                event.verified_layout = verified_layout;
                 event
             })
             .collect()

@@ -346,6 +346,7 @@ impl Source {
             provider_retries: 0,
             id_outside_signature: false,
             signed_digest: None,
+            verified_layout: None,
         }
     }
 }

@@ -107,7 +107,22 @@ pub struct SourceStatus {
     /// The last complete hour against the same hour of the week in the source's own history
     /// (from the anomaly views; `None` when the views have no row for it yet).
     pub usual_hour: Option<SourceFlow>,
+    /// Its events waiting in the queue, and how long the oldest has waited (0 when none). Read
+    /// over the earliest ready [`SOURCE_BACKLOG_CAP`] queue rows: past that, a lower bound, and
+    /// `pending_capped` says so.
+    #[serde(default)]
+    pub pending: i64,
+    #[serde(default)]
+    pub oldest_pending_age_seconds: f64,
+    #[serde(default)]
+    pub pending_capped: bool,
+    /// Its open gaps, in grace or past it.
+    #[serde(default)]
+    pub open_gaps: i64,
 }
+
+/// How many queue rows the per-source backlog reads at most (the whole queue's depth is exact).
+pub const SOURCE_BACKLOG_CAP: i64 = 10_000;
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct QueueStatus {
@@ -293,19 +308,32 @@ pub async fn report(pool: &PgPool, settings: &StatusSettings) -> Result<StatusRe
 
     let refused = store::ingest_anomalies::refused_last_day_by_source(pool).await?;
     let flows = store::anomaly::source_flow(pool).await?;
+    let (backlogs, pending_capped) =
+        store::event_queue::backlog_by_source(pool, SOURCE_BACKLOG_CAP).await?;
+    let gaps_by_source = store::gaps::count_open_by_source(pool).await?;
     let sources: Vec<SourceStatus> = store::webhook_events::activity_by_source(pool)
         .await?
         .into_iter()
-        .map(|activity| SourceStatus {
-            refused_last_day: refused
-                .iter()
-                .find(|(id, _)| *id == activity.source_id)
-                .map_or(0, |(_, n)| *n),
-            usual_hour: flows
-                .iter()
-                .find(|f| f.source_id == activity.source_id)
-                .cloned(),
-            activity,
+        .map(|activity| {
+            let backlog = backlogs.iter().find(|b| b.source_id == activity.source_id);
+            SourceStatus {
+                pending: backlog.map_or(0, |b| b.pending),
+                oldest_pending_age_seconds: backlog.map_or(0.0, |b| b.oldest_pending_age_seconds),
+                pending_capped,
+                open_gaps: gaps_by_source
+                    .iter()
+                    .find(|(id, _)| *id == activity.source_id)
+                    .map_or(0, |(_, n)| *n),
+                refused_last_day: refused
+                    .iter()
+                    .find(|(id, _)| *id == activity.source_id)
+                    .map_or(0, |(_, n)| *n),
+                usual_hour: flows
+                    .iter()
+                    .find(|f| f.source_id == activity.source_id)
+                    .cloned(),
+                activity,
+            }
         })
         .collect();
 

@@ -938,6 +938,7 @@ pub fn buffered(
         envelope: shared::buffer::Envelope {
             v: shared::buffer::ENVELOPE_VERSION,
             delivery_id: delivery_id.to_owned(),
+            verified_layout: None,
             source_id: source.source_id.as_str().to_owned(),
             received_at_micros,
             verified_with: verified.secret.as_str().to_owned(),

@@ -41,6 +41,7 @@ pub fn pay_delivery(delivery_id: &str, body: &[u8]) -> shared::buffer::BufferedD
         envelope: shared::buffer::Envelope {
             v: shared::buffer::ENVELOPE_VERSION,
             delivery_id: delivery_id.into(),
+            verified_layout: None,
             source_id: "pay".into(),
             received_at_micros: unix_now() * 1_000_000,
             verified_with: "current".into(),

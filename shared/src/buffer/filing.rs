@@ -277,6 +277,7 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             &d.body,
             &d.envelope.verified_with,
             d.signed_digest(),
+            d.envelope.verified_layout.as_deref(),
         );
         // A batch's request is kept once, beside its elements.
         if prepared.batch {
@@ -301,6 +302,7 @@ async fn file_once(pool: &PgPool, messages: &[Message]) -> Result<Vec<Filed>, Up
             events.push(BatchedEvent {
                 event,
                 received_at: c.received_at,
+                buffered: true,
             });
         }
     }
@@ -475,11 +477,12 @@ pub async fn file_kept(
             error,
         })?;
     let events: Vec<BatchedEvent<'_>> = prepared
-        .events(&source, payload, "current", None)
+        .events(&source, payload, "current", None, None)
         .into_iter()
         .map(|event| BatchedEvent {
             event,
             received_at: kept.detected_at,
+            buffered: false,
         })
         .collect();
     let stored = webhook_events::upsert_batch(&mut *conn, &events).await?;

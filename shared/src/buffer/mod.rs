@@ -105,6 +105,10 @@ pub struct Envelope {
     /// otherwise.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub element_digests: Vec<String>,
+    /// The name of the provider's layout that verified it, for a provider with several: the
+    /// stored row's `verified_layout`. Absent otherwise and from envelopes of earlier releases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_layout: Option<String>,
 }
 
 /// Why a message cannot be read as a buffered delivery.
@@ -210,6 +214,7 @@ mod tests {
             envelope: Envelope {
                 v: ENVELOPE_VERSION,
                 delivery_id: "d1".into(),
+                verified_layout: None,
                 source_id: "gh".into(),
                 received_at_micros: 1_764_000_000_123_456,
                 verified_with: "current".into(),

@@ -38,7 +38,8 @@ pub struct Applied {
 }
 
 /// Applies each change only when the stored (version, tiebreak, event id) is lower, and in the
-/// same statement writes the outbox row announcing it: one statement for all of `changes`,
+/// same statement writes the outbox row announcing it (with the version it replaced,
+/// `previous_version`, null for a new entity): one statement for all of `changes`,
 /// which must name distinct entities (the caller applies a second change of one entity in a
 /// later call). Returns what happened to each change, in order. A delete keeps the last state
 /// and sets `deleted`; a lower version (a late update) changes nothing, so a deleted entity is
@@ -95,8 +96,10 @@ pub async fn apply_versioned(
          announced AS ( \
              INSERT INTO outbox (tenant_id, external_id, action, payload, idempotency_key) \
              SELECT a.tenant_id, c.external_id, $13, jsonb_build_object('entity_type', a.entity_type, \
-                    'entity_id', a.entity_id, 'version', a.version, 'deleted', a.deleted), c.outbox_key \
+                    'entity_id', a.entity_id, 'version', a.version, 'deleted', a.deleted, \
+                    'previous_version', b.version), c.outbox_key \
              FROM applied AS a JOIN c USING (tenant_id, entity_type, entity_id) \
+             LEFT JOIN before AS b USING (tenant_id, entity_type, entity_id) \
              ON CONFLICT (tenant_id, external_id, action) DO NOTHING), \
          ambiguous AS ( \
              INSERT INTO ingest_anomalies (tenant_id, source_id, kind, external_id, payload_sha256, detail) \

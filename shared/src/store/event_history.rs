@@ -26,6 +26,30 @@ pub struct Filing {
     pub attempts: i32,
     pub last_error: Option<String>,
     pub provider_sequence: Option<i64>,
+    /// The source's scheme (its provider, or `declared`), and the name of the provider's
+    /// layout that verified the stored payload when the provider has several (`None`: its only
+    /// layout, or stored before layouts were recorded).
+    pub scheme: String,
+    pub verified_layout: Option<String>,
+    /// How many of its deliveries came through the SQS buffer (`None`: none recorded).
+    pub buffered_deliveries: Option<i32>,
+    /// The entity it names, and the version it carries.
+    pub entity_id: Option<String>,
+    pub entity_version: Option<i64>,
+    #[serde(skip)]
+    pub event_type: String,
+}
+
+/// The entity an event names, as the projection holds it now.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct Entity {
+    pub entity_type: String,
+    pub entity_id: String,
+    pub version: i64,
+    pub deleted: bool,
+    /// The event whose version it holds.
+    pub last_event_id: String,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The event waiting in the queue.
@@ -49,6 +73,8 @@ pub struct Message {
     /// Where it went (or was last tried): `http https://…`, `sqs …`; none before a try.
     pub destination: Option<String>,
     pub tried_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// An `entity.changed` message's payload: the entity's version before and after the event.
+    pub change: Option<serde_json::Value>,
 }
 
 /// A dead letter of the event, open or closed.
@@ -80,6 +106,10 @@ pub struct Anomaly {
 #[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
 pub struct EventHistory {
     pub filing: Filing,
+    /// The entity the event names, as projected now (`None`: it names none, or the projection
+    /// holds no such entity).
+    #[serde(default)]
+    pub entity: Option<Entity>,
     pub queued: Option<Queued>,
     pub outbox: Vec<Message>,
     pub dead_letters: Vec<Letter>,
@@ -92,14 +122,20 @@ pub async fn of(
     tenant_id: &str,
     external_id: &str,
 ) -> Result<Option<EventHistory>, StoreError> {
-    const FILING: &str = "SELECT headers, verified_with, encode(payload_sha256, 'hex') AS payload_sha256, \
-             encode(superseded_sha256, 'hex') AS superseded_sha256, last_delivery_outcome, received_at, \
-             id_outside_signature, attempts, last_error, provider_sequence \
-         FROM webhook_events WHERE tenant_id = $1 AND external_id = $2";
+    const FILING: &str = "SELECT e.headers, e.verified_with, encode(e.payload_sha256, 'hex') AS payload_sha256, \
+             encode(e.superseded_sha256, 'hex') AS superseded_sha256, e.last_delivery_outcome, e.received_at, \
+             e.id_outside_signature, e.attempts, e.last_error, e.provider_sequence, s.scheme, \
+             f.verified_layout, NULLIF(f.buffered_deliveries, 0) AS buffered_deliveries, e.entity_id, e.entity_version, e.event_type \
+         FROM webhook_events AS e JOIN sources AS s USING (source_id) \
+         LEFT JOIN event_filings AS f USING (tenant_id, external_id) \
+         WHERE e.tenant_id = $1 AND e.external_id = $2";
+    const ENTITY: &str = "SELECT entity_type, entity_id, version, deleted, last_event_id, updated_at \
+         FROM entities WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3";
     const QUEUED: &str = "SELECT enqueued_at, ready_at FROM event_queue \
          WHERE tenant_id = $1 AND external_id = $2";
     const OUTBOX: &str = "SELECT o.outbox_id, o.action, o.status, o.attempts, o.last_error, o.created_at, \
-             o.delivered_at, d.destination, d.tried_at \
+             o.delivered_at, d.destination, d.tried_at, \
+             CASE WHEN o.action = 'entity.changed' THEN o.payload END AS change \
          FROM outbox AS o LEFT JOIN outbox_destinations AS d USING (outbox_id) \
          WHERE o.tenant_id = $1 AND o.external_id = $2 ORDER BY o.outbox_id";
     const LETTERS: &str = "SELECT dead_letter_id, status, reason, error, attempts, created_at, replay_count, \
@@ -116,6 +152,18 @@ pub async fn of(
         .await?
     else {
         return Ok(None);
+    };
+    let entity = match &filing.entity_id {
+        Some(entity_id) => {
+            let (entity_type, _) = crate::effects::entity::classify(&filing.event_type);
+            sqlx::query_as(ENTITY)
+                .bind(tenant_id)
+                .bind(entity_type)
+                .bind(entity_id)
+                .fetch_optional(&mut *conn)
+                .await?
+        }
+        None => None,
     };
     let queued = sqlx::query_as(QUEUED)
         .bind(tenant_id)
@@ -139,6 +187,7 @@ pub async fn of(
         .await?;
     Ok(Some(EventHistory {
         filing,
+        entity,
         queued,
         outbox,
         dead_letters,

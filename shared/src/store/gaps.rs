@@ -305,7 +305,8 @@ pub async fn add_redeliverable_candidates(
 }
 
 /// Open candidates with a delivery to redeliver, past the grace period and not asked for within
-/// it, oldest first.
+/// it, oldest first; before them, those an operator asked to backfill now
+/// ([`request_backfill`]), grace or not.
 pub async fn due_redeliveries(
     executor: impl PgExecutor<'_>,
     source_id: &str,
@@ -314,9 +315,10 @@ pub async fn due_redeliveries(
 ) -> Result<Vec<Candidate>, StoreError> {
     const SQL: &str = "SELECT tenant_id, external_id, sequence, provider_ref FROM gap_candidates \
          WHERE source_id = $1 AND status = 'open' AND provider_ref IS NOT NULL \
-           AND first_seen_at <= now() - make_interval(secs => $2) \
-           AND (redelivery_requested_at IS NULL OR redelivery_requested_at <= now() - make_interval(secs => $2)) \
-         ORDER BY first_seen_at, external_id LIMIT $3";
+           AND (first_seen_at <= now() - make_interval(secs => $2) OR backfill_requested_at IS NOT NULL) \
+           AND (redelivery_requested_at IS NULL OR redelivery_requested_at <= now() - make_interval(secs => $2) \
+                OR backfill_requested_at > redelivery_requested_at) \
+         ORDER BY backfill_requested_at IS NULL, first_seen_at, external_id LIMIT $3";
     Ok(sqlx::query_as(SQL)
         .bind(source_id)
         .bind(grace_seconds)
@@ -374,6 +376,8 @@ pub struct Candidate {
 }
 
 /// Open candidates older than the grace period, oldest first.
+/// Open candidates past their grace period, oldest first; before them, those an operator asked
+/// to backfill now ([`request_backfill`]), grace or not.
 pub async fn due_candidates(
     executor: impl PgExecutor<'_>,
     source_id: &str,
@@ -381,8 +385,9 @@ pub async fn due_candidates(
     limit: i64,
 ) -> Result<Vec<Candidate>, StoreError> {
     const SQL: &str = "SELECT tenant_id, external_id, sequence, provider_ref FROM gap_candidates \
-         WHERE source_id = $1 AND status = 'open' AND first_seen_at <= now() - make_interval(secs => $2) \
-         ORDER BY first_seen_at, external_id LIMIT $3";
+         WHERE source_id = $1 AND status = 'open' \
+           AND (first_seen_at <= now() - make_interval(secs => $2) OR backfill_requested_at IS NOT NULL) \
+         ORDER BY backfill_requested_at IS NULL, first_seen_at, external_id LIMIT $3";
     Ok(sqlx::query_as(SQL)
         .bind(source_id)
         .bind(grace_seconds)
@@ -398,12 +403,34 @@ pub async fn waiting_candidates(
     grace_seconds: f64,
 ) -> Result<i64, StoreError> {
     const SQL: &str = "SELECT count(*) FROM gap_candidates \
-         WHERE source_id = $1 AND status = 'open' AND first_seen_at > now() - make_interval(secs => $2)";
+         WHERE source_id = $1 AND status = 'open' AND first_seen_at > now() - make_interval(secs => $2) \
+           AND backfill_requested_at IS NULL";
     Ok(sqlx::query_scalar(SQL)
         .bind(source_id)
         .bind(grace_seconds)
         .fetch_one(executor)
         .await?)
+}
+
+/// An operator asks for the open gap `(tenant_id, external_id)` of `source_id` to be fetched
+/// by the next backfill pass, without waiting out its grace period. Returns whether such an
+/// open gap exists.
+pub async fn request_backfill(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    source_id: &str,
+    external_id: &str,
+) -> Result<bool, StoreError> {
+    const SQL: &str = "UPDATE gap_candidates SET backfill_requested_at = now() \
+         WHERE tenant_id = $1 AND source_id = $2 AND external_id = $3 AND status = 'open'";
+    Ok(sqlx::query(SQL)
+        .bind(tenant_id)
+        .bind(source_id)
+        .bind(external_id)
+        .execute(executor)
+        .await?
+        .rows_affected()
+        == 1)
 }
 
 pub async fn mark_backfilled(
@@ -510,6 +537,9 @@ pub struct OpenGap {
     pub in_grace: bool,
     pub attempts: i32,
     pub last_error: Option<String>,
+    /// When an operator asked for it to be fetched by the next pass, grace or not.
+    #[serde(default)]
+    pub backfill_requested_at: Option<chrono::DateTime<chrono::Utc>>,
 }
 
 /// Open gaps, oldest first, optionally of one source.
@@ -520,7 +550,7 @@ pub async fn open_gaps(
 ) -> Result<Vec<OpenGap>, StoreError> {
     const SQL: &str = "SELECT g.tenant_id, g.external_id, g.source_id, g.sequence, g.first_seen_at, \
                 g.first_seen_at > now() - make_interval(secs => s.gap_grace_seconds) AS in_grace, \
-                g.attempts, g.last_error \
+                g.attempts, g.last_error, g.backfill_requested_at \
          FROM gap_candidates AS g JOIN sources AS s USING (source_id) \
          WHERE g.status = 'open' AND ($1::text IS NULL OR g.source_id = $1) \
          ORDER BY g.first_seen_at, g.external_id LIMIT $2";
@@ -529,6 +559,15 @@ pub async fn open_gaps(
         .bind(limit.clamp(1, 100_000))
         .fetch_all(executor)
         .await?)
+}
+
+/// Open gaps per source (in grace or not), read off the open gaps' partial index.
+pub async fn count_open_by_source(
+    executor: impl PgExecutor<'_>,
+) -> Result<Vec<(String, i64)>, StoreError> {
+    const SQL: &str = "SELECT source_id, count(*) FROM gap_candidates WHERE status = 'open' \
+         GROUP BY source_id ORDER BY source_id";
+    Ok(sqlx::query_as(SQL).fetch_all(executor).await?)
 }
 
 /// Open gaps backfill has had its chance at: past their source's grace period by more than

@@ -225,6 +225,9 @@ pub async fn purge_identities(
              WHERE o.tenant_id = batch.tenant_id AND o.external_id = batch.external_id RETURNING o.outbox_id), \
          destinations_gone AS ( \
              DELETE FROM outbox_destinations AS d USING outbox_gone WHERE d.outbox_id = outbox_gone.outbox_id), \
+         filings_gone AS ( \
+             DELETE FROM event_filings AS f USING batch \
+             WHERE f.tenant_id = batch.tenant_id AND f.external_id = batch.external_id), \
          gone AS ( \
              DELETE FROM webhook_events AS e USING batch \
              WHERE e.tenant_id = batch.tenant_id AND e.external_id = batch.external_id \

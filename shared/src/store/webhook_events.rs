@@ -34,6 +34,9 @@ pub struct NewEvent<'a> {
     /// (`signature::Verified::signed_digest`): what the replay guard claims in place of
     /// `payload_sha256`, so that re-encoded bytes around one signed string are one body.
     pub signed_digest: Option<[u8; 32]>,
+    /// The name of the provider's layout that verified it, for a provider with several
+    /// (`verified_layout`, shown on the event's page).
+    pub verified_layout: Option<&'a str>,
 }
 
 impl NewEvent<'_> {
@@ -277,6 +280,12 @@ WITH claim AS (
     INSERT INTO event_queue (tenant_id, external_id)
     SELECT $1, $2 FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
+), filed AS (
+    INSERT INTO event_filings AS f (tenant_id, external_id, verified_layout)
+    SELECT $1, $2, $16 FROM judged AS j
+    WHERE $16 IS NOT NULL AND j.ours AND j.replay_of IS NULL AND j.payload_sha256 = $9
+      AND j.last_delivery_outcome <> 'duplicate'
+    ON CONFLICT (tenant_id, external_id) DO UPDATE SET verified_layout = EXCLUDED.verified_layout
 ), repeated AS (
     INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
     SELECT m.source_id, m.hour, m.rereads_changes
@@ -324,10 +333,10 @@ WITH input AS (
     SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                          $7::int8[], $8::int8[], $9::bytea[], $10::bytea[], $11::jsonb[],
                          $12::text[], $13::int4[], $14::bool[], $15::int8[], $16::timestamptz[],
-                         $17::bytea[])
+                         $17::bytea[], $18::text[], $19::int4[])
         AS i(ord, tenant_id, external_id, source_id, event_type, entity_id, entity_version,
              provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-             outside, version_tiebreak, received_at, body_claim)
+             outside, version_tiebreak, received_at, body_claim, verified_layout, buffered)
 ), claim AS (
     INSERT INTO signed_bodies AS b (source_id, payload_sha256, external_id)
     SELECT i.source_id, i.body_claim,
@@ -412,6 +421,7 @@ WITH input AS (
     SELECT r.ord, r.tenant_id, r.external_id, r.source_id AS delivered_source,
            r.payload_sha256 AS delivered_sha256, r.payload AS delivered_payload,
            r.headers AS delivered_headers, r.outside, r.received_at, r.replay_of,
+           r.verified_layout, r.buffered,
            d.source_id, d.last_delivery_outcome, d.delivery_count, d.status, d.payload_sha256,
            d.superseded_sha256, d.first_received_at, d.source_id = r.source_id AS ours,
            CASE WHEN d.source_id <> r.source_id
@@ -489,6 +499,22 @@ WITH input AS (
     INSERT INTO event_queue (tenant_id, external_id)
     SELECT j.tenant_id, j.external_id FROM judged AS j
     WHERE j.ours AND j.last_delivery_outcome = 'accepted' AND j.replay_of IS NULL
+), filed AS (
+    -- The layout of a payload this delivery stored (new, or taken in a conflict), and one more
+    -- delivery the buffer filed.
+    INSERT INTO event_filings AS f (tenant_id, external_id, verified_layout, buffered_deliveries)
+    SELECT j.tenant_id, j.external_id,
+           CASE WHEN j.replay_of IS NULL AND j.payload_sha256 = j.delivered_sha256
+                     AND j.last_delivery_outcome <> 'duplicate' THEN j.verified_layout END,
+           COALESCE(j.buffered, 0)
+    FROM judged AS j
+    WHERE j.ours AND (j.buffered IS NOT NULL
+                      OR (j.verified_layout IS NOT NULL AND j.replay_of IS NULL
+                          AND j.payload_sha256 = j.delivered_sha256
+                          AND j.last_delivery_outcome <> 'duplicate'))
+    ON CONFLICT (tenant_id, external_id) DO UPDATE SET
+        verified_layout = COALESCE(EXCLUDED.verified_layout, f.verified_layout),
+        buffered_deliveries = f.buffered_deliveries + EXCLUDED.buffered_deliveries
 ), repeated AS (
     INSERT INTO delivery_hours_dirty (source_id, hour, rereads_changes)
     SELECT m.source_id, m.hour, m.rereads_changes
@@ -552,6 +578,7 @@ pub async fn upsert(
         .bind(event.id_outside_signature)
         .bind(event.version_tiebreak)
         .bind(event.body_claim())
+        .bind(event.verified_layout)
         .fetch_one(executor)
         .await;
     let row = match row {
@@ -588,6 +615,8 @@ pub struct BatchedEvent<'a> {
     pub event: NewEvent<'a>,
     /// The row's received time: when ingest received the delivery, not when it was filed.
     pub received_at: chrono::DateTime<chrono::Utc>,
+    /// The SQS buffer's consumer files it (counted in `buffered_deliveries`).
+    pub buffered: bool,
 }
 
 #[derive(sqlx::FromRow)]
@@ -750,6 +779,10 @@ struct Columns<'a> {
     tiebreak: Vec<Option<i64>>,
     received: Vec<chrono::DateTime<chrono::Utc>>,
     claims: Vec<&'a [u8]>,
+    layouts: Vec<Option<&'a str>>,
+    /// 1 for a delivery the buffer's consumer files, else NULL: `buffered_deliveries` as the
+    /// row would start.
+    buffered: Vec<Option<i32>>,
 }
 
 impl<'a> Columns<'a> {
@@ -773,6 +806,8 @@ impl<'a> Columns<'a> {
             tiebreak: Vec::with_capacity(n),
             received: Vec::with_capacity(n),
             claims: Vec::with_capacity(n),
+            layouts: Vec::with_capacity(n),
+            buffered: Vec::with_capacity(n),
         };
         for &i in members {
             let Some(b) = events.get(i) else { continue };
@@ -794,6 +829,8 @@ impl<'a> Columns<'a> {
             c.tiebreak.push(e.version_tiebreak);
             c.received.push(b.received_at);
             c.claims.push(e.body_claim());
+            c.layouts.push(e.verified_layout);
+            c.buffered.push(b.buffered.then_some(1));
         }
         c
     }
@@ -823,6 +860,8 @@ async fn upsert_round(
         .bind(c.tiebreak)
         .bind(c.received)
         .bind(c.claims)
+        .bind(c.layouts)
+        .bind(c.buffered)
         .fetch_all(conn)
         .await;
     match rows {
@@ -844,10 +883,11 @@ const INSERT_NEW: &str = r#"
 WITH input AS (
     SELECT * FROM unnest($1::int4[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[],
                          $7::int8[], $8::int8[], $9::bytea[], $10::bytea[], $11::jsonb[],
-                         $12::text[], $13::int4[], $14::int8[], $15::timestamptz[])
+                         $12::text[], $13::int4[], $14::int8[], $15::timestamptz[], $16::text[],
+                         $17::int4[])
         AS i(ord, tenant_id, external_id, source_id, event_type, entity_id, entity_version,
              provider_sequence, payload, payload_sha256, headers, verified_with, provider_retries,
-             version_tiebreak, received_at)
+             version_tiebreak, received_at, verified_layout, buffered)
 ), inserted AS (
     INSERT INTO webhook_events (
         tenant_id, external_id, source_id, event_type, entity_id, entity_version,
@@ -865,6 +905,11 @@ WITH input AS (
 ), queued AS (
     INSERT INTO event_queue (tenant_id, external_id)
     SELECT n.tenant_id, n.external_id FROM inserted AS n
+), filed AS (
+    INSERT INTO event_filings (tenant_id, external_id, verified_layout, buffered_deliveries)
+    SELECT i.tenant_id, i.external_id, i.verified_layout, COALESCE(i.buffered, 0)
+    FROM input AS i JOIN inserted AS n USING (tenant_id, external_id)
+    WHERE i.verified_layout IS NOT NULL OR i.buffered IS NOT NULL
 )
 SELECT i.ord FROM input AS i JOIN inserted AS n USING (tenant_id, external_id)
 "#;
@@ -892,6 +937,8 @@ async fn insert_new(
         .bind(c.retries)
         .bind(c.tiebreak)
         .bind(c.received)
+        .bind(c.layouts)
+        .bind(c.buffered)
         .fetch_all(conn)
         .await?;
     Ok(inserted
