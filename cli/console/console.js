@@ -2,7 +2,7 @@
 // JavaScript, no dependencies; everything shown is set as text, never as HTML.
 "use strict";
 
-const state = { whoami: null, refresh: null, paused: false, eventsAfter: [] };
+const state = { whoami: null, refresh: null, paused: false, eventsAfter: [], generation: 0 };
 
 function el(tag, attrs, ...children) {
   const node = document.createElement(tag);
@@ -37,6 +37,12 @@ function present(nodes) {
 function show(...nodes) {
   const main = document.getElementById("main");
   main.replaceChildren(...present(nodes));
+}
+
+// A page shows what it read only if no other page was asked for meanwhile: a slow answer for
+// the page left behind never replaces the one the operator went to.
+function showIf(generation, ...nodes) {
+  if (generation === state.generation) show(...nodes);
 }
 
 function failure(error) {
@@ -99,6 +105,7 @@ function chart(hours) {
 
 // Overview: the status verdict first, then what it rests on.
 async function overview() {
+  const gen = state.generation;
   let report, refusals, hours;
   try {
     [report, refusals, hours] = await Promise.all([
@@ -107,7 +114,7 @@ async function overview() {
       ask({ action: "source_hours", hours: 24 }),
     ]);
   } catch (error) {
-    return show(el("h1", {}, "Overview"), failure(error));
+    return showIf(gen, el("h1", {}, "Overview"), failure(error));
   }
   const refusedLastDay = refusals.last_day.reduce((sum, s) => sum + s.refused_last_day, 0);
   const verdict = report.verdict === "accounted_for"
@@ -125,6 +132,11 @@ async function overview() {
       el("td", { class: "num" }, s.duplicates_last_day),
       el("td", { class: "num" }, s.conflicts_last_day),
       el("td", { class: "num" }, s.refused_last_day),
+      el("td", { class: "num", "data-refused": s.source_id }, refusals.last_day
+        .filter((r) => r.source_id === s.source_id).reduce((sum, r) => sum + r.refused_last_day, 0)),
+      el("td", { class: "num", "data-pending": s.source_id }, `${s.pending_capped ? "≥ " : ""}${s.pending ?? 0}`),
+      el("td", { class: "num" }, s.pending ? Math.round(s.oldest_pending_age_seconds) : "–"),
+      el("td", { class: "num", "data-gaps": s.source_id }, s.open_gaps ?? 0),
       el("td", {}, chart(hours.source_hours.filter((h) => h.source_id === s.source_id)))));
   const checks = (report.breaching_checks || []).map((c) =>
     el("li", { "data-check": c.check_name || c.name }, `${c.check_name || c.name}: ${c.detail || ""}`));
@@ -141,7 +153,7 @@ async function overview() {
       ["dead letters", b.dead_letters],
       ["oldest (s)", b.oldest_age_seconds === null ? (b.oldest_age_unknown || "–") : Math.round(b.oldest_age_seconds)],
     ].map(([k, v]) => el("tr", {}, el("td", {}, k), el("td", { class: "num" }, v))));
-  show(
+  showIf(gen, 
     el("h1", {}, "Overview"),
     el("div", { id: "verdict", class: `verdict ${report.verdict}` }, verdict),
     findings.length ? el("ul", { id: "findings" }, findings) : null,
@@ -156,6 +168,8 @@ async function overview() {
       { label: "last hour", num: true }, { label: "usual hour", num: true },
       { label: "last day", num: true }, { label: "duplicates", num: true },
       { label: "conflicts", num: true }, { label: "unreadable (400)", num: true },
+      { label: "refused, last day", num: true }, { label: "pending", num: true },
+      { label: "oldest pending (s)", num: true }, { label: "open gaps", num: true },
       "last 24 h (bars) against the same hours of past weeks (line)"], sources),
     el("h2", {}, "Queue and what waits on a person"),
     table("waiting", ["", { label: "count", num: true }], [
@@ -194,11 +208,12 @@ function eventSearch() {
 }
 
 async function events() {
+  const gen = state.generation;
   let params, search;
   try {
     ({ params, search } = eventSearch());
   } catch (error) {
-    return show(el("h1", {}, "Events"), failure(new Error(`the payload filter is not JSON: ${error.message}`)));
+    return showIf(gen, el("h1", {}, "Events"), failure(new Error(`the payload filter is not JSON: ${error.message}`)));
   }
   const field = (name, label, placeholder) =>
     el("label", {}, label, el("input", { name, id: `search-${name}`, value: params.get(name) || "", placeholder }));
@@ -230,7 +245,7 @@ async function events() {
     const after = state.eventsAfter[state.eventsAfter.length - 1];
     answer = await ask({ action: "list_events", search: after ? { ...search, after } : search, limit: 50 });
   } catch (error) {
-    return show(el("h1", {}, "Events"), form, failure(error));
+    return showIf(gen, el("h1", {}, "Events"), form, failure(error));
   }
   const rows = answer.events.map((e) =>
     el("tr", {},
@@ -238,7 +253,7 @@ async function events() {
       el("td", {}, e.source_id), el("td", {}, e.event_type), el("td", {}, e.status),
       el("td", {}, new Date(e.first_received_at).toLocaleString()),
       el("td", { class: "num" }, e.delivery_count), el("td", { class: "num" }, e.conflict_count)));
-  show(
+  showIf(gen, 
     el("h1", {}, "Events"), form,
     table("events", ["provider event id", "source", "type", "state", "first received",
       { label: "deliveries", num: true }, { label: "conflicts", num: true }], rows),
@@ -259,6 +274,7 @@ async function events() {
 
 // One event: what it is, where it stands, its bytes, and what became of it.
 async function event(tenant, externalId) {
+  const gen = state.generation;
   let answer, history;
   try {
     [answer, { history }] = await Promise.all([
@@ -266,7 +282,7 @@ async function event(tenant, externalId) {
       ask({ action: "event_history", tenant_id: tenant, external_id: externalId }),
     ]);
   } catch (error) {
-    return show(el("h1", {}, externalId), failure(error));
+    return showIf(gen, el("h1", {}, externalId), failure(error));
   }
   const e = answer.event;
   const f = history.filing;
@@ -277,7 +293,8 @@ async function event(tenant, externalId) {
     ["deliveries", e.delivery_count], ["last delivery", f.last_delivery_outcome],
     ["conflicts", e.conflict_count], ["processed", e.processed_at || "–"],
     ["processing tries", f.attempts], ["last error", f.last_error || "–"],
-    ["verified with", `the ${f.verified_with} secret`],
+    ["verified by", `${f.scheme}${f.verified_layout ? `, layout ${f.verified_layout}` : ""}, with the ${f.verified_with} secret`],
+    ["came through the SQS buffer", f.buffered_deliveries ? `yes: ${f.buffered_deliveries} of its deliveries` : "no"],
     ["id", f.id_outside_signature ? "outside the signature (its body is stored once)" : "signed"],
     ["payload SHA-256", f.payload_sha256],
     ["replaced payload SHA-256", f.superseded_sha256 || "–"],
@@ -288,6 +305,17 @@ async function event(tenant, externalId) {
   else if (answer.data !== null && answer.data !== undefined) bytes = el("pre", { id: "payload" }, JSON.stringify(answer.data, null, 2));
   else bytes = el("pre", { id: "payload" }, answer.data_base64 || "");
   const headers = Object.entries(f.headers || {}).map(([k, v]) => el("tr", {}, el("th", {}, k), el("td", {}, v)));
+  // The entity before and after: the announcement of this event's change names both versions;
+  // an event that changed nothing shows what the projection holds instead.
+  const announced = history.outbox.find((m) => m.change);
+  const n = history.entity;
+  let entity = null;
+  if (f.entity_id) {
+    const now = n ? `${n.entity_type} ${n.entity_id} holds version ${n.version}${n.deleted ? " (deleted)" : ""}, from event ${n.last_event_id}` : "the projection holds no such entity";
+    entity = el("p", { id: "entity" }, announced
+      ? `Changed ${announced.change.entity_type} ${announced.change.entity_id} from version ${announced.change.previous_version ?? "none (new)"} to ${announced.change.version}${announced.change.deleted ? " (deleted)" : ""}. Now: ${now}.`
+      : `This event carries version ${f.entity_version ?? "–"} and changed nothing (yet, if pending). Now: ${now}.`);
+  }
   const outbox = history.outbox.map((m) => el("tr", {},
     el("td", {}, m.action), el("td", {}, m.status), el("td", { class: "num" }, m.attempts),
     el("td", {}, m.destination || "–"), el("td", {}, m.delivered_at || m.tried_at || "–"),
@@ -298,9 +326,10 @@ async function event(tenant, externalId) {
   const anomalies = history.anomalies.map((a) => el("tr", {},
     el("td", {}, a.detected_at), el("td", {}, a.kind), el("td", {}, a.detail),
     el("td", {}, a.payload_sha256.slice(0, 16)), el("td", {}, (a.stored_sha256 || "–").slice(0, 16))));
-  show(
+  showIf(gen, 
     el("h1", { id: "event-id" }, e.external_id),
     table("event", ["", ""], facts),
+    entity ? el("h2", {}, "Effect on its entity") : null, entity,
     el("h2", {}, "Effects: outbox messages"),
     outbox.length ? table("outbox", ["action", "state", { label: "tries", num: true }, "destination", "when", "last error"], outbox)
       : el("p", { class: "muted", id: "outbox" }, "No outbox message."),
@@ -339,24 +368,32 @@ function writeButton(label, attrs, onclick) {
 // Open gaps: ids the provider's sequence says are missing; backfill asks the provider, a
 // tombstone says one will never come.
 async function gaps() {
+  const gen = state.generation;
   let answer;
   try {
     answer = await ask({ action: "list_gaps" });
   } catch (error) {
-    return show(el("h1", {}, "Gaps"), failure(error));
+    return showIf(gen, el("h1", {}, "Gaps"), failure(error));
   }
   const rows = answer.gaps.map((g, i) => el("tr", {},
     el("td", {}, g.source_id), el("td", {}, g.external_id), el("td", {}, g.sequence ?? "–"),
     el("td", {}, age(g.first_seen_at)), el("td", {}, g.in_grace ? "in grace" : "past grace"),
     el("td", { class: "num" }, g.attempts), el("td", {}, g.last_error || ""),
-    el("td", {}, writeButton("Tombstone", { class: "tombstone", id: `tombstone-${i}` }, () =>
-      change(`Declare ${g.external_id} never to arrive? Why:`, {
-        action: "tombstone", tenant_id: g.tenant_id, source_id: g.source_id, external_id: g.external_id,
-      })))));
-  show(
+    el("td", {}, g.backfill_requested_at ? `asked ${age(g.backfill_requested_at)}` : "–"),
+    el("td", {},
+      writeButton("Backfill now", { class: "backfill", id: `backfill-${i}` }, () =>
+        change(`Fetch ${g.external_id} from the provider in the next backfill pass, without waiting out its grace? Why:`, {
+          action: "backfill_gap", tenant_id: g.tenant_id, source_id: g.source_id, external_id: g.external_id,
+        })),
+      " ",
+      writeButton("Tombstone", { class: "tombstone", id: `tombstone-${i}` }, () =>
+        change(`Declare ${g.external_id} never to arrive? Why:`, {
+          action: "tombstone", tenant_id: g.tenant_id, source_id: g.source_id, external_id: g.external_id,
+        })))));
+  showIf(gen, 
     el("h1", {}, "Gaps"),
-    el("p", { class: "muted" }, "Backfill fetches each from the provider on its schedule (hookctl backfill runs one pass)."),
-    table("gaps", ["source", "missing id", "sequence", "found", "grace", { label: "backfill tries", num: true }, "last error", ""], rows),
+    el("p", { class: "muted" }, "Backfill fetches each from the provider once its grace has passed, every 5 minutes in AWS (hookctl backfill runs one pass). Backfill now: the next pass fetches it, grace or not."),
+    table("gaps", ["source", "missing id", "sequence", "found", "grace", { label: "backfill tries", num: true }, "last error", "backfill asked", ""], rows),
     rows.length ? null : el("p", { class: "muted", id: "no-gaps" }, "No open gap."),
     el("p", { id: "action-outcome", class: "muted" }),
   );
@@ -364,11 +401,12 @@ async function gaps() {
 
 // The outbox's failed messages: resent one by one or all at once.
 async function outbox() {
+  const gen = state.generation;
   let answer;
   try {
     answer = await ask({ action: "list_failed_outbox", filter: {} });
   } catch (error) {
-    return show(el("h1", {}, "Outbox"), failure(error));
+    return showIf(gen, el("h1", {}, "Outbox"), failure(error));
   }
   const failed = answer.failed_outbox;
   const rows = failed.map((m, i) => el("tr", {},
@@ -378,7 +416,7 @@ async function outbox() {
     el("td", {}, m.last_error || ""),
     el("td", {}, writeButton("Resend", { class: "resend", id: `resend-${i}` }, () =>
       change(`Resend message ${m.outbox_id}? Why:`, { action: "resend_outbox", filter: { ids: [m.outbox_id] } })))));
-  show(
+  showIf(gen, 
     el("h1", {}, "Outbox: failed messages"),
     failed.length ? writeButton(`Resend all ${failed.length}`, { id: "resend-all" }, () =>
       change(`Resend ${failed.length} failed message(s)? Why:`, { action: "resend_outbox", filter: { ids: failed.map((m) => m.outbox_id) } })) : null,
@@ -390,33 +428,44 @@ async function outbox() {
 
 // The latest anomaly run: every check, breaching first, with what it measured; a check's
 // name opens its history (#/checks/<name>/<subject>).
+async function checkHelp() {
+  if (!state.checkHelp) {
+    const response = await fetch("/api/check-help", { credentials: "same-origin" });
+    state.checkHelp = response.ok ? await response.json() : {};
+  }
+  return state.checkHelp;
+}
+
 async function checks() {
+  const gen = state.generation;
   const opened = location.hash.match(/^#\/checks\/([^/]+)\/?(.*)$/);
-  let answer, history;
+  let answer, history, help;
   try {
-    [answer, history] = await Promise.all([
+    [answer, history, help] = await Promise.all([
       ask({ action: "list_checks" }),
       opened ? ask({ action: "check_history", check_name: decodeURIComponent(opened[1]),
         subject: decodeURIComponent(opened[2] || ""), runs: 48 }) : null,
+      checkHelp(),
     ]);
   } catch (error) {
-    return show(el("h1", {}, "Checks"), failure(error));
+    return showIf(gen, el("h1", {}, "Checks"), failure(error));
   }
   const range = (c) => `${c.expected_low ?? "–"} … ${c.expected_high ?? "–"}`;
   const rows = answer.checks.map((c) => el("tr", { class: c.breached ? "breached" : null, "data-check": c.check_name },
     el("td", {}, c.breached ? "BREACHED" : "ok"),
     el("td", {}, el("a", { href: `#/checks/${encodeURIComponent(c.check_name)}/${encodeURIComponent(c.subject)}`, class: "check-link" }, c.check_name)),
-    el("td", {}, c.family), el("td", {}, c.subject), el("td", { class: "num" }, c.value ?? "–"), el("td", {}, range(c)), el("td", {}, c.detail)));
-  show(
+    el("td", {}, c.family), el("td", {}, c.subject), el("td", { class: "num" }, c.value ?? "–"), el("td", {}, range(c)), el("td", {}, c.detail),
+    el("td", { class: "muted" }, c.breached && help[c.check_name] ? help[c.check_name].do : "")));
+  showIf(gen, 
     el("h1", {}, "Checks"),
-    history ? checkHistory(history.check_history) : null,
+    history ? checkHistory(history.check_history, help[decodeURIComponent(opened[1])]) : null,
     el("p", { class: "muted" }, answer.checks.length ? `measured ${age(answer.checks[0].measured_at)}` : "The anomaly job has not run yet."),
-    table("checks", ["", "check", "family", "subject", { label: "value", num: true }, "expected", "what it says"], rows),
+    table("checks", ["", "check", "family", "subject", { label: "value", num: true }, "expected", "what it says", "what to do (when breached)"], rows),
   );
 }
 
 // A check's values over its latest runs (oldest left), its expected range as a band, breaches red.
-function checkHistory(results) {
+function checkHistory(results, help) {
   const runs = [...results].reverse();
   const name = runs.length ? `${runs[0].check_name}${runs[0].subject ? ` (${runs[0].subject})` : ""}` : "no run measured it";
   const svg = "http://www.w3.org/2000/svg";
@@ -456,7 +505,10 @@ function checkHistory(results) {
   return el("div", { id: "check" },
     el("h2", {}, `${name}: its last ${runs.length} run(s)`),
     node,
-    el("p", { class: "muted" }, "Green: the range the check expects; red: a breach. The check's meaning and what to do are in docs/operating.md."));
+    el("p", { class: "muted" }, "Green: the range the check expects; red: a breach."),
+    help ? el("p", { id: "check-means" }, el("strong", {}, "What it means: "), help.means)
+      : el("p", { class: "muted", id: "check-means" }, "docs/operating.md has no text on this check."),
+    help ? el("p", { id: "check-do" }, el("strong", {}, "What to do: "), help.do) : null);
 }
 
 // A job over dead letters: its estimate first, a confirmation and a reason, then the server
@@ -504,6 +556,7 @@ async function watchJob(jobId) {
 // Dead letters, grouped by tenant, type and error; a group, or everything a filter matches, is
 // replayed or discarded as a job.
 async function deadLetters() {
+  const gen = state.generation;
   let answer, jobs;
   try {
     [answer, { jobs }] = await Promise.all([
@@ -511,7 +564,7 @@ async function deadLetters() {
       ask({ action: "list_jobs", limit: 5 }),
     ]);
   } catch (error) {
-    return show(el("h1", {}, "Dead letters"), failure(error));
+    return showIf(gen, el("h1", {}, "Dead letters"), failure(error));
   }
   const groups = new Map();
   for (const d of answer.dead_letters) {
@@ -546,7 +599,7 @@ async function deadLetters() {
   const recent = jobs.map((j) => el("tr", {},
     el("td", {}, j.job_id), el("td", {}, j.kind.replaceAll("_", " ")), el("td", {}, j.status),
     el("td", { class: "num" }, `${j.done + j.failed + j.skipped} / ${j.estimate}`), el("td", {}, j.actor), el("td", {}, j.reason)));
-  show(
+  showIf(gen, 
     el("h1", {}, "Dead letters"),
     table("dead-letters", ["tenant", "event type", "error", { label: "open", num: true }, ""], rows),
     rows.length ? null : el("p", { class: "muted", id: "no-dead-letters" }, "No open dead letter."),
@@ -572,11 +625,12 @@ function lettersFilter() {
 // The SQS buffer's dead letters: deliveries SQS took and the consumer could not file, never
 // their bytes; redriven to the buffer's queue all at once.
 async function buffer() {
+  const gen = state.generation;
   let answer;
   try {
     answer = await ask({ action: "list_buffer_dead_letters", limit: 100 });
   } catch (error) {
-    return show(el("h1", {}, "The buffer's dead letters"), failure(error));
+    return showIf(gen, el("h1", {}, "The buffer's dead letters"), failure(error));
   }
   const letters = answer.buffer_dead_letters;
   const rows = letters.map((d) => el("tr", {},
@@ -584,7 +638,7 @@ async function buffer() {
     el("td", {}, d.received_at_micros ? new Date(d.received_at_micros / 1000).toLocaleString() : "–"),
     el("td", { class: "num" }, d.body_bytes ?? "–"), el("td", { class: "num" }, d.receive_count),
     el("td", {}, d.unreadable || "")));
-  show(
+  showIf(gen, 
     el("h1", {}, "The buffer's dead letters"),
     letters.length ? writeButton(`Redrive all ${letters.length}`, { id: "redrive-buffer" }, () =>
       change(`Send ${letters.length} delivery(ies) back to the buffer's queue? Why:`, { action: "redrive_buffer" })) : null,
@@ -597,11 +651,12 @@ async function buffer() {
 
 // Deliveries refused before anything was stored: what each source's add up to, then the latest.
 async function refused() {
+  const gen = state.generation;
   let answer;
   try {
     answer = await ask({ action: "list_refused", limit: 100 });
   } catch (error) {
-    return show(el("h1", {}, "Refused deliveries"), failure(error));
+    return showIf(gen, el("h1", {}, "Refused deliveries"), failure(error));
   }
   const summary = answer.last_day.map((s) => el("tr", { "data-source": s.source_id },
     el("td", {}, s.source_id), el("td", {}, s.check_failed), el("td", { class: "num" }, s.refused_last_day),
@@ -611,7 +666,7 @@ async function refused() {
     el("td", { class: "num" }, r.status), el("td", {}, r.check_failed), el("td", {}, r.method),
     el("td", { class: "num" }, r.body_bytes), el("td", {}, r.user_agent || "–"),
     el("td", {}, r.header_names.join(", ")), el("td", { class: "num" }, r.also_refused), el("td", {}, r.detail)));
-  show(
+  showIf(gen, 
     el("h1", {}, "Refused deliveries"),
     el("p", { class: "muted" }, "Kept for known sources only, the newest 100 of each, at most one a second for a source and check (the others counted in +). Nothing of a body or a signature is kept."),
     el("h2", {}, "The last day"),
@@ -625,6 +680,7 @@ async function refused() {
 
 async function route() {
   clearTimeout(state.refresh);
+  state.generation += 1;
   const hash = location.hash || "#/";
   for (const link of document.querySelectorAll("header nav a")) {
     link.classList.toggle("current", hash.startsWith(link.getAttribute("href")) && link.getAttribute("href") !== "#/" || hash === link.getAttribute("href"));

@@ -38,6 +38,39 @@ pub const COOKIE: &str = "hookctl_console";
 const INDEX_HTML: &str = include_str!("../console/index.html");
 const CONSOLE_JS: &str = include_str!("../console/console.js");
 const CONSOLE_CSS: &str = include_str!("../console/console.css");
+/// The operating manual: the console shows its text on each anomaly check beside the check.
+const OPERATING_MD: &str = include_str!("../../docs/operating.md");
+
+/// The heading of the manual's table of checks ([`check_help`]).
+pub const CHECKS_HEADING: &str = "### The checks: what each means and what to do";
+
+/// What the operating manual says of each anomaly check: its table under [`CHECKS_HEADING`],
+/// one row per check (`` | `name` | family | what it means | what to do | ``), as
+/// `{name: {"family", "means", "do"}}`.
+pub fn check_help() -> serde_json::Map<String, Value> {
+    let mut help = serde_json::Map::new();
+    let Some((_, section)) = OPERATING_MD.split_once(CHECKS_HEADING) else {
+        return help;
+    };
+    let rows = section
+        .lines()
+        .skip_while(|line| !line.starts_with('|'))
+        .take_while(|line| line.starts_with('|'));
+    for row in rows {
+        let cells: Vec<&str> = row.trim_matches('|').split(" | ").map(str::trim).collect();
+        let [name, family, means, todo] = cells.as_slice() else {
+            continue;
+        };
+        let Some(name) = name.strip_prefix('`').and_then(|n| n.strip_suffix('`')) else {
+            continue;
+        };
+        help.insert(
+            name.to_owned(),
+            json!({ "family": family, "means": means, "do": todo }),
+        );
+    }
+    help
+}
 
 /// How the console was started.
 #[derive(Debug, Clone)]
@@ -75,7 +108,8 @@ pub fn console(
     (console, url)
 }
 
-/// The console's routes: the page and its assets, `POST /session`, `POST /api/operator`.
+/// The console's routes: the page and its assets, `POST /session`, `POST /api/operator`, and
+/// `GET /api/whoami` and `GET /api/check-help`.
 pub fn router(console: Arc<Console>) -> Router {
     Router::new()
         .route(
@@ -93,6 +127,7 @@ pub fn router(console: Arc<Console>) -> Router {
         .route("/session", post(open_session))
         .route("/api/operator", post(operate))
         .route("/api/whoami", get(whoami))
+        .route("/api/check-help", get(check_help_page))
         .layer(middleware::from_fn_with_state(
             console.clone(),
             loopback_host,
@@ -250,6 +285,17 @@ async fn whoami(State(console): State<Arc<Console>>, headers: HeaderMap) -> Resp
         "backend": console.backend.describe(),
     }))
     .into_response()
+}
+
+/// `GET /api/check-help`: the manual's text on every anomaly check ([`check_help`]).
+async fn check_help_page(State(console): State<Arc<Console>>, headers: HeaderMap) -> Response {
+    if !console.has_session(&headers) {
+        return refused(
+            StatusCode::UNAUTHORIZED,
+            "no session: open the URL hookctl printed",
+        );
+    }
+    axum::Json(Value::Object(check_help())).into_response()
 }
 
 /// `POST /api/operator`: one operator request, answered as `hookctl operator` answers it.

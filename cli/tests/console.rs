@@ -32,7 +32,8 @@ impl Shop {
         let file = dir.path().join("sources.toml");
         std::fs::write(
             &file,
-            "[[source]]\nid = 'pay'\ntenant = 'acme'\nscheme = 'stripe'\nsecret_ref = 'local/pay'\n",
+            "[[source]]\nid = 'pay'\ntenant = 'acme'\nscheme = 'stripe'\nsecret_ref = 'local/pay'\n\
+             [source.fields]\nentity_version = 'json:/data/object/version'\n",
         )
         .unwrap();
         let sources = shared::sources::read_sources_file(&file).unwrap();
@@ -60,6 +61,28 @@ impl Shop {
         support::post_stripe(&self.ingestor, "pay", SECRET, id, &body)
             .await
             .unwrap();
+    }
+
+    /// Event `id` changing customer `customer` to `version`.
+    async fn deliver_version(&self, id: &str, customer: &str, version: i64) {
+        let body = serde_json::to_vec(&json!({
+            "id": id, "object": "event", "type": "customer.updated",
+            "data": {"object": {"id": customer, "object": "customer", "version": version}}
+        }))
+        .unwrap();
+        support::post_stripe(&self.ingestor, "pay", SECRET, id, &body)
+            .await
+            .unwrap();
+    }
+
+    /// Drains the queue as the drain function does, until it is empty.
+    async fn drain(&self) {
+        let drainer = shared::drain::Drainer::new(
+            self.pool.clone(),
+            Arc::new(shared::effects::EffectRegistry::standard()),
+            Default::default(),
+        );
+        while drainer.run_once().await.unwrap().claimed > 0 {}
     }
 
     /// A request for `id` signed with a secret the source does not hold: refused (401), and
@@ -371,6 +394,11 @@ const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
 
 impl Browser {
     async fn start() -> Browser {
+        Self::start_with(&[]).await
+    }
+
+    /// A browser with more command-line arguments (`--host-resolver-rules=...`).
+    async fn start_with(more: &[&str]) -> Browser {
         let chromedriver = std::env::var("CHROMEDRIVER").unwrap_or_else(|_| "chromedriver".into());
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
@@ -396,13 +424,21 @@ impl Browser {
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let chromium = std::env::var("CHROMIUM").unwrap_or_else(|_| "/usr/bin/chromium".into());
+        let args: Vec<&str> = [
+            "--headless=new",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-dev-shm-usage",
+            "--window-size=1280,900",
+        ]
+        .into_iter()
+        .chain(more.iter().copied())
+        .collect();
         let session: Value = http
             .post(format!("{root}/session"))
             .json(&json!({"capabilities": {"alwaysMatch": {
                 "browserName": "chrome",
-                "goog:chromeOptions": {"binary": chromium, "args": [
-                    "--headless=new", "--no-sandbox", "--disable-gpu",
-                    "--disable-dev-shm-usage", "--window-size=1280,900"]}}}}))
+                "goog:chromeOptions": {"binary": chromium, "args": args}}}}))
             .send()
             .await
             .unwrap()
@@ -506,6 +542,16 @@ impl Browser {
         .await
     }
 
+    /// Runs `script` in the page with a callback as its last argument; what it passes back.
+    async fn script_async(&self, script: &str) -> Value {
+        self.call(
+            reqwest::Method::POST,
+            "/execute/async",
+            json!({"script": script, "args": []}),
+        )
+        .await
+    }
+
     /// Writes the page as it stands to `docs/console/<name>.png`.
     async fn screenshot(&self, name: &str) {
         use base64::Engine as _;
@@ -551,6 +597,14 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .await;
     shop.dead_letter("evt_dl2", "retryable: CRM timed out")
         .await;
+    // An event the provider's sequence says is missing.
+    sqlx::query(
+        "INSERT INTO gap_candidates (tenant_id, external_id, source_id) \
+         VALUES ('acme', 'evt_missing', 'pay')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
     // The anomaly run's rollup of the hours, which the overview's chart reads.
     shared::store::delivery_hours::roll(&pool).await.unwrap();
     let (url, _) = start(&pool, true).await;
@@ -562,6 +616,10 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.text_containing("#sources", "pay").await;
     browser.text_containing("#mode", "recorded as alice").await;
     browser.text_containing("#refused-last-day", "1").await;
+    // Per source: evt_ok waits in the queue (the dead letters do not), one gap is open.
+    browser.text_containing("[data-pending=pay]", "1").await;
+    browser.text_containing("[data-gaps=pay]", "1").await;
+    browser.text_containing("[data-refused=pay]", "1").await;
     let bars = browser
         .script("return document.querySelectorAll('#sources svg rect').length;")
         .await;
@@ -583,7 +641,29 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.click("#events a.event-link").await;
     browser.text_containing("#event-id", "evt_ok").await;
     browser.text_containing("#payload", "cus_7").await;
+    browser
+        .text_containing(
+            "[data-fact='verified by']",
+            "stripe, with the current secret",
+        )
+        .await;
+    browser
+        .text_containing("[data-fact='came through the SQS buffer']", "no")
+        .await;
     browser.screenshot("event").await;
+
+    // The gap, fetched by the next backfill pass without waiting out its grace.
+    browser.click("#nav-gaps").await;
+    browser.text_containing("#gaps", "evt_missing").await;
+    browser
+        .script("window.prompt = () => 'CRM is back'; window.confirm = () => true;")
+        .await;
+    browser.click("#backfill-0").await;
+    browser
+        .text_containing("#action-outcome", "next_pass_within_seconds")
+        .await;
+    browser.text_containing("#gaps", "asked").await;
+    browser.screenshot("gaps").await;
 
     browser.click("#nav-dead-letters").await;
     browser
@@ -869,5 +949,187 @@ async fn the_buffers_dead_letters_are_listed_and_redriven(pool: PgPool) {
     assert_eq!(
         (actor.as_str(), action.as_str()),
         ("alice", "redrive_buffer")
+    );
+}
+
+/// What a page can and cannot do, in a real browser: a DNS name rebound to 127.0.0.1 (the
+/// browser resolves `rebound.example` to loopback, as an attacker's DNS would) gets only the
+/// refusal; a page opened without the one-time token gets no session and its API calls are
+/// refused; a read-only console's page shows its buttons disabled, and a write the page sends
+/// anyway (its own origin, its session, a reason) is refused: nothing changes.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_rebound_name_a_page_without_the_token_and_a_write_to_a_read_only_console_are_refused_in_a_browser(
+    pool: PgPool,
+) {
+    let shop = Shop::new(pool.clone()).await;
+    shop.deliver("evt_dl", "cus_1").await;
+    shop.dead_letter("evt_dl", "retryable: CRM timed out").await;
+    let (url, port) = start(&pool, false).await;
+    let browser =
+        Browser::start_with(&["--host-resolver-rules=MAP rebound.example 127.0.0.1"]).await;
+    let fetch = |request: Value| {
+        format!(
+            "const done = arguments[arguments.length - 1]; \
+             fetch('/api/operator', {{method: 'POST', headers: {{'content-type': 'application/json'}}, \
+             body: JSON.stringify({request}), credentials: 'same-origin'}}) \
+             .then(async (r) => done([r.status, await r.text()]), (e) => done([0, String(e)]));"
+        )
+    };
+
+    browser.go(&format!("http://rebound.example:{port}/")).await;
+    browser
+        .text_containing("body", "this console answers only on loopback")
+        .await;
+
+    browser.go(&format!("http://127.0.0.1:{port}/")).await;
+    browser
+        .text_containing("#error", "no session: open the URL hookctl console printed")
+        .await;
+    let without_token = browser
+        .script_async(&fetch(json!({"action": "list_dead_letters"})))
+        .await;
+    assert_eq!(without_token[0], 401, "{without_token}");
+
+    // A fresh load: from the page above, the URL differs only by its fragment.
+    browser.go("about:blank").await;
+    browser.go(&url).await;
+    browser.text_containing("#mode", "read-only").await;
+    browser.click("#nav-dead-letters").await;
+    browser
+        .text_containing("#dead-letters", "retryable: CRM timed out")
+        .await;
+    let disabled = browser
+        .script("return document.querySelector('#replay-group-0').disabled;")
+        .await;
+    assert_eq!(disabled, true, "a read-only console's buttons are disabled");
+    let write = browser
+        .script_async(&fetch(
+            json!({"action": "start_job", "kind": "replay_dead_letters",
+                                    "all": true, "reason": "try anyway"}),
+        ))
+        .await;
+    assert_eq!(write[0], 403, "{write}");
+    assert!(write[1].as_str().unwrap().contains("read-only"), "{write}");
+    browser.quit().await;
+
+    let open: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM dead_letters WHERE status IN ('new', 'investigating')",
+    )
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    let actions: i64 = sqlx::query_scalar("SELECT count(*) FROM operator_actions")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!((open, actions), (1, 0), "nothing changed, nothing recorded");
+}
+
+/// An event's page says how it was verified (the scheme and the secret), whether it came through
+/// the SQS buffer, and what it did to its entity: version 1 to 2 for the event that changed it,
+/// and for a late, lower version, that it changed nothing and what the entity holds.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_events_page_shows_its_verification_the_buffer_and_its_entity_before_and_after(
+    pool: PgPool,
+) {
+    let shop = Shop::new(pool.clone()).await;
+    shop.deliver_version("evt_v1", "cus_e", 1).await;
+    shop.drain().await;
+    shop.deliver_version("evt_v2", "cus_e", 2).await;
+    shop.drain().await;
+    shop.deliver_version("evt_v0", "cus_e", 0).await;
+    shop.drain().await;
+    let (url, port) = start(&pool, false).await;
+    let page = client();
+    assert_eq!(open_session(&page, port, &token_of(&url)).await, 204);
+    let history = async |id: &str| {
+        let (status, answer) = operate(
+            &page,
+            port,
+            None,
+            json!({"action": "event_history", "tenant_id": "acme", "external_id": id}),
+        )
+        .await;
+        assert_eq!(status, 200, "{answer}");
+        answer["history"].clone()
+    };
+
+    let changed = history("evt_v2").await;
+    assert_eq!(changed["filing"]["scheme"], "stripe");
+    assert_eq!(changed["filing"]["verified_with"], "current");
+    assert!(
+        changed["filing"]["buffered_deliveries"].is_null(),
+        "{changed}"
+    );
+    let change = changed["outbox"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["action"] == "entity.changed")
+        .unwrap_or_else(|| panic!("no entity.changed: {changed}"))["change"]
+        .clone();
+    assert_eq!(
+        (&change["previous_version"], &change["version"]),
+        (&json!(1), &json!(2)),
+        "{change}"
+    );
+    assert_eq!(changed["entity"]["version"], 2);
+    assert_eq!(changed["entity"]["last_event_id"], "evt_v2");
+
+    let first = history("evt_v1").await;
+    let change = first["outbox"][0]["change"].clone();
+    assert_eq!(
+        (&change["previous_version"], &change["version"]),
+        (&Value::Null, &json!(1)),
+        "a new entity: {change}"
+    );
+
+    let late = history("evt_v0").await;
+    assert!(
+        late["outbox"].as_array().unwrap().is_empty(),
+        "a lower version changes nothing: {late}"
+    );
+    assert_eq!(late["filing"]["entity_version"], 0);
+    assert_eq!(late["entity"]["version"], 2, "{late}");
+}
+
+/// Every anomaly check has its meaning and what to do in the operating manual's table, which
+/// the console shows beside it; the table names no check that does not exist.
+#[test]
+fn every_check_has_its_meaning_and_what_to_do_in_the_manual() {
+    let help = console::check_help();
+    let mut checks: Vec<&str> = shared::store::anomaly::GLOBAL_CHECKS
+        .iter()
+        .map(|c| c.name)
+        .chain([
+            shared::store::anomaly::VIEW_REFRESH_AGE.name,
+            "buffer_dead_letters",
+            "source_silence",
+            "source_spike",
+        ])
+        .collect();
+    checks.sort_unstable();
+    let mut documented: Vec<&str> = help.keys().map(String::as_str).collect();
+    documented.sort_unstable();
+    assert_eq!(documented, checks);
+    for (name, text) in &help {
+        for part in ["means", "do"] {
+            assert!(
+                text[part].as_str().is_some_and(|t| t.len() > 20),
+                "{name}: {part} {text}"
+            );
+        }
+    }
+    let manual =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operating.md"))
+            .unwrap()
+            .replace('\n', " ");
+    let count = shared::anomaly::global_check_count();
+    assert!(
+        manual.contains(&format!(
+            "measures {count} global checks ({} beside the SQS buffer)",
+            count + 1
+        )),
+        "docs/operating.md's count of checks is not {count}"
     );
 }
