@@ -36,6 +36,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         signature: None,
         layouts: None,
         json_form_field: scheme.provider().fields.json_form_field.clone(),
+        address_check: None,
         gaps: None,
     }
 }
