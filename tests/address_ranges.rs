@@ -120,7 +120,14 @@ fn github(id: &str, n: i64) -> Delivery {
 }
 
 async fn post(app: &TestApp, d: &Delivery, from: &str) -> Reply {
-    post_from(&app.ingestor, "github", d.headers.clone(), &d.body, Some(from)).await
+    post_from(
+        &app.ingestor,
+        "github",
+        d.headers.clone(),
+        &d.body,
+        Some(from),
+    )
+    .await
 }
 
 async fn stored_ranges(pool: &PgPool) -> Vec<StoredRanges> {
@@ -205,7 +212,10 @@ async fn a_refresh_keeps_the_list_with_when_it_was_read_and_a_failed_one_keeps_t
         Some(&["192.0.2.0/24".to_owned(), "2001:db8::/32".to_owned()][..])
     );
     let first_read = kept.fetched_at.unwrap();
-    assert!(first_read >= before - chrono::TimeDelta::seconds(1), "{first_read} {before}");
+    assert!(
+        first_read >= before - chrono::TimeDelta::seconds(1),
+        "{first_read} {before}"
+    );
     assert_eq!((kept.failures, kept.last_error.as_deref()), (0, None));
     let run: (String, String, serde_json::Value) = sqlx::query_as(
         "SELECT status, trigger, found FROM maintenance_runs WHERE job = 'address_ranges' ORDER BY run_id DESC LIMIT 1",
@@ -240,7 +250,10 @@ async fn a_refresh_keeps_the_list_with_when_it_was_read_and_a_failed_one_keeps_t
     // The stand-in fails: the list kept stays, and the failures are counted.
     set_answer(&github_list, 500, "{}");
     let failed = refresh(&pool, &url).await;
-    assert_eq!((failed.fetched, failed.failed.clone()), (0, vec!["github".to_owned()]));
+    assert_eq!(
+        (failed.fetched, failed.failed.clone()),
+        (0, vec!["github".to_owned()])
+    );
     set_answer(&github_list, 200, r#"{"web":["198.51.100.0/24"]}"#);
     assert_eq!(refresh(&pool, &url).await.failed, vec!["github".to_owned()]);
     set_answer(&github_list, 200, r#"{"hooks":[]}"#);
@@ -271,7 +284,10 @@ async fn a_refresh_keeps_the_list_with_when_it_was_read_and_a_failed_one_keeps_t
     set_answer(&github_list, 200, GITHUB_HOOKS);
     assert_eq!(refresh(&pool, &url).await.fetched, 1);
     let recovered = &stored_ranges(&pool).await[0];
-    assert_eq!((recovered.failures, recovered.cidrs.as_ref().map(Vec::len)), (0, Some(2)));
+    assert_eq!(
+        (recovered.failures, recovered.cidrs.as_ref().map(Vec::len)),
+        (0, Some(2))
+    );
 }
 
 /// A source that observes stores a signed delivery from outside its provider's ranges (200),
@@ -284,7 +300,10 @@ async fn observe_stores_a_delivery_from_outside_and_counts_it(pool: PgPool) {
 
     let inside = github("d-inside", 1);
     let reply = post(&app, &inside, "192.0.2.10").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     assert!(outside(&pool).await.is_empty());
     assert!(
         !breaches(&pool)
@@ -298,12 +317,18 @@ async fn observe_stores_a_delivery_from_outside_and_counts_it(pool: PgPool) {
 
     let from_outside = github("d-outside", 2);
     let reply = post(&app, &from_outside, "203.0.113.9").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     let stored = event(&pool, TENANT, "d-outside").await.expect("stored");
     assert_eq!(stored.payload.as_deref(), Some(&from_outside.body[..]));
     // The same address again: one row, counted twice.
     let again = github("d-outside-2", 3);
-    assert_eq!(post(&app, &again, "203.0.113.9").await.status, StatusCode::OK);
+    assert_eq!(
+        post(&app, &again, "203.0.113.9").await.status,
+        StatusCode::OK
+    );
     assert_eq!(
         outside(&pool).await,
         vec![Outside {
@@ -386,12 +411,21 @@ async fn enforce_refuses_a_delivery_from_outside_and_keeps_the_refusal(pool: PgP
 
     let inside = github("d-inside", 2);
     let reply = post(&app, &inside, "192.0.2.10").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     assert!(event(&pool, TENANT, "d-inside").await.is_some());
 
     // No source address at all (a request context without one): refused, failing closed.
     let unknown = github("d-unknown", 3);
-    let reply = post_to(&app.ingestor, "github", unknown.headers.clone(), &unknown.body).await;
+    let reply = post_to(
+        &app.ingestor,
+        "github",
+        unknown.headers.clone(),
+        &unknown.body,
+    )
+    .await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     assert!(event(&pool, TENANT, "d-unknown").await.is_none());
 }
@@ -408,8 +442,15 @@ async fn a_stale_or_never_read_list_refuses_nothing_and_is_reported(pool: PgPool
     // Never read (the pass tried, and the provider failed).
     assert_eq!(refresh(&pool, &url).await.failed, vec!["github".to_owned()]);
     let reply = post(&app, &github("d-1", 1), "203.0.113.9").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
-    assert!(breaches(&pool).await.contains(&"provider_ranges_stale".to_owned()));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
+    assert!(
+        breaches(&pool)
+            .await
+            .contains(&"provider_ranges_stale".to_owned())
+    );
     let report = address_ranges::report(&pool).await.unwrap();
     let github_report = report.iter().find(|p| p.provider == "github").unwrap();
     assert_eq!(github_report.state, "never read");
@@ -421,7 +462,11 @@ async fn a_stale_or_never_read_list_refuses_nothing_and_is_reported(pool: PgPool
         post(&app, &github("d-2", 2), "203.0.113.9").await.status,
         StatusCode::FORBIDDEN
     );
-    assert!(!breaches(&pool).await.contains(&"provider_ranges_stale".to_owned()));
+    assert!(
+        !breaches(&pool)
+            .await
+            .contains(&"provider_ranges_stale".to_owned())
+    );
 
     // Older than the limit: admitted again, and reported.
     sqlx::query(
@@ -432,9 +477,16 @@ async fn a_stale_or_never_read_list_refuses_nothing_and_is_reported(pool: PgPool
     .await
     .unwrap();
     let reply = post(&app, &github("d-3", 3), "203.0.113.9").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     assert!(event(&pool, TENANT, "d-3").await.is_some());
-    assert!(breaches(&pool).await.contains(&"provider_ranges_stale".to_owned()));
+    assert!(
+        breaches(&pool)
+            .await
+            .contains(&"provider_ranges_stale".to_owned())
+    );
     let report = address_ranges::report(&pool).await.unwrap();
     let github_report = report.iter().find(|p| p.provider == "github").unwrap();
     assert_eq!(github_report.state, "stale");
@@ -445,7 +497,11 @@ async fn a_stale_or_never_read_list_refuses_nothing_and_is_reported(pool: PgPool
     sources::apply(&pool, &[github_source(Some(AddressCheck::Off))])
         .await
         .unwrap();
-    assert!(!breaches(&pool).await.contains(&"provider_ranges_stale".to_owned()));
+    assert!(
+        !breaches(&pool)
+            .await
+            .contains(&"provider_ranges_stale".to_owned())
+    );
 }
 
 /// IPv6 source addresses are judged as IPv4 ones are: inside a v6 range admitted, outside
@@ -457,11 +513,17 @@ async fn ipv6_addresses_are_judged_against_ipv6_ranges(pool: PgPool) {
     refresh(&pool, &stand_in(&github_list).await).await;
 
     let reply = post(&app, &github("d-v6-in", 1), "2001:db8:1::5").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     let reply = post(&app, &github("d-v6-out", 2), "2001:db9::1").await;
     assert_eq!(reply.status, StatusCode::FORBIDDEN);
     let reply = post(&app, &github("d-mapped", 3), "::ffff:192.0.2.77").await;
-    assert_eq!((reply.status, reply.outcome()), (StatusCode::OK, "accepted"));
+    assert_eq!(
+        (reply.status, reply.outcome()),
+        (StatusCode::OK, "accepted")
+    );
     let ids: Vec<String> = events(&pool)
         .await
         .into_iter()

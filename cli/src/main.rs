@@ -1151,7 +1151,10 @@ async fn run_ranges(action: Option<RangesAction>, json: bool) -> Result<u8, Stri
             .map_err(|e| e.to_string())?;
         if json {
             let value = serde_json::json!({ "providers": report, "outside": outside });
-            println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+            );
             return Ok(0);
         }
         for p in &report {
@@ -1160,11 +1163,14 @@ async fn run_ranges(action: Option<RangesAction>, json: bool) -> Result<u8, Stri
                 p.provider,
                 p.state,
                 p.ranges,
-                p.fetched_at
-                    .map_or_else(|| "never".to_owned(), |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string()),
+                p.fetched_at.map_or_else(
+                    || "never".to_owned(),
+                    |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+                ),
                 p.published,
                 match &p.last_error {
-                    Some(error) if p.failures > 0 => format!("\t{} failed tries, last: {error}", p.failures),
+                    Some(error) if p.failures > 0 =>
+                        format!("\t{} failed tries, last: {error}", p.failures),
                     _ => String::new(),
                 }
             );
@@ -1202,7 +1208,9 @@ async fn run_ranges(action: Option<RangesAction>, json: bool) -> Result<u8, Stri
     // On demand: every list a source uses is read now, however recent.
     settings.refresh_after = Duration::ZERO;
     let progress = commands::spinner("address ranges pass");
-    let run = RangeRefresher::new(pool, settings).run_once("operator").await;
+    let run = RangeRefresher::new(pool, settings)
+        .run_once("operator")
+        .await;
     progress.finish_and_clear();
     let run = run.map_err(|e| e.to_string())?;
     println!(

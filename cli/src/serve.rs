@@ -394,7 +394,8 @@ async fn receive(
     *request.method_mut() = lambda_http::http::Method::POST;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    let mut context = lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
+    let mut context =
+        lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
     context.http.method = lambda_http::http::Method::POST;
     context.http.source_ip = peer.map(|axum::Extension(ConnectInfo(peer))| peer.ip().to_string());
     let request = request

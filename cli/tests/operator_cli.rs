@@ -1709,7 +1709,9 @@ async fn providers_ranges_refresh_reads_the_list_and_ranges_lists_it(
     let never = db.hookctl(&["providers", "ranges"]).await;
     ok(&never);
     assert!(
-        never.stdout.contains("stripe\tnever read\t0 range(s)\tread never")
+        never
+            .stdout
+            .contains("stripe\tnever read\t0 range(s)\tread never")
             && never.stdout.contains("checked by: pay (observe)"),
         "{}",
         never.stdout

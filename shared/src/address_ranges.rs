@@ -37,7 +37,10 @@ use crate::store::{StoreError, provider_address_ranges};
 /// How long a published list is trusted after it was read: an older one judges no delivery
 /// (and never refuses one), and `provider_ranges_stale` counts it.
 pub const STALE_AFTER: Duration = Duration::from_secs(
-    match u64::from_str_radix(crate::store::provider_address_ranges::stale_after_seconds!(), 10) {
+    match u64::from_str_radix(
+        crate::store::provider_address_ranges::stale_after_seconds!(),
+        10,
+    ) {
         Ok(seconds) => seconds,
         Err(_) => panic!("stale_after_seconds! is a number of seconds"),
     },
@@ -378,10 +381,7 @@ impl RangesSettings {
             let (name, url) = pair
                 .split_once('=')
                 .ok_or_else(|| format!("{pair:?} is not name=url"))?;
-            let scheme: Scheme = name
-                .trim()
-                .parse()
-                .map_err(|e| format!("{name:?}: {e}"))?;
+            let scheme: Scheme = name.trim().parse().map_err(|e| format!("{name:?}: {e}"))?;
             if scheme
                 .provider()
                 .address_ranges
@@ -426,13 +426,8 @@ impl RunCounts for RangesOutcome {
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum RangesRun {
-    Skipped {
-        run_id: i64,
-    },
-    Completed {
-        run_id: i64,
-        outcome: RangesOutcome,
-    },
+    Skipped { run_id: i64 },
+    Completed { run_id: i64, outcome: RangesOutcome },
 }
 
 /// The ranges pass: reads each published list a source uses, when it is due.
@@ -461,13 +456,17 @@ impl RangeRefresher {
     /// One recorded pass (job `address_ranges`); `skipped` when another holds the lock.
     #[tracing::instrument(skip(self), err)]
     pub async fn run_once(&self, trigger: &str) -> Result<RangesRun, StoreError> {
-        let run = maintenance::locked(&self.pool, "address_ranges", trigger, RANGES_LOCK, |_| {
-            async {
+        let run = maintenance::locked(
+            &self.pool,
+            "address_ranges",
+            trigger,
+            RANGES_LOCK,
+            |_| async {
                 let mut outcome = RangesOutcome::default();
                 let result = self.every_provider(&mut outcome).await;
                 (outcome, result)
-            }
-        })
+            },
+        )
         .await?;
         Ok(match run {
             Run::Skipped { run_id } => RangesRun::Skipped { run_id },
@@ -628,7 +627,12 @@ pub async fn report(pool: &PgPool) -> Result<Vec<ProviderRanges>, StoreError> {
                     row.map_or_else(|| url.clone(), |r| r.source_url.clone()),
                     match fetched_at {
                         None => "never read",
-                        Some(at) if (Utc::now() - at).to_std().unwrap_or(Duration::ZERO) > STALE_AFTER => "stale",
+                        Some(at)
+                            if (Utc::now() - at).to_std().unwrap_or(Duration::ZERO)
+                                > STALE_AFTER =>
+                        {
+                            "stale"
+                        }
                         Some(_) => "fresh",
                     },
                     row.and_then(|r| r.cidrs.as_ref()).map_or(0, Vec::len),
@@ -763,9 +767,8 @@ mod tests {
 
     #[test]
     fn url_overrides_name_a_publishing_provider_and_an_http_url() {
-        let urls =
-            RangesSettings::parse_urls("github=http://127.0.0.1:9/meta, stripe=https://x/y")
-                .unwrap();
+        let urls = RangesSettings::parse_urls("github=http://127.0.0.1:9/meta, stripe=https://x/y")
+            .unwrap();
         assert_eq!(urls["github"], "http://127.0.0.1:9/meta");
         assert_eq!(urls.len(), 2);
         assert!(RangesSettings::parse_urls("slack=https://x").is_err());

@@ -436,18 +436,18 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
 
     /// `ADDRESS_RANGES_*`: the ranges pass (`crate::address_ranges`), run by the backfill
     /// function and `hookctl providers ranges refresh`.
-    pub fn address_ranges(
-        &self,
-    ) -> Result<crate::address_ranges::RangesSettings, ConfigError> {
+    pub fn address_ranges(&self) -> Result<crate::address_ranges::RangesSettings, ConfigError> {
         let d = crate::address_ranges::RangesSettings::default();
         let urls = match self.get("ADDRESS_RANGES_URLS") {
             None => d.urls.clone(),
-            Some(raw) => crate::address_ranges::RangesSettings::parse_urls(&raw).map_err(
-                |reason| ConfigError::Invalid {
-                    var: "ADDRESS_RANGES_URLS",
-                    reason,
-                },
-            )?,
+            Some(raw) => {
+                crate::address_ranges::RangesSettings::parse_urls(&raw).map_err(|reason| {
+                    ConfigError::Invalid {
+                        var: "ADDRESS_RANGES_URLS",
+                        reason,
+                    }
+                })?
+            }
         };
         Ok(crate::address_ranges::RangesSettings {
             refresh_after: self.seconds("ADDRESS_RANGES_REFRESH_SECONDS", d.refresh_after)?,

@@ -403,7 +403,18 @@ impl Ingestor {
         fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
-        let result = self.admit_and_store(delivery).await;
+        let mut outside_ranges = None;
+        let result = self.admit_and_store(delivery, &mut outside_ranges).await;
+        // Counted where the database took the delivery (stored, or kept as an anomaly); a
+        // buffered one is counted in the metric only, with no write while the database fails.
+        if let Some((source, address)) = outside_ranges
+            && matches!(
+                result,
+                Ok(Received::Stored(_)) | Err(IngestError::Unreadable(_))
+            )
+        {
+            self.count_outside_ranges(&source, address, false).await;
+        }
         match &result {
             Ok(Received::Stored(receipt)) => {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
@@ -490,7 +501,13 @@ impl Ingestor {
     /// (queue). A delivery whose fields cannot be read is recorded directly as an anomaly first
     /// in every mode (it is answered 400); only when the database cannot take it is it buffered,
     /// for the consumer to record.
-    async fn admit_and_store(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
+    /// `outside_ranges` is set to the source and address of an admitted delivery from outside
+    /// its provider's ranges (the source observes), for `receive` to count once it is stored.
+    async fn admit_and_store(
+        &self,
+        delivery: Delivery<'_>,
+        outside_ranges: &mut Option<(Arc<Source>, IpAddr)>,
+    ) -> Result<Received, IngestError> {
         let seen = self.database.credentials_seen();
         let admission = match self.admit(delivery).await {
             Err(IngestError::Store(error)) if self.database.recover(&error, seen).await => {
@@ -524,19 +541,59 @@ impl Ingestor {
             }
             Admission::Event(admitted) => admitted,
         };
-        let result = self.store_as_the_mode_says(&admitted).await;
-        // Counted where the database took the delivery (stored, or kept as an anomaly); a
-        // buffered one is counted in the metric only, with no write while the database fails.
-        if let Some(address) = admitted.outside_ranges
-            && matches!(
-                result,
-                Ok(Received::Stored(_)) | Err(IngestError::Unreadable(_))
-            )
-        {
-            self.count_outside_ranges(&admitted.source, address, false)
-                .await;
+        if let Some(address) = admitted.outside_ranges {
+            *outside_ranges = Some((admitted.source.clone(), address));
         }
-        result
+        let Some(buffer) = &self.buffer else {
+            return self.store_with_current_credentials(&admitted).await;
+        };
+        if buffer.mode == BufferMode::Queue && admitted.prepared.is_ok() {
+            match self.send_to_buffer(buffer, &admitted).await {
+                Ok(received) => return Ok(received),
+                Err(error) => {
+                    tracing::warn!(%error, "the buffer did not take the delivery: storing it directly");
+                    return self.store_with_current_credentials(&admitted).await;
+                }
+            }
+        }
+        // The database just failed a delivery: spill at once for `spill_hold` rather than make
+        // every delivery of an outage wait `spill_after` first. Should SQS refuse, the direct
+        // path is tried after all.
+        if buffer.holding() {
+            match self.send_to_buffer(buffer, &admitted).await {
+                Ok(received) => return Ok(received),
+                Err(error) => {
+                    tracing::warn!(%error, "the buffer did not take the delivery: trying the database")
+                }
+            }
+        }
+        let direct = tokio::time::timeout(
+            buffer.spill_after,
+            self.store_with_current_credentials(&admitted),
+        )
+        .await;
+        // Whatever the database answered, short of a receipt: an outage, and also a refusal of
+        // another class (a read-only database during a failover, 25006; an I/O fault, 58030).
+        // The delivery was admitted; the buffer keeps it and the consumer files it later.
+        let database = match direct {
+            Ok(Err(IngestError::Store(error))) => error.to_string(),
+            Err(_) => format!(
+                "the direct path did not commit within {} ms",
+                buffer.spill_after.as_millis()
+            ),
+            Ok(result) => {
+                buffer.release();
+                return result;
+            }
+        };
+        buffer.hold();
+        tracing::warn!(%database, "spilling to the buffer: the database cannot take the delivery");
+        self.send_to_buffer(buffer, &admitted)
+            .await
+            .map_err(|buffer| IngestError::Unavailable {
+                database,
+                buffer: buffer.to_string(),
+            })
     }
 
     /// The second check (`crate::address_ranges`): a signed delivery's source address against
@@ -587,7 +644,10 @@ impl Ingestor {
                 Ok(Some(address))
             }
             (_, None) => {
-                tracing::debug!(provider, "no source address to check: admitted (the source observes)");
+                tracing::debug!(
+                    provider,
+                    "no source address to check: admitted (the source observes)"
+                );
                 Ok(None)
             }
         }
@@ -609,64 +669,6 @@ impl Ingestor {
         {
             tracing::warn!(%error, "a delivery from outside the provider's ranges could not be counted; the metric has it");
         }
-    }
-
-    /// Stores an admitted event where the buffer mode says: directly, directly and else in SQS
-    /// (spillover), or in SQS and else directly (queue).
-    async fn store_as_the_mode_says(
-        &self,
-        admitted: &Admitted<'_>,
-    ) -> Result<Received, IngestError> {
-        let Some(buffer) = &self.buffer else {
-            return self.store_with_current_credentials(admitted).await;
-        };
-        if buffer.mode == BufferMode::Queue && admitted.prepared.is_ok() {
-            match self.send_to_buffer(buffer, admitted).await {
-                Ok(received) => return Ok(received),
-                Err(error) => {
-                    tracing::warn!(%error, "the buffer did not take the delivery: storing it directly");
-                    return self.store_with_current_credentials(admitted).await;
-                }
-            }
-        }
-        // The database just failed a delivery: spill at once for `spill_hold` rather than make
-        // every delivery of an outage wait `spill_after` first. Should SQS refuse, the direct
-        // path is tried after all.
-        if buffer.holding() {
-            match self.send_to_buffer(buffer, admitted).await {
-                Ok(received) => return Ok(received),
-                Err(error) => {
-                    tracing::warn!(%error, "the buffer did not take the delivery: trying the database")
-                }
-            }
-        }
-        let direct = tokio::time::timeout(
-            buffer.spill_after,
-            self.store_with_current_credentials(admitted),
-        )
-        .await;
-        // Whatever the database answered, short of a receipt: an outage, and also a refusal of
-        // another class (a read-only database during a failover, 25006; an I/O fault, 58030).
-        // The delivery was admitted; the buffer keeps it and the consumer files it later.
-        let database = match direct {
-            Ok(Err(IngestError::Store(error))) => error.to_string(),
-            Err(_) => format!(
-                "the direct path did not commit within {} ms",
-                buffer.spill_after.as_millis()
-            ),
-            Ok(result) => {
-                buffer.release();
-                return result;
-            }
-        };
-        buffer.hold();
-        tracing::warn!(%database, "spilling to the buffer: the database cannot take the delivery");
-        self.send_to_buffer(buffer, admitted)
-            .await
-            .map_err(|buffer| IngestError::Unavailable {
-                database,
-                buffer: buffer.to_string(),
-            })
     }
 
     /// Sends the admitted delivery to SQS; `Buffered` once SQS acknowledged it.

@@ -1176,8 +1176,9 @@ mod tests {
     fn a_source_checks_addresses_only_where_its_provider_publishes_them() {
         let spec = |scheme: &str, check: Option<&str>| -> Result<Source, String> {
             let line = check.map_or(String::new(), |c| format!("address_check = '{c}'\n"));
-            let text =
-                format!("id = 'src'\ntenant = 'acme'\nscheme = '{scheme}'\nsecret_ref = 's'\n{line}");
+            let text = format!(
+                "id = 'src'\ntenant = 'acme'\nscheme = '{scheme}'\nsecret_ref = 's'\n{line}"
+            );
             toml::from_str::<SourceSpec>(&text)
                 .map_err(|e| e.to_string())?
                 .into_source()
@@ -1193,7 +1194,10 @@ mod tests {
             spec("github", Some("off")).unwrap().address_check(),
             AddressCheck::Off
         );
-        assert_eq!(spec("slack", None).unwrap().address_check(), AddressCheck::Off);
+        assert_eq!(
+            spec("slack", None).unwrap().address_check(),
+            AddressCheck::Off
+        );
         assert_eq!(
             spec("slack", Some("off")).unwrap().address_check(),
             AddressCheck::Off
@@ -1203,7 +1207,11 @@ mod tests {
             refused.contains("publishes no address ranges") && refused.contains("github"),
             "{refused}"
         );
-        assert!(spec("github", Some("strict")).unwrap_err().contains("strict"));
+        assert!(
+            spec("github", Some("strict"))
+                .unwrap_err()
+                .contains("strict")
+        );
         // Stored and read back, the source's own setting (or none) is kept.
         let row = SourceRow::from(&github);
         assert_eq!(row.address_check, None);

@@ -877,7 +877,12 @@ pub fn show(scheme: Scheme) -> String {
         }
     );
     if let Some(ranges) = &p.address_ranges {
-        let _ = writeln!(out, "address ranges: {} ({})", ranges_help(ranges), ranges.docs);
+        let _ = writeln!(
+            out,
+            "address ranges: {} ({})",
+            ranges_help(ranges),
+            ranges.docs
+        );
     }
     let _ = writeln!(out, "vectors: {}", p.vectors.len());
     for v in &p.vectors {
@@ -1122,7 +1127,10 @@ mod tests {
                 base.replace("pointer = \"/hooks\"\n", ""),
                 "address_ranges.pointer",
             ),
-            (base.replace("\"/hooks\"", "\"hooks\""), "address_ranges.pointer"),
+            (
+                base.replace("\"/hooks\"", "\"hooks\""),
+                "address_ranges.pointer",
+            ),
             (
                 base.replace(url, "cidrs = [\"192.0.2.0/33\"]\n"),
                 "address_ranges.cidrs",
