@@ -116,6 +116,7 @@ async fn ingest_steadily(
                     body: &body,
                     method: "POST",
                     url: None,
+                    source_ip: None,
                 })
                 .await
                 .unwrap();

@@ -260,6 +260,8 @@ async fn the_code_emits_the_documented_metrics_and_never_repeats_a_stale_measure
     shared::metrics::outbox(3, 250.0);
     // Issue 24.
     shared::metrics::outbox_delivery("sqs", "delivered", 2);
+    // Issue 50.
+    shared::metrics::outside_provider_ranges("observe");
     let documented: BTreeSet<String> = shared::metrics::EMITTED
         .iter()
         .map(|s| s.to_string())

@@ -20,6 +20,7 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
         signature: None,
         layouts: None,
         json_form_field: None,
+        address_check: None,
         gaps: None,
     }
 }

@@ -724,6 +724,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             signature: None,
             layouts: None,
             json_form_field: None,
+            address_check: None,
             gaps: Some(GapConfig {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
@@ -747,6 +748,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             signature: None,
             layouts: None,
             json_form_field: None,
+            address_check: None,
             gaps: None,
         },
     ])
@@ -1391,6 +1393,7 @@ async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
             signature: None,
             layouts: None,
             json_form_field: None,
+            address_check: None,
             gaps: None,
         };
         sources::apply(&lab.pool, &[crm]).await?;

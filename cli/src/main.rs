@@ -227,6 +227,25 @@ enum ProvidersAction {
     /// without a rebuild. Exit 0 when it loads and every vector verifies as recorded (at least
     /// one valid and one refused), 1 when a vector disagrees, 2 when it does not load.
     Check { file: PathBuf },
+    /// The address ranges providers publish (DATABASE_URL): each list kept, when it was read,
+    /// whether it is stale, the sources checking against it, and the addresses seen outside.
+    /// `refresh` reads every list a source uses now, as the scheduled pass does when due.
+    Ranges {
+        #[command(subcommand)]
+        action: Option<RangesAction>,
+    },
+}
+
+#[derive(Subcommand)]
+enum RangesAction {
+    /// Read every published list an enabled source checks against, now (one recorded pass,
+    /// job `address_ranges`). Exit 0 all read, 1 a list could not be read (the one kept stays).
+    Refresh {
+        /// Read a provider's list here instead of the catalogue's URL (`github=https://...`),
+        /// beside ADDRESS_RANGES_URLS; repeatable.
+        #[arg(long = "url", value_name = "NAME=URL")]
+        urls: Vec<String>,
+    },
 }
 
 #[derive(Subcommand)]
@@ -421,6 +440,12 @@ async fn main() -> ExitCode {
         Command::Routes { action } => run_routes(action).await,
         Command::Verify(args) => return run_verify(args).await,
         Command::Sign(args) => run_sign(args),
+        Command::Providers {
+            action: ProvidersAction::Ranges { action },
+        } => match run_ranges(action, json).await {
+            Ok(code) => return exit(code),
+            Err(e) => Err(e),
+        },
         Command::Providers { action } => return providers(action),
         Command::Operator { request } => match operator_backend().await {
             Ok(b) => run_operator(&b, &request).await,
@@ -1105,9 +1130,97 @@ fn providers(action: ProvidersAction) -> ExitCode {
         ProvidersAction::Show { name } => catalogue::show(name),
         ProvidersAction::Markdown => catalogue::markdown(),
         ProvidersAction::Check { file } => return check_provider(&file),
+        // Reads the database: dispatched before this.
+        ProvidersAction::Ranges { .. } => return ExitCode::from(2),
     };
     print!("{text}");
     ExitCode::SUCCESS
+}
+
+/// `hookctl providers ranges [refresh]`: 0 every list read (or listed), 1 one could not be
+/// read, 2 could not tell.
+async fn run_ranges(action: Option<RangesAction>, json: bool) -> Result<u8, String> {
+    use shared::address_ranges::{self, RangeRefresher, RangesRun, RangesSettings};
+    let pool = pool().await?;
+    let Some(RangesAction::Refresh { urls }) = action else {
+        let report = address_ranges::report(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+        let outside = store::deliveries_outside_ranges::list(&pool, 20)
+            .await
+            .map_err(|e| e.to_string())?;
+        if json {
+            let value = serde_json::json!({ "providers": report, "outside": outside });
+            println!(
+                "{}",
+                serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?
+            );
+            return Ok(0);
+        }
+        for p in &report {
+            println!(
+                "{}\t{}\t{} range(s)\tread {}\tfrom {}{}",
+                p.provider,
+                p.state,
+                p.ranges,
+                p.fetched_at.map_or_else(
+                    || "never".to_owned(),
+                    |at| at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+                ),
+                p.published,
+                match &p.last_error {
+                    Some(error) if p.failures > 0 =>
+                        format!("\t{} failed tries, last: {error}", p.failures),
+                    _ => String::new(),
+                }
+            );
+            println!(
+                "\tchecked by: {}",
+                if p.sources.is_empty() {
+                    "no source".to_owned()
+                } else {
+                    p.sources.join(", ")
+                }
+            );
+        }
+        if !outside.is_empty() {
+            println!("addresses outside their provider's ranges, most recently seen first:");
+        }
+        for o in &outside {
+            println!(
+                "\t{}\t{}\t{}\tadmitted {}, refused {}\tlast {}",
+                o.source_id,
+                o.provider,
+                o.source_address,
+                o.admitted,
+                o.refused,
+                o.last_seen_at.format("%Y-%m-%d %H:%M:%S UTC")
+            );
+        }
+        return Ok(0);
+    };
+    let mut settings = Vars::process()
+        .address_ranges()
+        .map_err(|e| e.to_string())?;
+    settings
+        .urls
+        .extend(RangesSettings::parse_urls(&urls.join(","))?);
+    // On demand: every list a source uses is read now, however recent.
+    settings.refresh_after = Duration::ZERO;
+    let progress = commands::spinner("address ranges pass");
+    let run = RangeRefresher::new(pool, settings)
+        .run_once("operator")
+        .await;
+    progress.finish_and_clear();
+    let run = run.map_err(|e| e.to_string())?;
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&run).map_err(|e| e.to_string())?
+    );
+    Ok(match run {
+        RangesRun::Completed { outcome, .. } if !outcome.failed.is_empty() => 1,
+        _ => 0,
+    })
 }
 
 fn run_sign(args: SignArgs) -> CmdResult {

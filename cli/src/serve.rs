@@ -5,11 +5,12 @@
 //! `POST /operator` takes the operator Lambda's JSON.
 
 use std::collections::HashMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
 use axum::Router;
 use axum::body::Bytes;
-use axum::extract::{DefaultBodyLimit, Path, State};
+use axum::extract::{ConnectInfo, DefaultBodyLimit, Path, State};
 use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -365,17 +366,25 @@ async fn subscriber_sink(
     }
 }
 
-/// Serves until the listener fails or the task is dropped.
+/// Serves until the listener fails or the task is dropped, each request knowing its TCP peer
+/// (the address ingest checks against a provider's published ranges).
 pub async fn serve(listener: tokio::net::TcpListener, router: Router) -> std::io::Result<()> {
-    axum::serve(listener, router).await
+    axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await
 }
 
 /// As API Gateway does, hands the handler the request's own URI and the route's `{source_id}`
 /// percent-decoded, whatever it decodes to (a NUL byte, a space, a slash): the handler answers
 /// an id no source can have 404. The URI is the one the client sent, never rebuilt from the
-/// decoded id (which need not be a valid URI).
+/// decoded id (which need not be a valid URI). The TCP peer is the request context's
+/// `http.sourceIp`, as API Gateway's edge fills it; served without [`serve`] (no peer known),
+/// the context has none.
 async fn receive(
     State(runner): State<Runner>,
+    peer: Option<axum::Extension<ConnectInfo<SocketAddr>>>,
     Path(source_id): Path<String>,
     uri: Uri,
     headers: HeaderMap,
@@ -385,8 +394,13 @@ async fn receive(
     *request.method_mut() = lambda_http::http::Method::POST;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    let request =
-        request.with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]));
+    let mut context =
+        lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
+    context.http.method = lambda_http::http::Method::POST;
+    context.http.source_ip = peer.map(|axum::Extension(ConnectInfo(peer))| peer.ip().to_string());
+    let request = request
+        .with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]))
+        .with_request_context(lambda_http::request::RequestContext::ApiGatewayV2(context));
     match ingest::handler(request, &runner.ingestor).await {
         Ok(response) => {
             let (parts, body) = response.into_parts();

@@ -1675,3 +1675,84 @@ async fn refused_deliveries_read_as_a_secret_that_is_not_the_providers(
     assert_eq!(answer["refused"][0]["status"], 401);
     assert_eq!(answer["last_day"][0]["refused_last_day"], 1);
 }
+
+/// `hookctl providers ranges refresh` reads the list a source uses (here Stripe's, from a local
+/// stand-in named with `--url`) in one recorded pass; `hookctl providers ranges` lists what is
+/// kept, when it was read and who checks it; a stand-in answering 500 keeps the list and exits 1.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn providers_ranges_refresh_reads_the_list_and_ranges_lists_it(
+    pool_options: PgPoolOptions,
+    connect: PgConnectOptions,
+) {
+    let db = db(pool_options, connect).await;
+    let status = Arc::new(std::sync::atomic::AtomicU16::new(200));
+    let answering = status.clone();
+    let app = axum::Router::new().route(
+        "/ips_webhooks.json",
+        axum::routing::get(move || {
+            let status = answering.load(std::sync::atomic::Ordering::SeqCst);
+            async move {
+                (
+                    StatusCode::from_u16(status).unwrap(),
+                    r#"{"WEBHOOKS":["3.18.12.63","3.130.192.231"]}"#,
+                )
+            }
+        }),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "stripe=http://{}/ips_webhooks.json",
+        listener.local_addr().unwrap()
+    );
+    tokio::spawn(async move { axum::serve(listener, app).await });
+
+    let never = db.hookctl(&["providers", "ranges"]).await;
+    ok(&never);
+    assert!(
+        never
+            .stdout
+            .contains("stripe\tnever read\t0 range(s)\tread never")
+            && never.stdout.contains("checked by: pay (observe)"),
+        "{}",
+        never.stdout
+    );
+
+    let refreshed = db
+        .hookctl(&["providers", "ranges", "refresh", "--url", &url])
+        .await;
+    ok(&refreshed);
+    let run = refreshed.json();
+    assert_eq!(run["result"], "completed", "{run}");
+    assert_eq!(run["outcome"]["fetched"], 1, "{run}");
+    let listed = db.hookctl(&["providers", "ranges"]).await;
+    ok(&listed);
+    assert!(
+        listed.stdout.contains("stripe\tfresh\t2 range(s)\tread 20"),
+        "{}",
+        listed.stdout
+    );
+    let json = db.hookctl(&["--json", "providers", "ranges"]).await;
+    let stripe = json.json()["providers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["provider"] == "stripe")
+        .cloned()
+        .unwrap();
+    assert_eq!(stripe["ranges"], 2, "{stripe}");
+    assert!(stripe["fetched_at"].is_string(), "{stripe}");
+
+    status.store(500, std::sync::atomic::Ordering::SeqCst);
+    let failed = db
+        .hookctl(&["providers", "ranges", "refresh", "--url", &url])
+        .await;
+    assert_eq!(failed.code, Some(1), "{}{}", failed.stdout, failed.stderr);
+    assert_eq!(failed.json()["outcome"]["failed"][0], "stripe");
+    let kept = db.hookctl(&["providers", "ranges"]).await;
+    assert!(
+        kept.stdout.contains("stripe\tfresh\t2 range(s)")
+            && kept.stdout.contains("1 failed tries, last: answered 500"),
+        "{}",
+        kept.stdout
+    );
+}

@@ -434,6 +434,28 @@ impl<F: Fn(&str) -> Option<String>> Vars<F> {
         })
     }
 
+    /// `ADDRESS_RANGES_*`: the ranges pass (`crate::address_ranges`), run by the backfill
+    /// function and `hookctl providers ranges refresh`.
+    pub fn address_ranges(&self) -> Result<crate::address_ranges::RangesSettings, ConfigError> {
+        let d = crate::address_ranges::RangesSettings::default();
+        let urls = match self.get("ADDRESS_RANGES_URLS") {
+            None => d.urls.clone(),
+            Some(raw) => {
+                crate::address_ranges::RangesSettings::parse_urls(&raw).map_err(|reason| {
+                    ConfigError::Invalid {
+                        var: "ADDRESS_RANGES_URLS",
+                        reason,
+                    }
+                })?
+            }
+        };
+        Ok(crate::address_ranges::RangesSettings {
+            refresh_after: self.seconds("ADDRESS_RANGES_REFRESH_SECONDS", d.refresh_after)?,
+            request_timeout: self.millis("ADDRESS_RANGES_TIMEOUT_MS", d.request_timeout)?,
+            urls,
+        })
+    }
+
     /// `RETENTION_*`. `RETENTION_MAX_BATCHES` is no longer read: it capped a run at that many
     /// batches of each purge, and a run now purges until nothing is past its horizons or its
     /// time is up. A deployment that still sets it is warned, not stopped: refusing it would

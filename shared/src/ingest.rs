@@ -9,6 +9,7 @@
 
 use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -16,6 +17,7 @@ use http::HeaderMap;
 use sha2::{Digest, Sha256};
 use sqlx::PgPool;
 
+use crate::address_ranges::{AddressCheck, Lookup, RangeCache};
 use crate::batches::ElementCounts;
 use crate::buffer::{
     BufferMode, BufferQueue, BufferedDelivery, ENVELOPE_VERSION, Envelope, QueueError,
@@ -50,6 +52,10 @@ pub struct Delivery<'a> {
     /// The URL the request arrived at (`https://host/path?query`), for the schemes that sign
     /// it; a source's configured `url` takes its place.
     pub url: Option<&'a str>,
+    /// The address the request came from, as the network saw it (API Gateway's
+    /// `requestContext.http.sourceIp`, the local runner's TCP peer), never a header the sender
+    /// writes (`X-Forwarded-For`); `None` when not known.
+    pub source_ip: Option<IpAddr>,
 }
 
 /// What a verified delivery turned out to be.
@@ -107,6 +113,14 @@ pub enum IngestError {
     Unreadable(#[source] ExtractError),
     #[error("signing secret unavailable: {0}")]
     Secret(#[source] SecretError),
+    /// A signed delivery from outside its provider's published address ranges, to a source
+    /// that enforces them (`crate::address_ranges`); `address` is `None` when the request's
+    /// address was not known.
+    #[error("the source address {} is outside {provider}'s published webhook address ranges", .address.map_or_else(|| "(unknown)".to_owned(), |a| a.to_string()))]
+    OutsideProviderRanges {
+        provider: &'static str,
+        address: Option<IpAddr>,
+    },
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Neither the database nor the buffer took the delivery.
@@ -125,6 +139,7 @@ impl IngestError {
             IngestError::Signature(e) => e.reason_code(),
             IngestError::Unreadable(e) => e.anomaly_kind(),
             IngestError::Secret(_) => "secret_unavailable",
+            IngestError::OutsideProviderRanges { .. } => "outside_provider_ranges",
             IngestError::Store(e) if e.is_retryable() => "database_unavailable",
             IngestError::Store(_) => "database_error",
             IngestError::Unavailable { .. } => "database_and_buffer_unavailable",
@@ -143,6 +158,7 @@ impl IngestError {
             IngestError::MethodNotAllowed => Some(405),
             IngestError::PayloadTooLarge { .. } | IngestError::TooManyEvents { .. } => Some(413),
             IngestError::Unreadable(_) => Some(400),
+            IngestError::OutsideProviderRanges { .. } => Some(403),
             IngestError::UnknownSource
             | IngestError::Secret(_)
             | IngestError::Store(_)
@@ -159,6 +175,7 @@ impl IngestError {
             IngestError::Signature(VerifyError::UnusableSecret { .. }) => "misconfigured",
             IngestError::Signature(_) => "signature",
             IngestError::Unreadable(_) => "unreadable",
+            IngestError::OutsideProviderRanges { .. } => "address",
             IngestError::Secret(e) if e.is_misconfiguration() => "misconfigured",
             IngestError::Secret(_) | IngestError::Store(_) | IngestError::Unavailable { .. } => {
                 "unavailable"
@@ -166,6 +183,10 @@ impl IngestError {
         }
     }
 }
+
+/// How long the address ranges are cached by an ingest built with [`Ingestor::new`]; from
+/// settings, `SOURCE_CACHE_TTL_SECONDS`.
+pub const DEFAULT_RANGES_TTL: Duration = Duration::from_secs(30);
 
 /// Limits applied before any work is done on a delivery.
 #[derive(Debug, Clone, Copy)]
@@ -184,6 +205,8 @@ pub struct Ingestor {
     buffer: Option<Buffer>,
     /// When a refusal of each source and check was last kept.
     refusals: RefusalPace,
+    /// The providers' published address ranges, cached.
+    ranges: RangeCache,
 }
 
 /// At most one refusal kept a second for each source and check: a flood of forgeries costs a
@@ -272,6 +295,9 @@ struct Admitted<'d> {
     verified: signature::Verified,
     received_at_micros: i64,
     prepared: Result<Prepared, ExtractError>,
+    /// The source address, when it lay outside the provider's ranges and the source observes:
+    /// counted once the delivery is stored.
+    outside_ranges: Option<IpAddr>,
 }
 
 /// What a delivery turned out to be before storage.
@@ -293,6 +319,7 @@ impl Ingestor {
         limits: IngestLimits,
     ) -> Self {
         Self {
+            ranges: RangeCache::new(pool.clone(), DEFAULT_RANGES_TTL),
             database: Database::from_pool(pool),
             sources,
             secrets,
@@ -300,6 +327,13 @@ impl Ingestor {
             buffer: None,
             refusals: RefusalPace::default(),
         }
+    }
+
+    /// The same ingest path reading the providers' address ranges through `ranges` (a cache
+    /// with another TTL: tests read a refresh at once).
+    pub fn with_address_ranges(mut self, ranges: RangeCache) -> Self {
+        self.ranges = ranges;
+        self
     }
 
     /// The same ingest path with a second buffer (spillover or queue mode).
@@ -334,6 +368,7 @@ impl Ingestor {
             _ => None,
         };
         Ok(Self {
+            ranges: RangeCache::new(database.pool().clone(), settings.source_cache_ttl),
             database,
             sources: Arc::new(sources),
             secrets: Arc::new(secrets),
@@ -368,7 +403,18 @@ impl Ingestor {
         fields(source_id = delivery.source_id, tenant_id, external_id, outcome, verified_with, bytes = delivery.body.len())
     )]
     pub async fn receive(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
-        let result = self.admit_and_store(delivery).await;
+        let mut outside_ranges = None;
+        let result = self.admit_and_store(delivery, &mut outside_ranges).await;
+        // Counted where the database took the delivery (stored, or kept as an anomaly); a
+        // buffered one is counted in the metric only, with no write while the database fails.
+        if let Some((source, address)) = outside_ranges
+            && matches!(
+                result,
+                Ok(Received::Stored(_)) | Err(IngestError::Unreadable(_))
+            )
+        {
+            self.count_outside_ranges(&source, address, false).await;
+        }
         match &result {
             Ok(Received::Stored(receipt)) => {
                 crate::metrics::delivery_stored(receipt.outcome.as_str());
@@ -455,7 +501,13 @@ impl Ingestor {
     /// (queue). A delivery whose fields cannot be read is recorded directly as an anomaly first
     /// in every mode (it is answered 400); only when the database cannot take it is it buffered,
     /// for the consumer to record.
-    async fn admit_and_store(&self, delivery: Delivery<'_>) -> Result<Received, IngestError> {
+    /// `outside_ranges` is set to the source and address of an admitted delivery from outside
+    /// its provider's ranges (the source observes), for `receive` to count once it is stored.
+    async fn admit_and_store(
+        &self,
+        delivery: Delivery<'_>,
+        outside_ranges: &mut Option<(Arc<Source>, IpAddr)>,
+    ) -> Result<Received, IngestError> {
         let seen = self.database.credentials_seen();
         let admission = match self.admit(delivery).await {
             Err(IngestError::Store(error)) if self.database.recover(&error, seen).await => {
@@ -489,6 +541,9 @@ impl Ingestor {
             }
             Admission::Event(admitted) => admitted,
         };
+        if let Some(address) = admitted.outside_ranges {
+            *outside_ranges = Some((admitted.source.clone(), address));
+        }
         let Some(buffer) = &self.buffer else {
             return self.store_with_current_credentials(&admitted).await;
         };
@@ -539,6 +594,81 @@ impl Ingestor {
                 database,
                 buffer: buffer.to_string(),
             })
+    }
+
+    /// The second check (`crate::address_ranges`): a signed delivery's source address against
+    /// its provider's published ranges, for a source whose `address_check` is not `off`.
+    /// `Ok(None)`: inside, or nothing to judge against (a stale or never read list: admitted,
+    /// and `provider_ranges_stale` reports it). `Ok(Some(address))`: outside, and the source
+    /// observes: admitted, counted once stored. `Err`: outside (or an unknown address) and the
+    /// source enforces: refused 403, counted here.
+    async fn check_address(
+        &self,
+        source: &Source,
+        address: Option<IpAddr>,
+    ) -> Result<Option<IpAddr>, IngestError> {
+        let check = source.address_check();
+        if check == AddressCheck::Off {
+            return Ok(None);
+        }
+        let provider = source.scheme.as_str();
+        let ranges = match self.ranges.lookup(source.scheme).await {
+            Lookup::Fresh(ranges) => ranges,
+            not_judged => {
+                tracing::debug!(
+                    provider,
+                    why = not_judged.why_not_judged().unwrap_or_default(),
+                    "source address not checked: admitted"
+                );
+                return Ok(None);
+            }
+        };
+        if address.is_some_and(|a| ranges.contains(a)) {
+            return Ok(None);
+        }
+        crate::metrics::outside_provider_ranges(check.as_str());
+        match (check, address) {
+            (AddressCheck::Enforce, _) => {
+                if let Some(address) = address {
+                    self.count_outside_ranges(source, address, true).await;
+                }
+                Err(IngestError::OutsideProviderRanges { provider, address })
+            }
+            (_, Some(address)) => {
+                tracing::warn!(
+                    %address,
+                    provider,
+                    "a signed delivery from outside the provider's published address ranges: \
+                     admitted (the source observes), counted"
+                );
+                Ok(Some(address))
+            }
+            (_, None) => {
+                tracing::debug!(
+                    provider,
+                    "no source address to check: admitted (the source observes)"
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// Counts a signed delivery from outside its provider's ranges in
+    /// `deliveries_outside_ranges`. Never fails the answer: a count that cannot be written is
+    /// logged (the metric has it).
+    async fn count_outside_ranges(&self, source: &Source, address: IpAddr, refused: bool) {
+        let outside = crate::store::deliveries_outside_ranges::OutsideDelivery {
+            source_id: source.source_id.as_str(),
+            tenant_id: source.tenant_id.as_str(),
+            provider: source.scheme.as_str(),
+            address,
+            refused,
+        };
+        if let Err(error) =
+            crate::store::deliveries_outside_ranges::record(self.database.pool(), &outside).await
+        {
+            tracing::warn!(%error, "a delivery from outside the provider's ranges could not be counted; the metric has it");
+        }
     }
 
     /// Sends the admitted delivery to SQS; `Buffered` once SQS acknowledged it.
@@ -634,6 +764,7 @@ impl Ingestor {
         }
         .map_err(IngestError::Signature)?;
         span.record("verified_with", verified.secret.as_str());
+        let outside_ranges = self.check_address(&source, delivery.source_ip).await?;
 
         let secret = match verified.secret {
             SecretVersion::Previous => secrets.previous.as_ref().unwrap_or(&secrets.current),
@@ -712,6 +843,7 @@ impl Ingestor {
             verified,
             received_at_micros,
             prepared,
+            outside_ranges,
         })))
     }
 

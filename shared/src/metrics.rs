@@ -17,7 +17,7 @@ pub const NAMESPACE: &str = "Webhooks";
 /// Deliveries stored, by `Outcome` (accepted, duplicate, conflict).
 pub const DELIVERIES_STORED: &str = "DeliveriesStored";
 /// Deliveries refused, by `Reason` (signature, unknown_source, too_large, unreadable,
-/// unavailable, misconfigured).
+/// unavailable, misconfigured, address).
 pub const DELIVERIES_REFUSED: &str = "DeliveriesRefused";
 /// Deliveries SQS took (the second buffer), by `Mode` (spillover: the database could not take
 /// them in time; queue: every delivery goes there).
@@ -78,6 +78,12 @@ pub const OUTBOX_OLDEST_UNDELIVERED_AGE: &str = "OutboxOldestUndeliveredSeconds"
 /// count failures per destination kind; the dashboard graphs deliveries per kind.
 pub const OUTBOX_DELIVERIES: &str = "OutboxDeliveries";
 
+// Issue 50 (provider address ranges as a second check).
+/// Signed deliveries whose source address lay outside their provider's fresh published ranges,
+/// by `Check`: `observe` (admitted and stored) or `enforce` (refused 403, also counted in
+/// `DeliveriesRefused` with the reason `address`).
+pub const DELIVERIES_OUTSIDE_PROVIDER_RANGES: &str = "DeliveriesOutsideProviderRanges";
+
 /// Every metric name the code emits.
 pub const EMITTED: &[&str] = &[
     ANOMALY_BREACHES,
@@ -100,6 +106,8 @@ pub const EMITTED: &[&str] = &[
     OUTBOX_OLDEST_UNDELIVERED_AGE,
     // Issue 24.
     OUTBOX_DELIVERIES,
+    // Issue 50.
+    DELIVERIES_OUTSIDE_PROVIDER_RANGES,
 ];
 
 pub type Collector = metrics_cloudwatch_embedded::Collector;
@@ -203,4 +211,11 @@ pub fn outbox(retried: u64, oldest_undelivered_seconds: f64) {
 pub fn outbox_delivery(destination: &'static str, outcome: &'static str, n: u64) {
     metrics::counter!(OUTBOX_DELIVERIES, "Destination" => destination, "Outcome" => outcome)
         .increment(n);
+}
+
+// Issue 50.
+/// A signed delivery from outside its provider's ranges, by the source's check (see
+/// [`DELIVERIES_OUTSIDE_PROVIDER_RANGES`]).
+pub fn outside_provider_ranges(check: &'static str) {
+    metrics::counter!(DELIVERIES_OUTSIDE_PROVIDER_RANGES, "Check" => check).increment(1);
 }

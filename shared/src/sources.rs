@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use sqlx::{PgExecutor, PgPool};
 
+use crate::address_ranges::AddressCheck;
 use crate::catalogue::{self, SignatureSpec};
 use crate::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use crate::extract::{EventFields, FieldMap};
@@ -67,6 +68,10 @@ pub struct Source {
     /// The form field the provider's JSON arrives in when it posts a form (GitHub's `payload`):
     /// the event is read from that JSON and stored as it. `None`: a form is read as a form.
     pub json_form_field: Option<String>,
+    /// What a signed delivery from outside its provider's published address ranges gets
+    /// (`crate::address_ranges`), as the source sets it; `None`: its provider's default
+    /// ([`Source::address_check`]).
+    pub address_check: Option<AddressCheck>,
 }
 
 /// How a source's expected event IDs are known, and where missing ones are fetched.
@@ -228,6 +233,15 @@ impl TryFrom<SourceRow> for Source {
                 .transpose()?,
             layouts: row.accepted_layouts.clone(),
             json_form_field: row.json_form_field.clone(),
+            address_check: row
+                .address_check
+                .as_deref()
+                .map(AddressCheck::parse)
+                .transpose()
+                .map_err(|reason| StoreError::Corrupt {
+                    what: "source",
+                    reason: format!("{}: {reason}", row.source_id),
+                })?,
             gaps: match (
                 row.gap_strategy.as_deref(),
                 row.api_base_url,
@@ -315,11 +329,20 @@ impl From<&Source> for SourceRow {
             accepted_layouts: source.layouts.clone(),
             json_form_field: source.json_form_field.clone(),
             elements_from: source.fields.elements.as_ref().map(ToString::to_string),
+            address_check: source.address_check.map(|c| c.as_str().to_owned()),
         }
     }
 }
 
 impl Source {
+    /// What a signed delivery from outside its provider's published address ranges gets: the
+    /// source's own setting, else `observe` for a provider that publishes them and `off` for
+    /// one that does not.
+    pub fn address_check(&self) -> AddressCheck {
+        self.address_check
+            .unwrap_or_else(|| AddressCheck::default_for(self.scheme))
+    }
+
     /// An event of this source with the fields read from it, its payload digested here. Ingest
     /// and backfill both store through this and `store::webhook_events::upsert`.
     pub fn event<'a>(
@@ -377,6 +400,9 @@ impl Source {
 /// # strategy = "github_deliveries", with hook = "/repos/acme/api/hooks/12345"
 /// # (or "/orgs/acme/hooks/7", or "/app/hook" with app_id = "123456")
 /// ```
+///
+/// and, for a provider that publishes the addresses its webhooks come from (GitHub, Stripe),
+/// `address_check = "observe"` (its default), `"enforce"` or `"off"`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SourceSpec {
@@ -412,6 +438,11 @@ pub struct SourceSpec {
     /// admin name it (Okta's event hooks); default: the catalogue's.
     #[serde(default)]
     pub signature_header: Option<String>,
+    /// `observe`, `enforce` or `off`: what a signed delivery from outside the provider's
+    /// published address ranges gets; default: `observe` when the provider publishes them,
+    /// else `off`.
+    #[serde(default)]
+    pub address_check: Option<AddressCheck>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -674,6 +705,21 @@ impl SourceSpec {
             },
         };
         let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;
+        if let Some(check @ (AddressCheck::Observe | AddressCheck::Enforce)) = self.address_check
+            && self.scheme.provider().address_ranges.is_none()
+        {
+            let publishing: Vec<&str> = catalogue::providers()
+                .filter(|(_, p)| p.address_ranges.is_some())
+                .map(|(scheme, _)| scheme.as_str())
+                .collect();
+            return Err(format!(
+                "address_check = \"{}\": {} publishes no address ranges to check against (those \
+                 that do: {})",
+                check.as_str(),
+                self.scheme,
+                publishing.join(", ")
+            ));
+        }
         Ok(Source {
             source_id: self.id,
             tenant_id: self.tenant,
@@ -687,6 +733,7 @@ impl SourceSpec {
             signature,
             layouts: self.layouts,
             json_form_field,
+            address_check: self.address_check,
         })
     }
 }
@@ -1121,6 +1168,62 @@ mod tests {
             .replace("'{timestamp}', '.', ", "")
             .replace(", 'x-acme-timestamp'", "");
         file(&json_in_body).unwrap();
+    }
+
+    /// `address_check` defaults to `observe` for a provider that publishes its ranges and to
+    /// `off` otherwise; a source may enforce or turn it off, and may not check against ranges
+    /// its provider does not publish.
+    #[test]
+    fn a_source_checks_addresses_only_where_its_provider_publishes_them() {
+        let spec = |scheme: &str, check: Option<&str>| -> Result<Source, String> {
+            let line = check.map_or(String::new(), |c| format!("address_check = '{c}'\n"));
+            let text = format!(
+                "id = 'src'\ntenant = 'acme'\nscheme = '{scheme}'\nsecret_ref = 's'\n{line}"
+            );
+            toml::from_str::<SourceSpec>(&text)
+                .map_err(|e| e.to_string())?
+                .into_source()
+        };
+        let github = spec("github", None).unwrap();
+        assert_eq!(github.address_check, None);
+        assert_eq!(github.address_check(), AddressCheck::Observe);
+        assert_eq!(
+            spec("stripe", Some("enforce")).unwrap().address_check(),
+            AddressCheck::Enforce
+        );
+        assert_eq!(
+            spec("github", Some("off")).unwrap().address_check(),
+            AddressCheck::Off
+        );
+        assert_eq!(
+            spec("slack", None).unwrap().address_check(),
+            AddressCheck::Off
+        );
+        assert_eq!(
+            spec("slack", Some("off")).unwrap().address_check(),
+            AddressCheck::Off
+        );
+        let refused = spec("slack", Some("enforce")).unwrap_err();
+        assert!(
+            refused.contains("publishes no address ranges") && refused.contains("github"),
+            "{refused}"
+        );
+        assert!(
+            spec("github", Some("strict"))
+                .unwrap_err()
+                .contains("strict")
+        );
+        // Stored and read back, the source's own setting (or none) is kept.
+        let row = SourceRow::from(&github);
+        assert_eq!(row.address_check, None);
+        assert_eq!(Source::try_from(row).unwrap().address_check, None);
+        let enforcing = spec("github", Some("enforce")).unwrap();
+        let row = SourceRow::from(&enforcing);
+        assert_eq!(row.address_check.as_deref(), Some("enforce"));
+        assert_eq!(
+            Source::try_from(row).unwrap().address_check,
+            Some(AddressCheck::Enforce)
+        );
     }
 
     #[test]

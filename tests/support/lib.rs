@@ -36,6 +36,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         signature: None,
         layouts: None,
         json_form_field: scheme.provider().fields.json_form_field.clone(),
+        address_check: None,
         gaps: None,
     }
 }
@@ -144,6 +145,18 @@ pub async fn post_to(
     headers: HeaderMap,
     body: &[u8],
 ) -> Reply {
+    post_from(ingestor, source_id, headers, body, None).await
+}
+
+/// [`post_to`], the request coming from `source_ip` as API Gateway's HTTP API reports it
+/// (`requestContext.http.sourceIp`); `None`: a request context without one.
+pub async fn post_from(
+    ingestor: &Ingestor,
+    source_id: &str,
+    headers: HeaderMap,
+    body: &[u8],
+    source_ip: Option<&str>,
+) -> Reply {
     let mut request = http::Request::builder()
         .method("POST")
         .uri(format!(
@@ -152,10 +165,18 @@ pub async fn post_to(
         .body(Body::Binary(body.to_vec()))
         .unwrap();
     *request.headers_mut() = headers;
-    let request = request.with_path_parameters(HashMap::from([(
+    let mut request = request.with_path_parameters(HashMap::from([(
         "source_id".to_owned(),
         source_id.to_owned(),
     )]));
+    if let Some(ip) = source_ip {
+        let mut context =
+            lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
+        context.http.method = http::Method::POST;
+        context.http.source_ip = Some(ip.to_owned());
+        request = request
+            .with_request_context(lambda_http::request::RequestContext::ApiGatewayV2(context));
+    }
     let response = ingest::handler(request, ingestor)
         .await
         .expect("the handler answers every request");

@@ -31,6 +31,7 @@ pub async fn post_stripe(
             body,
             method: "POST",
             url: None,
+            source_ip: None,
         })
         .await
 }

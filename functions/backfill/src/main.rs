@@ -19,9 +19,13 @@ async fn main() -> Result<(), lambda_runtime::Error> {
         Some(queue) => backfiller.with_buffer(shared::buffer::BufferQueue::connect(&queue).await),
         None => backfiller,
     };
-    let (database, backfiller) = (&database, &backfiller);
+    let ranges = shared::address_ranges::RangeRefresher::new(
+        database.pool().clone(),
+        vars.address_ranges()?,
+    );
+    let (database, backfiller, ranges) = (&database, &backfiller, &ranges);
     run(service_fn(move |event| async move {
-        let result = backfill::handler(event, backfiller).await;
+        let result = backfill::handler(event, backfiller, ranges).await;
         database
             .after_failure(result.as_ref().err().map(|d| d.error_type.as_str()))
             .await;

@@ -2,7 +2,10 @@
 //! is `shared::ingest`; this file reads the request and maps the outcome to a status, in one
 //! `match`.
 
+use std::net::IpAddr;
+
 use lambda_http::http::{StatusCode, header};
+use lambda_http::request::RequestContext;
 use lambda_http::{Body, Request, RequestExt, Response};
 use shared::ingest::{Delivery, IngestError, Ingestor, Received};
 use shared::signature::VerifyError;
@@ -25,6 +28,7 @@ pub async fn handler(
             body: request.body().as_ref(),
             method: request.method().as_str(),
             url: Some(&url),
+            source_ip: source_ip(&request),
         })
         .await;
     let response = respond(result);
@@ -32,6 +36,16 @@ pub async fn handler(
         shared::metrics::ingest_5xx();
     }
     Ok(response)
+}
+
+/// The address the request came from: API Gateway's `requestContext.http.sourceIp`, the peer
+/// its edge saw (the local runner sets it from the TCP peer). Never `X-Forwarded-For` or any
+/// other header: the sender writes those. `None` when the context has none, or not an address.
+pub fn source_ip(request: &Request) -> Option<IpAddr> {
+    let Some(RequestContext::ApiGatewayV2(context)) = request.request_context_ref() else {
+        return None;
+    };
+    context.http.source_ip.as_deref()?.trim().parse().ok()
 }
 
 /// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
@@ -91,6 +105,11 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
         // The reason is logged for the operator; the caller learns only that it failed.
         Err(IngestError::Signature(_)) => (StatusCode::UNAUTHORIZED, error("invalid signature")),
         Err(IngestError::Unreadable(e)) => (StatusCode::BAD_REQUEST, error(&e.to_string())),
+        // Signed, but from outside the provider's published addresses, to a source that
+        // enforces them: the reason is kept for the operator (`hookctl refused`).
+        Err(IngestError::OutsideProviderRanges { .. }) => {
+            (StatusCode::FORBIDDEN, error("address not allowed"))
+        }
         Err(IngestError::Secret(e)) if e.is_misconfiguration() => (
             StatusCode::INTERNAL_SERVER_ERROR,
             error("signing secret misconfigured"),

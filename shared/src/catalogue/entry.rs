@@ -34,6 +34,10 @@ pub struct Provider {
     pub retries: Retries,
     #[serde(default)]
     pub backfill: Backfill,
+    /// Where the provider publishes the addresses its webhooks come from, when it does: the
+    /// second check a source may make of a signed delivery (`crate::address_ranges`).
+    #[serde(default)]
+    pub address_ranges: Option<AddressRangesSpec>,
     /// Known-answer vectors: the provider's own, or built from its documented algorithm.
     #[serde(default)]
     pub vectors: Vec<Vector>,
@@ -608,6 +612,24 @@ pub struct Backfill {
     #[serde(default)]
     pub api: String,
     #[serde(default)]
+    pub docs: String,
+}
+
+/// Where a provider publishes the addresses its webhooks are sent from: a JSON document at
+/// `url` with the CIDRs (or bare addresses) as an array of strings at the JSON pointer
+/// `pointer` (GitHub's meta API, `/hooks`; Stripe's `ips_webhooks.json`, `/WEBHOOKS`), fetched
+/// by the ranges pass; or a fixed list, `cidrs`, that the provider's page gives and the entry
+/// carries. Exactly one of the two.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AddressRangesSpec {
+    #[serde(default)]
+    pub url: Option<String>,
+    #[serde(default)]
+    pub pointer: Option<String>,
+    #[serde(default)]
+    pub cidrs: Vec<String>,
+    /// The provider's page that says where its webhooks come from.
     pub docs: String,
 }
 

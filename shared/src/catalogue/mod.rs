@@ -80,6 +80,7 @@ static DECLARED: LazyLock<Provider> = LazyLock::new(|| {
             acknowledge: None,
         },
         backfill: Backfill::default(),
+        address_ranges: None,
         vectors: Vec::new(),
     }
 });
@@ -215,6 +216,9 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
             ));
         }
     }
+    if let Some(ranges) = &provider.address_ranges {
+        address_ranges(ranges)?;
+    }
     for (i, vector) in provider.vectors.iter().enumerate() {
         if vector.body.is_some() == vector.body_base64.is_some() {
             return Err(spec_error(
@@ -230,6 +234,35 @@ pub fn load(name: &str, text: &str) -> Result<Provider, SpecError> {
         }
     }
     Ok(provider)
+}
+
+/// `[address_ranges]`: a URL with the pointer of its array, or a fixed list of CIDRs, each
+/// of which parses.
+fn address_ranges(spec: &AddressRangesSpec) -> Result<(), SpecError> {
+    match (&spec.url, &spec.pointer, spec.cidrs.is_empty()) {
+        (Some(url), Some(pointer), true) => {
+            let parsed = url::Url::parse(url)
+                .map_err(|e| spec_error("address_ranges.url", format!("{url:?}: {e}")))?;
+            if parsed.scheme() != "https" {
+                return Err(spec_error(
+                    "address_ranges.url",
+                    format!("{url:?}: a published list is read over https"),
+                ));
+            }
+            json_pointer("address_ranges.pointer", pointer)
+        }
+        (None, None, false) => crate::address_ranges::Ranges::parse(&spec.cidrs)
+            .map(|_| ())
+            .map_err(|e| spec_error("address_ranges.cidrs", e.to_string())),
+        (Some(_), None, _) => Err(spec_error(
+            "address_ranges.pointer",
+            "the JSON pointer of the array of CIDRs in the document at url",
+        )),
+        _ => Err(spec_error(
+            "address_ranges",
+            "either url and pointer (a published list) or cidrs (a fixed one)",
+        )),
+    }
 }
 
 /// A locator that reads an element of an array (`/0/eventId`) reads one event of a batch: the
@@ -693,6 +726,15 @@ pub fn markdown() -> String {
         if let Some(help) = uncovered_help(p) {
             let _ = writeln!(out, "- Not signed whole: {help}");
         }
+        if let Some(ranges) = &p.address_ranges {
+            let _ = writeln!(
+                out,
+                "- Address ranges: {} ([docs]({})); its sources check a signed delivery's address \
+                 against them (`address_check`, `observe` unless set)",
+                ranges_help(ranges),
+                ranges.docs
+            );
+        }
         let valid: Vec<&str> = p
             .vectors
             .iter()
@@ -733,6 +775,14 @@ pub fn markdown() -> String {
         );
     }
     out
+}
+
+/// Where an entry's address ranges come from, in a phrase.
+fn ranges_help(spec: &AddressRangesSpec) -> String {
+    match (&spec.url, &spec.pointer) {
+        (Some(url), Some(pointer)) => format!("published at {url} (`{pointer}`)"),
+        _ => format!("a fixed list, {}", spec.cidrs.join(", ")),
+    }
 }
 
 /// A provider that is not a catalogue entry, and why (`shared/providers_not_supported.toml`).
@@ -826,6 +876,14 @@ pub fn show(scheme: Scheme) -> String {
             &p.backfill.api
         }
     );
+    if let Some(ranges) = &p.address_ranges {
+        let _ = writeln!(
+            out,
+            "address ranges: {} ({})",
+            ranges_help(ranges),
+            ranges.docs
+        );
+    }
     let _ = writeln!(out, "vectors: {}", p.vectors.len());
     for v in &p.vectors {
         let _ = writeln!(
@@ -1042,6 +1100,45 @@ mod tests {
             (
                 base.replacen("\nbody = ", "\nbody_base64 = ", 1),
                 "vectors[0].body_base64",
+            ),
+        ];
+        for (text, field) in cases {
+            let err = load("github", &text).unwrap_err();
+            assert_eq!(err.field, field, "{err}");
+        }
+    }
+
+    /// `[address_ranges]` is a published list (an https URL and the pointer of its array) or a
+    /// fixed one whose every entry parses; anything else fails to load, naming the field.
+    #[test]
+    fn address_ranges_are_a_url_with_its_pointer_or_a_fixed_list() {
+        let base = FILES.iter().find(|(n, _)| *n == "github").unwrap().1;
+        let url = "url = \"https://api.github.com/meta\"\npointer = \"/hooks\"\n";
+        assert!(base.contains(url));
+        let fixed = base.replace(url, "cidrs = [\"192.0.2.0/24\", \"2001:db8::1\"]\n");
+        let loaded = load("github", &fixed).unwrap();
+        assert_eq!(loaded.address_ranges.unwrap().cidrs.len(), 2);
+        let cases = [
+            (
+                base.replace("https://api.github.com/meta", "http://api.github.com/meta"),
+                "address_ranges.url",
+            ),
+            (
+                base.replace("pointer = \"/hooks\"\n", ""),
+                "address_ranges.pointer",
+            ),
+            (
+                base.replace("\"/hooks\"", "\"hooks\""),
+                "address_ranges.pointer",
+            ),
+            (
+                base.replace(url, "cidrs = [\"192.0.2.0/33\"]\n"),
+                "address_ranges.cidrs",
+            ),
+            (base.replace(url, "cidrs = []\n"), "address_ranges"),
+            (
+                base.replace(url, &format!("{url}cidrs = [\"192.0.2.0/24\"]\n")),
+                "address_ranges",
             ),
         ];
         for (text, field) in cases {

@@ -204,6 +204,16 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // Issue 50: a signed delivery from outside its provider's published address ranges (a
+    // source's secret used from elsewhere, or a provider sending from a range its list lacks):
+    // the addresses seen in the last day, admitted (observe) or refused (enforce).
+    check(
+        "addresses_outside_provider_ranges_last_day",
+        "integrity",
+        "SELECT count(*)::float8 FROM deliveries_outside_ranges WHERE last_seen_at > now() - interval '1 day'",
+        ZERO.0,
+        ZERO.1,
+    ),
     check(
         "redelivered_after_purge_last_day",
         "integrity",
@@ -398,6 +408,23 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         "machinery",
         "SELECT COALESCE(jsonb_array_length(found->'truncated_listings'), 0)::float8 FROM maintenance_runs \
          WHERE job = 'backfill' AND status = 'completed' ORDER BY run_id DESC LIMIT 1",
+        ZERO.0,
+        ZERO.1,
+    ),
+    // Issue 50: a provider's published address list that a checking source needs and the
+    // ranges pass has not read for longer than the staleness limit (or never, though it
+    // tried): no delivery of it is judged, so `enforce` refuses nothing and `observe` counts
+    // nothing. A list the pass never tried has no row (`hookctl providers ranges` says so).
+    check(
+        "provider_ranges_stale",
+        "machinery",
+        concat!(
+            "SELECT count(*)::float8 FROM provider_address_ranges AS r \
+             WHERE (r.fetched_at IS NULL OR r.fetched_at < now() - make_interval(secs => ",
+            super::provider_address_ranges::stale_after_seconds!(),
+            ")) AND EXISTS (SELECT 1 FROM sources AS s WHERE s.enabled AND s.scheme = r.provider \
+                 AND s.address_check IS DISTINCT FROM 'off')"
+        ),
         ZERO.0,
         ZERO.1,
     ),

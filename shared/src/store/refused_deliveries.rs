@@ -127,6 +127,10 @@ impl SourceRefusals {
     pub fn reading(&self) -> &'static str {
         match (self.check_failed.as_str(), self.stored_since) {
             ("unusable_secret", _) => "the source's secret cannot be used: fix it",
+            ("outside_provider_ranges", _) => {
+                "signed, but from outside the provider's published addresses: the secret used \
+                 elsewhere, or a range the list lacks (hookctl providers ranges)"
+            }
             ("no_match", false) => {
                 "nothing stored since the first: is the source's secret the provider's?"
             }
