@@ -127,7 +127,7 @@ pub async fn of(
              e.id_outside_signature, e.attempts, e.last_error, e.provider_sequence, s.scheme, \
              f.verified_layout, NULLIF(f.buffered_deliveries, 0) AS buffered_deliveries, e.entity_id, e.entity_version, e.event_type \
          FROM webhook_events AS e JOIN sources AS s USING (source_id) \
-         LEFT JOIN event_filings AS f USING (tenant_id, external_id) \
+         LEFT JOIN event_filings AS f ON f.tenant_id = e.tenant_id AND f.external_id = e.external_id \
          WHERE e.tenant_id = $1 AND e.external_id = $2";
     const ENTITY: &str = "SELECT entity_type, entity_id, version, deleted, last_event_id, updated_at \
          FROM entities WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3";
