@@ -117,6 +117,7 @@ async fn ingest_steadily(
                     method: "POST",
                     url: None,
                     source_ip: None,
+                    client_certificate: None,
                 })
                 .await
                 .unwrap();

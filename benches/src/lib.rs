@@ -21,6 +21,7 @@ pub fn source(scheme: Scheme, tolerance: Duration) -> Source {
         layouts: None,
         json_form_field: None,
         address_check: None,
+        partner: None,
         gaps: None,
     }
 }

@@ -725,6 +725,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             layouts: None,
             json_form_field: None,
             address_check: None,
+            partner: None,
             gaps: Some(GapConfig {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
@@ -749,6 +750,7 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
             layouts: None,
             json_form_field: None,
             address_check: None,
+            partner: None,
             gaps: None,
         },
     ])
@@ -1394,6 +1396,7 @@ async fn setup(fault: Fault, lab: &mut Lab, scale: Scale) -> Result<()> {
             layouts: None,
             json_form_field: None,
             address_check: None,
+            partner: None,
             gaps: None,
         };
         sources::apply(&lab.pool, &[crm]).await?;

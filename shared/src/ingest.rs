@@ -56,6 +56,10 @@ pub struct Delivery<'a> {
     /// `requestContext.http.sourceIp`, the local runner's TCP peer), never a header the sender
     /// writes (`X-Forwarded-For`); `None` when not known.
     pub source_ip: Option<IpAddr>,
+    /// The client certificate the request came with: API Gateway's mutual TLS on the partner
+    /// domain, the local runner's partner listener; `None` elsewhere. What a partner source
+    /// (`crate::partners`) pins.
+    pub client_certificate: Option<&'a crate::partners::ClientCertificate>,
 }
 
 /// What a verified delivery turned out to be.
@@ -121,6 +125,10 @@ pub enum IngestError {
         provider: &'static str,
         address: Option<IpAddr>,
     },
+    /// A partner source's request that its rules refuse: no or an unpinned client
+    /// certificate, an address outside its CIDRs, no or a stale timestamp.
+    #[error("partner refused: {0}")]
+    Partner(#[source] crate::partners::PartnerRefusal),
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Neither the database nor the buffer took the delivery.
@@ -140,6 +148,7 @@ impl IngestError {
             IngestError::Unreadable(e) => e.anomaly_kind(),
             IngestError::Secret(_) => "secret_unavailable",
             IngestError::OutsideProviderRanges { .. } => "outside_provider_ranges",
+            IngestError::Partner(refusal) => refusal.reason_code(),
             IngestError::Store(e) if e.is_retryable() => "database_unavailable",
             IngestError::Store(_) => "database_error",
             IngestError::Unavailable { .. } => "database_and_buffer_unavailable",
@@ -159,6 +168,7 @@ impl IngestError {
             IngestError::PayloadTooLarge { .. } | IngestError::TooManyEvents { .. } => Some(413),
             IngestError::Unreadable(_) => Some(400),
             IngestError::OutsideProviderRanges { .. } => Some(403),
+            IngestError::Partner(refusal) => Some(refusal.status()),
             IngestError::UnknownSource
             | IngestError::Secret(_)
             | IngestError::Store(_)
@@ -176,6 +186,7 @@ impl IngestError {
             IngestError::Signature(_) => "signature",
             IngestError::Unreadable(_) => "unreadable",
             IngestError::OutsideProviderRanges { .. } => "address",
+            IngestError::Partner(_) => "partner",
             IngestError::Secret(e) if e.is_misconfiguration() => "misconfigured",
             IngestError::Secret(_) | IngestError::Store(_) | IngestError::Unavailable { .. } => {
                 "unavailable"
@@ -207,6 +218,32 @@ pub struct Ingestor {
     refusals: RefusalPace,
     /// The providers' published address ranges, cached.
     ranges: RangeCache,
+    /// When each partner certificate was last recorded as seen.
+    certificates_seen: CertificatePace,
+}
+
+/// A partner's certificate is recorded as seen (`partner_certificates`) at most once a minute
+/// per source and certificate by each ingest environment: its expiry is what the record is
+/// for, not each request.
+#[derive(Default)]
+struct CertificatePace(
+    std::sync::Mutex<std::collections::HashMap<(String, [u8; 32]), std::time::Instant>>,
+);
+
+impl CertificatePace {
+    fn due(&self, source_id: &str, sha256: &[u8; 32]) -> bool {
+        let now = std::time::Instant::now();
+        let Ok(mut seen) = self.0.lock() else {
+            return false;
+        };
+        match seen.get(&(source_id.to_owned(), *sha256)) {
+            Some(at) if now.duration_since(*at) < Duration::from_secs(60) => false,
+            _ => {
+                seen.insert((source_id.to_owned(), *sha256), now);
+                true
+            }
+        }
+    }
 }
 
 /// At most one refusal kept a second for each source and check: a flood of forgeries costs a
@@ -326,6 +363,7 @@ impl Ingestor {
             limits,
             buffer: None,
             refusals: RefusalPace::default(),
+            certificates_seen: CertificatePace::default(),
         }
     }
 
@@ -377,6 +415,7 @@ impl Ingestor {
             },
             buffer,
             refusals: RefusalPace::default(),
+            certificates_seen: CertificatePace::default(),
         })
     }
 
@@ -438,6 +477,33 @@ impl Ingestor {
             }
         }
         result
+    }
+
+    /// Records that a partner's admitted request came with `certificate` (at most once a
+    /// minute each): the `partner_certificates_expiring` check reads its expiry. Never fails
+    /// the answer: a record that cannot be written is logged.
+    async fn partner_certificate_seen(
+        &self,
+        source: &crate::sources::Source,
+        certificate: &crate::partners::ClientCertificate,
+    ) {
+        if !self
+            .certificates_seen
+            .due(source.source_id.as_str(), &certificate.sha256)
+        {
+            return;
+        }
+        let seen = crate::store::partner_certificates::Seen {
+            source_id: source.source_id.as_str(),
+            sha256: &certificate.sha256,
+            subject: certificate.subject.as_deref(),
+            not_after: certificate.not_after,
+        };
+        if let Err(error) =
+            crate::store::partner_certificates::record(self.database.pool(), &seen).await
+        {
+            tracing::warn!(%error, "a partner's certificate could not be recorded as seen");
+        }
     }
 
     /// Keeps a refused delivery of a known source for the operator (`refused_deliveries`): at
@@ -738,22 +804,41 @@ impl Ingestor {
             return Ok(Admission::Handshake(reply));
         }
 
-        let secrets = self
-            .secrets
-            .secrets(&source.secret_ref)
-            .await
-            .map_err(IngestError::Secret)?;
+        if let Some(rules) = &source.partner {
+            rules
+                .admit(
+                    delivery.client_certificate,
+                    delivery.source_ip,
+                    delivery.headers,
+                    source.tolerance,
+                    unix_now(),
+                )
+                .map_err(IngestError::Partner)?;
+            if let Some(certificate) = delivery.client_certificate {
+                self.partner_certificate_seen(&source, certificate).await;
+            }
+        }
+        let secrets = match (&source.partner, source.signature) {
+            // A partner without a token: nothing is signed, and no secret is read.
+            (Some(_), None) => Arc::new(crate::secrets::SecretSet::new(String::new(), None)),
+            _ => self
+                .secrets
+                .secrets(&source.secret_ref)
+                .await
+                .map_err(IngestError::Secret)?,
+        };
         let request = signature::Request {
             headers: delivery.headers,
             body: delivery.body,
             method: delivery.method,
             url: source.signed_url.as_deref().or(delivery.url),
         };
-        let verified = match source.signature {
-            Some(declared) => {
+        let verified = match (source.signature, &source.partner) {
+            (Some(declared), _) => {
                 signature::verify_with(declared, &request, &secrets, source.tolerance, unix_now())
             }
-            None => signature::verify_accepting(
+            (None, Some(_)) => Ok(crate::partners::admitted_without_signature()),
+            (None, None) => signature::verify_accepting(
                 source.scheme,
                 source.layouts.as_deref(),
                 &request,

@@ -21,6 +21,7 @@ pub mod maintenance;
 pub mod metrics;
 pub mod operator;
 pub mod outbox;
+pub mod partners;
 pub mod prepare;
 pub mod protocol;
 pub mod provider_api;

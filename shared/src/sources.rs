@@ -72,6 +72,9 @@ pub struct Source {
     /// (`crate::address_ranges`), as the source sets it; `None`: its provider's default
     /// ([`Source::address_check`]).
     pub address_check: Option<AddressCheck>,
+    /// A partner that does not sign (`auth = "partner"`): admitted by a pinned client
+    /// certificate, its addresses and optionally a bearer token (see [`crate::partners`]).
+    pub partner: Option<crate::partners::PartnerRules>,
 }
 
 /// How a source's expected event IDs are known, and where missing ones are fetched.
@@ -242,6 +245,21 @@ impl TryFrom<SourceRow> for Source {
                     what: "source",
                     reason: format!("{}: {reason}", row.source_id),
                 })?,
+            partner: row
+                .partner
+                .clone()
+                .map(|value| {
+                    serde_json::from_value(value)
+                        .map_err(|e| e.to_string())
+                        .and_then(|auth| {
+                            crate::partners::PartnerRules::new(auth).map_err(|e| e.to_string())
+                        })
+                        .map_err(|e| StoreError::Corrupt {
+                            what: "source",
+                            reason: format!("{}: partner: {e}", row.source_id),
+                        })
+                })
+                .transpose()?,
             gaps: match (
                 row.gap_strategy.as_deref(),
                 row.api_base_url,
@@ -330,6 +348,10 @@ impl From<&Source> for SourceRow {
             json_form_field: source.json_form_field.clone(),
             elements_from: source.fields.elements.as_ref().map(ToString::to_string),
             address_check: source.address_check.map(|c| c.as_str().to_owned()),
+            partner: source
+                .partner
+                .as_ref()
+                .and_then(|rules| serde_json::to_value(&rules.auth).ok()),
         }
     }
 }
@@ -408,7 +430,18 @@ impl Source {
 pub struct SourceSpec {
     pub id: SourceId,
     pub tenant: TenantId,
-    pub scheme: Scheme,
+    /// A catalogue entry or `declared`; none for a partner (`auth = "partner"`).
+    #[serde(default)]
+    pub scheme: Option<Scheme>,
+    /// `partner`: a sender that does not sign, admitted by `[source.partner]`.
+    #[serde(default)]
+    pub auth: Option<String>,
+    /// With `auth = "partner"`: its pinned certificates, addresses and headers.
+    #[serde(default)]
+    pub partner: Option<crate::partners::PartnerAuth>,
+    /// The secret (a bearer token, for a partner with `token_header`); a partner without a
+    /// token names none.
+    #[serde(default)]
     pub secret_ref: String,
     #[serde(default)]
     pub tolerance_seconds: Option<u32>,
@@ -605,7 +638,91 @@ pub enum SourcesFileError {
 }
 
 impl SourceSpec {
-    pub fn into_source(self) -> Result<Source, String> {
+    pub fn into_source(mut self) -> Result<Source, String> {
+        let partner = match (self.auth.as_deref(), self.partner.take()) {
+            (None, None) => None,
+            (Some("partner"), Some(auth)) => {
+                if let Some(scheme) = self.scheme {
+                    return Err(format!(
+                        "auth = \"partner\" is a sender that does not sign: it names no scheme ({scheme})"
+                    ));
+                }
+                if self.signature.is_some() || self.signature_header.is_some() {
+                    return Err(
+                        "auth = \"partner\" has no signature: its token is partner.token_header"
+                            .into(),
+                    );
+                }
+                let rules =
+                    crate::partners::PartnerRules::new(auth).map_err(|e| format!("partner.{e}"))?;
+                match (&rules.auth.token_header, self.secret_ref.trim().is_empty()) {
+                    (Some(_), true) => {
+                        return Err(
+                            "partner.token_header needs secret_ref: the secret holding the token"
+                                .into(),
+                        );
+                    }
+                    (None, false) => {
+                        return Err(
+                            "secret_ref is for partner.token_header: a partner without a token names no secret"
+                                .into(),
+                        );
+                    }
+                    (None, true) => self.secret_ref = "none".into(),
+                    (Some(_), false) => {}
+                }
+                self.scheme = Some(Scheme::Declared);
+                self.signature = rules
+                    .auth
+                    .token_header
+                    .as_deref()
+                    .map(crate::partners::token_layout)
+                    .transpose()
+                    .map_err(|e| format!("partner.token_header: {e}"))?;
+                let fields = &mut self.fields;
+                if fields.external_id.is_none() {
+                    let id = match &rules.auth.event_id_header {
+                        Some(header) => format!("header:{}", header.to_ascii_lowercase()),
+                        None => "digest:sha256".to_owned(),
+                    };
+                    fields.external_id =
+                        Some(crate::FieldLocator::parse(&id).map_err(|e| format!("partner: {e}"))?);
+                }
+                if fields.event_type.is_none() {
+                    return Err(
+                        "auth = \"partner\" needs [source.fields] event_type: where its event type is (\"json:/type\", \"header:x-event-type\")"
+                            .into(),
+                    );
+                }
+                Some(rules)
+            }
+            (Some("partner"), None) => {
+                return Err(
+                    "auth = \"partner\" needs a [source.partner] table: its client_certificates and cidrs"
+                        .into(),
+                );
+            }
+            (None, Some(_)) => {
+                return Err("[source.partner] is for auth = \"partner\"".into());
+            }
+            (Some(other), _) => {
+                return Err(format!(
+                    "auth {other:?}: the only auth a sources file names is \"partner\" (a signing provider names its scheme)"
+                ));
+            }
+        };
+        let Some(scheme) = self.scheme else {
+            return Err(
+                "scheme is missing: a catalogue entry (hookctl providers list), \"declared\", or auth = \"partner\""
+                    .into(),
+            );
+        };
+        let mut source = self.into_signing_source(scheme, partner.is_some())?;
+        source.partner = partner;
+        Ok(source)
+    }
+
+    fn into_signing_source(self, scheme: Scheme, partner: bool) -> Result<Source, String> {
         if self.secret_ref.trim().is_empty() {
             return Err("secret_ref is empty".into());
         }
@@ -617,7 +734,7 @@ impl SourceSpec {
         let tolerance_seconds = self
             .tolerance_seconds
             .or(declared_tolerance)
-            .unwrap_or(default_tolerance(self.scheme).as_secs() as u32);
+            .unwrap_or(default_tolerance(scheme).as_secs() as u32);
         if !(1..=86_400).contains(&tolerance_seconds) {
             return Err(format!(
                 "tolerance_seconds {tolerance_seconds} is outside 1..=86400"
@@ -631,10 +748,12 @@ impl SourceSpec {
                 ));
             }
         }
-        let signature = match (self.scheme == Scheme::Declared, self.signature) {
+        let signature = match (scheme == Scheme::Declared, self.signature) {
             (true, Some(spec)) => {
                 Some(catalogue::declare(spec).map_err(|e| format!("signature.{e}"))?)
             }
+            // A partner without a token: nothing is signed; partners.rs admits it.
+            (true, None) if partner => None,
             (true, None) => {
                 return Err(
                     "scheme = \"declared\" needs a [source.signature] table: the provider's signature from the catalogue's primitives".into(),
@@ -643,19 +762,19 @@ impl SourceSpec {
             (false, Some(_)) => {
                 return Err(format!(
                     "[source.signature] is for a provider not in the catalogue (scheme = \"declared\"); {} has its own",
-                    self.scheme
+                    scheme
                 ));
             }
             (false, None) => None,
         };
         let signature = match self.signature_header {
-            Some(header) => Some(renamed_header(self.scheme, &header)?),
+            Some(header) => Some(renamed_header(scheme, &header)?),
             None => signature,
         };
         if let Some(names) = &self.layouts {
-            let layouts = &self.scheme.provider().signatures;
+            let layouts = &scheme.provider().signatures;
             let known: Vec<&str> = layouts.iter().filter_map(|l| l.name.as_deref()).collect();
-            if self.scheme == Scheme::Declared {
+            if scheme == Scheme::Declared {
                 return Err(
                     "layouts is for a provider with several layouts; a declared source has one"
                         .into(),
@@ -667,7 +786,7 @@ impl SourceSpec {
             if let Some(unknown) = names.iter().find(|n| !known.contains(&n.as_str())) {
                 return Err(format!(
                     "layouts: {} has no layout {unknown:?} (its named layouts: {})",
-                    self.scheme,
+                    scheme,
                     if known.is_empty() {
                         "none".to_owned()
                     } else {
@@ -683,8 +802,8 @@ impl SourceSpec {
         }
         let json_form_field = self
             .json_form_field
-            .or_else(|| self.scheme.provider().fields.json_form_field.clone());
-        let defaults = FieldMap::defaults_for(self.scheme);
+            .or_else(|| scheme.provider().fields.json_form_field.clone());
+        let defaults = FieldMap::defaults_for(scheme);
         let o = self.fields;
         let fields = FieldMap {
             external_id: o.external_id.unwrap_or(defaults.external_id),
@@ -706,7 +825,7 @@ impl SourceSpec {
         };
         let gaps = self.gaps.map(|g| g.into_config(&fields)).transpose()?;
         if let Some(check @ (AddressCheck::Observe | AddressCheck::Enforce)) = self.address_check
-            && self.scheme.provider().address_ranges.is_none()
+            && scheme.provider().address_ranges.is_none()
         {
             let publishing: Vec<&str> = catalogue::providers()
                 .filter(|(_, p)| p.address_ranges.is_some())
@@ -716,14 +835,14 @@ impl SourceSpec {
                 "address_check = \"{}\": {} publishes no address ranges to check against (those \
                  that do: {})",
                 check.as_str(),
-                self.scheme,
+                scheme,
                 publishing.join(", ")
             ));
         }
         Ok(Source {
             source_id: self.id,
             tenant_id: self.tenant,
-            scheme: self.scheme,
+            scheme,
             secret_ref: self.secret_ref,
             tolerance: Duration::from_secs(tolerance_seconds.into()),
             fields,
@@ -734,6 +853,7 @@ impl SourceSpec {
             layouts: self.layouts,
             json_form_field,
             address_check: self.address_check,
+            partner: None,
         })
     }
 }

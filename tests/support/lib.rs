@@ -37,6 +37,7 @@ pub fn source(id: &str, tenant: &str, scheme: Scheme, secret_ref: &str) -> Sourc
         layouts: None,
         json_form_field: scheme.provider().fields.json_form_field.clone(),
         address_check: None,
+        partner: None,
         gaps: None,
     }
 }

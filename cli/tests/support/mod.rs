@@ -32,6 +32,7 @@ pub async fn post_stripe(
             method: "POST",
             url: None,
             source_ip: None,
+            client_certificate: None,
         })
         .await
 }

@@ -21,6 +21,7 @@ pub async fn handler(
     // lambda_http builds the URI from the API Gateway event: the Host header (or the domain
     // name), the raw path with its stage, and the raw query string.
     let url = request.uri().to_string();
+    let certificate = client_certificate(&request);
     let result = ingestor
         .receive(Delivery {
             source_id,
@@ -29,6 +30,7 @@ pub async fn handler(
             method: request.method().as_str(),
             url: Some(&url),
             source_ip: source_ip(&request),
+            client_certificate: certificate.as_ref(),
         })
         .await;
     let response = respond(result);
@@ -46,6 +48,31 @@ pub fn source_ip(request: &Request) -> Option<IpAddr> {
         return None;
     };
     context.http.source_ip.as_deref()?.trim().parse().ok()
+}
+
+/// The client certificate of a request that came over the partner domain's mutual TLS: API
+/// Gateway's `requestContext.authentication.clientCert` (its PEM, subject and
+/// `validity.notAfter`), which it sets only after verifying the chain against the truststore.
+/// `None` for any other request, and for a PEM that does not read (logged: a partner source
+/// then refuses the request as without a certificate).
+pub fn client_certificate(request: &Request) -> Option<shared::partners::ClientCertificate> {
+    let Some(RequestContext::ApiGatewayV2(context)) = request.request_context_ref() else {
+        return None;
+    };
+    let cert = context.authentication.as_ref()?.client_cert.as_ref()?;
+    let pem = cert.client_cert_pem.as_deref()?;
+    let not_after = cert
+        .validity
+        .not_after
+        .as_deref()
+        .and_then(shared::partners::parse_not_after);
+    match shared::partners::ClientCertificate::from_pem(pem, not_after, cert.subject_dn.clone()) {
+        Ok(certificate) => Some(certificate),
+        Err(error) => {
+            tracing::warn!(%error, "the client certificate API Gateway passed does not read");
+            None
+        }
+    }
 }
 
 /// The one place an ingest outcome becomes an HTTP status (see the contract in DESIGN.md).
@@ -110,6 +137,12 @@ fn respond(result: Result<Received, IngestError>) -> Response<Body> {
         Err(IngestError::OutsideProviderRanges { .. }) => {
             (StatusCode::FORBIDDEN, error("address not allowed"))
         }
+        // A partner refused by its rules: the reason (no certificate, not pinned, an address
+        // outside its CIDRs, the timestamp) is the caller's to fix, and is kept for the operator.
+        Err(IngestError::Partner(refusal)) => (
+            StatusCode::from_u16(refusal.status()).unwrap_or(StatusCode::FORBIDDEN),
+            error(refusal.reason_code()),
+        ),
         Err(IngestError::Secret(e)) if e.is_misconfiguration() => (
             StatusCode::INTERNAL_SERVER_ERROR,
             error("signing secret misconfigured"),

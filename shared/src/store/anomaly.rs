@@ -523,6 +523,18 @@ pub const GLOBAL_CHECKS: &[GlobalCheck] = &[
         ZERO.0,
         ZERO.1,
     ),
+    // Pinned client certificates of partners, seen in their requests, that expire within 30
+    // days: after that the partner's requests fail TLS or are refused.
+    check(
+        "partner_certificates_expiring",
+        "machinery",
+        "SELECT count(*)::float8 FROM partner_certificates AS c JOIN sources AS s USING (source_id) \
+         WHERE s.enabled AND c.not_after < now() + interval '30 days' \
+           AND EXISTS (SELECT 1 FROM jsonb_array_elements_text(s.partner -> 'client_certificates') AS p \
+                       WHERE p = encode(c.sha256, 'hex'))",
+        ZERO.0,
+        ZERO.1,
+    ),
 ];
 
 // Issue 23.

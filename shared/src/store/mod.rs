@@ -22,6 +22,7 @@ pub mod operator_jobs;
 pub mod orders;
 pub mod outbox;
 pub mod outbox_routes;
+pub mod partner_certificates;
 pub mod processing_completions;
 pub mod provider_address_ranges;
 pub mod provider_notices;

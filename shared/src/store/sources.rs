@@ -35,6 +35,7 @@ pub struct SourceRow {
     pub json_form_field: Option<String>,
     pub elements_from: Option<String>,
     pub address_check: Option<String>,
+    pub partner: Option<serde_json::Value>,
 }
 
 macro_rules! source_columns {
@@ -44,7 +45,7 @@ macro_rules! source_columns {
          gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
          entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, \
          signed_url, declared_signature, accepted_layouts, json_form_field, elements_from, \
-         address_check"
+         address_check, partner"
     };
 }
 
@@ -82,8 +83,8 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              external_id_from, event_type_from, entity_id_from, entity_version_from, sequence_from, enabled, \
              gap_strategy, id_template, api_base_url, api_secret_ref, gap_grace_seconds, gap_window, \
              entity_version_fallback_from, version_tiebreak_from, gap_event_types, github_hook, github_app_id, signed_url, declared_signature, \
-             accepted_layouts, json_form_field, elements_from, address_check) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28) \
+             accepted_layouts, json_form_field, elements_from, address_check, partner) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23, $24, $25, $26, $27, $28, $29) \
          ON CONFLICT (source_id) DO UPDATE SET \
              tenant_id = EXCLUDED.tenant_id, scheme = EXCLUDED.scheme, secret_ref = EXCLUDED.secret_ref, \
              tolerance_seconds = EXCLUDED.tolerance_seconds, external_id_from = EXCLUDED.external_id_from, \
@@ -98,7 +99,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
              github_app_id = EXCLUDED.github_app_id, signed_url = EXCLUDED.signed_url, \
              declared_signature = EXCLUDED.declared_signature, accepted_layouts = EXCLUDED.accepted_layouts, \
              json_form_field = EXCLUDED.json_form_field, elements_from = EXCLUDED.elements_from, \
-             address_check = EXCLUDED.address_check, updated_at = now()";
+             address_check = EXCLUDED.address_check, partner = EXCLUDED.partner, updated_at = now()";
     sqlx::query(SQL)
         .bind(&row.source_id)
         .bind(&row.tenant_id)
@@ -128,6 +129,7 @@ pub async fn upsert(executor: impl PgExecutor<'_>, row: &SourceRow) -> Result<()
         .bind(&row.json_form_field)
         .bind(&row.elements_from)
         .bind(&row.address_check)
+        .bind(&row.partner)
         .execute(executor)
         .await?;
     Ok(())
