@@ -7,6 +7,7 @@ pub mod commands;
 pub mod console;
 pub mod db_proxy;
 pub mod drill;
+pub mod partner_tls;
 pub mod render;
 pub mod serve;
 pub mod verify;

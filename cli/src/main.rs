@@ -199,6 +199,20 @@ struct ServeArgs {
     /// the queue holds, as the consumer Lambda does.
     #[arg(long, value_name = "NAME")]
     buffer_queue: Option<String>,
+    /// Serve partners that do not sign (`auth = "partner"` sources) at
+    /// `https://<this address>/partners/<source id>`, over TLS with client certificates (as the
+    /// stack's partner domain does with mutual TLS). Needs the three --partner-* files.
+    #[arg(long, value_name = "ADDRESS", requires_all = ["partner_tls_cert", "partner_tls_key", "partner_client_ca"])]
+    partner_listen: Option<String>,
+    /// The partner listener's own certificate (PEM, its chain first to last).
+    #[arg(long, value_name = "PEM")]
+    partner_tls_cert: Option<PathBuf>,
+    /// Its private key (PEM).
+    #[arg(long, value_name = "PEM")]
+    partner_tls_key: Option<PathBuf>,
+    /// The CA that issues partners' client certificates (PEM): the truststore.
+    #[arg(long, value_name = "PEM")]
+    partner_client_ca: Option<PathBuf>,
 }
 
 #[derive(Subcommand)]
@@ -213,6 +227,15 @@ enum SourcesAction {
     },
     /// List the configured sources.
     List,
+    /// The SHA-256 fingerprint of a client certificate (PEM), as a partner source pins it in
+    /// `[source.partner] client_certificates`. Needs no database.
+    Fingerprint {
+        #[arg(long)]
+        pem: PathBuf,
+    },
+    /// The client certificates partners' requests came with: fingerprint, subject, expiry,
+    /// first and last seen, and whether the source pins it now.
+    Certificates,
 }
 
 #[derive(Subcommand)]
@@ -550,6 +573,14 @@ async fn apply_sources(
 }
 
 async fn run_sources(action: SourcesAction) -> CmdResult {
+    if let SourcesAction::Fingerprint { pem } = &action {
+        let text = std::fs::read_to_string(pem)
+            .map_err(|e| format!("cannot read {}: {e}", pem.display()))?;
+        let certificate = shared::partners::ClientCertificate::from_pem(&text, None, None)
+            .map_err(|e| format!("{}: {e}", pem.display()))?;
+        println!("{}", certificate.fingerprint());
+        return Ok(());
+    }
     let pool = pool().await?;
     let list = match action {
         SourcesAction::Apply {
@@ -557,13 +588,38 @@ async fn run_sources(action: SourcesAction) -> CmdResult {
             change_event_ids,
         } => apply_sources(&pool, &file, change_event_ids).await?,
         SourcesAction::List => sources::list(&pool).await.map_err(|e| e.to_string())?,
+        SourcesAction::Certificates => {
+            let seen = shared::store::partner_certificates::list(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+            if seen.is_empty() {
+                println!("no partner has called with a client certificate");
+            }
+            for c in seen {
+                println!(
+                    "{}\t{}\t{}\texpires={}\tfirst_seen={}\tlast_seen={}\t{}",
+                    c.source_id,
+                    c.sha256,
+                    c.subject.as_deref().unwrap_or("-"),
+                    c.not_after.map_or("unknown".to_owned(), |t| t.to_rfc3339()),
+                    c.first_seen_at.to_rfc3339(),
+                    c.last_seen_at.to_rfc3339(),
+                    if c.pinned { "pinned" } else { "NOT PINNED" }
+                );
+            }
+            return Ok(());
+        }
+        SourcesAction::Fingerprint { .. } => return Ok(()),
     };
     for s in list {
+        let auth = match &s.partner {
+            Some(_) => "partner".to_owned(),
+            None => format!("scheme={}", s.scheme),
+        };
         println!(
-            "{}\ttenant={}\tscheme={}\tsecret_ref={}\ttolerance={}s\tenabled={}",
+            "{}\ttenant={}\t{auth}\tsecret_ref={}\ttolerance={}s\tenabled={}",
             s.source_id,
             s.tenant_id,
-            s.scheme,
             s.secret_ref,
             s.tolerance.as_secs(),
             s.enabled
@@ -812,11 +868,43 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
             None => None,
         },
     };
+    let partners = match (
+        &args.partner_listen,
+        &args.partner_tls_cert,
+        &args.partner_tls_key,
+        &args.partner_client_ca,
+    ) {
+        (Some(address), Some(certificate), Some(key), Some(client_ca)) => {
+            let acceptor =
+                hookctl::partner_tls::acceptor(&hookctl::partner_tls::PartnerTlsFiles {
+                    certificate,
+                    key,
+                    client_ca,
+                })?;
+            let tcp = tokio::net::TcpListener::bind(address)
+                .await
+                .map_err(|e| format!("cannot listen on {address}: {e}"))?;
+            eprintln!(
+                "partners listening on https://{address}/partners/<source id> (TLS, client certificates from {})",
+                client_ca.display()
+            );
+            let router = hookctl::partner_tls::router(runner.clone(), settings.max_body_bytes);
+            Some(tokio::spawn(hookctl::partner_tls::serve(
+                hookctl::partner_tls::PartnerListener::new(tcp, acceptor),
+                router,
+            )))
+        }
+        _ => None,
+    };
     let router = serve::router(runner, settings.max_body_bytes);
-    tokio::select! {
+    let served = tokio::select! {
         served = serve::serve(listener, router) => served.map_err(|e| e.to_string()),
         _ = tokio::signal::ctrl_c() => Ok(()),
+    };
+    if let Some(partners) = partners {
+        partners.abort();
     }
+    served
 }
 
 fn read_body(path: &Path) -> Result<Vec<u8>, String> {
