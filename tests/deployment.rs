@@ -2246,3 +2246,53 @@ fn a_gap_asked_to_be_backfilled_now_is_fetched_within_the_pass_the_console_names
     );
     assert_eq!(schedules, [expected.as_str()]);
 }
+
+/// Partners that do not sign get an API of their own, only behind the partner domain's mutual
+/// TLS (its truststore the parameter), with no execute-api endpoint that would skip it, routed
+/// to the same ingest alias; all of it only when PartnerDomainName is set. The providers' API
+/// keeps its endpoint.
+#[test]
+fn partners_reach_ingest_only_through_the_mutual_tls_domain() {
+    let t = template();
+    let r = &t["Resources"];
+    for name in [
+        "PartnerApi",
+        "PartnerIntegration",
+        "PartnerRoute",
+        "PartnerStage",
+        "PartnerDomain",
+        "PartnerApiMapping",
+        "PartnerInvokePermission",
+    ] {
+        assert_eq!(r[name]["Condition"], "HasPartnerDomain", "{name}");
+    }
+    assert_eq!(
+        r["PartnerApi"]["Properties"]["DisableExecuteApiEndpoint"],
+        true
+    );
+    let tls = &r["PartnerDomain"]["Properties"]["MutualTlsAuthentication"];
+    assert_eq!(
+        reference(&tls["TruststoreUri"]).as_deref(),
+        Some("PartnerTruststoreUri")
+    );
+    assert_eq!(
+        r["PartnerRoute"]["Properties"]["RouteKey"],
+        "POST /partners/{source_id}"
+    );
+    assert_eq!(
+        reference(&r["PartnerIntegration"]["Properties"]["IntegrationUri"]).as_deref(),
+        Some("IngestFunctionAliaslive"),
+        "the alias the canary deploys"
+    );
+    assert_eq!(
+        reference(&r["PartnerInvokePermission"]["Properties"]["FunctionName"]).as_deref(),
+        Some("IngestFunctionAliaslive")
+    );
+    assert!(
+        r["WebhookApi"]["Properties"]
+            .get("DisableExecuteApiEndpoint")
+            .is_none(),
+        "the providers' endpoint is unchanged"
+    );
+    assert_eq!(t["Parameters"]["PartnerDomainName"]["Default"], "");
+}
