@@ -186,7 +186,7 @@ impl IngestError {
             IngestError::Signature(_) => "signature",
             IngestError::Unreadable(_) => "unreadable",
             IngestError::OutsideProviderRanges { .. } => "address",
-            IngestError::Partner(_) => "partner",
+            IngestError::Partner(refusal) => refusal.reason_code(),
             IngestError::Secret(e) if e.is_misconfiguration() => "misconfigured",
             IngestError::Secret(_) | IngestError::Store(_) | IngestError::Unavailable { .. } => {
                 "unavailable"
