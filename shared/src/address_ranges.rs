@@ -20,15 +20,14 @@
 //! and the `provider_ranges_stale` check reports it. A try that fails keeps the list there is.
 
 use std::collections::{BTreeMap, HashMap};
-use std::net::IpAddr;
 use std::sync::{Arc, LazyLock, Mutex};
 use std::time::{Duration, Instant};
 
 use chrono::{DateTime, Utc};
-use ipnet::IpNet;
 use serde::{Deserialize, Serialize};
 use sqlx::PgPool;
 
+pub use crate::address_lists::{AddressCheck, AddressListError, MAX_ENTRIES, Ranges};
 use crate::catalogue::AddressRangesSpec;
 use crate::domain::Scheme;
 use crate::maintenance::{self, Run, RunCounts};
@@ -49,65 +48,15 @@ pub const STALE_AFTER: Duration = Duration::from_secs(
 /// Advisory lock key of the ranges pass ("addrrang" in ASCII).
 pub const RANGES_LOCK: i64 = 0x6164_6472_7261_6e67;
 
-/// The most entries a list may hold: GitHub's `hooks` is a few dozen.
-pub const MAX_ENTRIES: usize = 10_000;
-
 /// The most bytes of a published document read (GitHub's meta document, with every service's
 /// ranges, is a few hundred KiB).
 pub const MAX_DOCUMENT_BYTES: usize = 8 * 1024 * 1024;
 
-/// What a source does with a signed delivery from outside its provider's ranges.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum AddressCheck {
-    /// Store it as usual, and count it.
-    Observe,
-    /// Refuse it (403), keep the refusal, and count it.
-    Enforce,
-    /// Do not look at the address.
-    Off,
-}
-
-impl AddressCheck {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            AddressCheck::Observe => "observe",
-            AddressCheck::Enforce => "enforce",
-            AddressCheck::Off => "off",
-        }
-    }
-
-    pub fn parse(raw: &str) -> Result<Self, String> {
-        match raw {
-            "observe" => Ok(AddressCheck::Observe),
-            "enforce" => Ok(AddressCheck::Enforce),
-            "off" => Ok(AddressCheck::Off),
-            other => Err(format!(
-                "address_check {other:?} is none of observe, enforce, off"
-            )),
-        }
-    }
-
-    /// A source's check when it sets none: `observe` for a provider that publishes its
-    /// ranges, `off` otherwise.
-    pub fn default_for(scheme: Scheme) -> Self {
-        if scheme.provider().address_ranges.is_some() {
-            AddressCheck::Observe
-        } else {
-            AddressCheck::Off
-        }
-    }
-}
-
 /// Why a list could not be read or used.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RangesError {
-    #[error("{entry:?} is neither an address nor a CIDR")]
-    Invalid { entry: String },
-    #[error("the list is empty")]
-    Empty,
-    #[error("the list holds {count} entries, more than {MAX_ENTRIES}")]
-    TooMany { count: usize },
+    #[error(transparent)]
+    List(#[from] AddressListError),
     #[error("the document is not JSON: {0}")]
     NotJson(String),
     #[error("the document has no array of strings at {pointer:?}")]
@@ -120,44 +69,7 @@ pub enum RangesError {
     TooLarge,
 }
 
-/// A provider's ranges: CIDRs of IPv4 and IPv6, host bits cleared.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Ranges(Vec<IpNet>);
-
 impl Ranges {
-    /// Each entry a CIDR (`192.30.252.0/22`, `2a0a:a440::/29`) or a bare address (Stripe's
-    /// `3.18.12.63`, a /32). Refused: an empty list (it would refuse every delivery), more than
-    /// [`MAX_ENTRIES`], or any entry that is neither.
-    pub fn parse<S: AsRef<str>>(entries: &[S]) -> Result<Self, RangesError> {
-        if entries.is_empty() {
-            return Err(RangesError::Empty);
-        }
-        if entries.len() > MAX_ENTRIES {
-            return Err(RangesError::TooMany {
-                count: entries.len(),
-            });
-        }
-        let mut nets = Vec::with_capacity(entries.len());
-        for entry in entries {
-            let text = entry.as_ref().trim();
-            let net = match text.parse::<IpNet>() {
-                Ok(net) => net.trunc(),
-                Err(_) => match text.parse::<IpAddr>() {
-                    Ok(address) => IpNet::from(address.to_canonical()),
-                    Err(_) => {
-                        return Err(RangesError::Invalid {
-                            entry: entry.as_ref().chars().take(100).collect(),
-                        });
-                    }
-                },
-            };
-            nets.push(net);
-        }
-        nets.sort();
-        nets.dedup();
-        Ok(Ranges(nets))
-    }
-
     /// The list at the JSON pointer `pointer` of a published document: an array of strings.
     pub fn from_document(document: &[u8], pointer: &str) -> Result<Self, RangesError> {
         let value: serde_json::Value =
@@ -169,27 +81,7 @@ impl Ranges {
             .ok_or_else(|| RangesError::NoArray {
                 pointer: pointer.to_owned(),
             })?;
-        Ranges::parse(&entries)
-    }
-
-    /// Whether `address` is inside one of the ranges (an IPv4 address written as IPv6,
-    /// `::ffff:192.0.2.1`, is read as the IPv4 one).
-    pub fn contains(&self, address: IpAddr) -> bool {
-        let address = address.to_canonical();
-        self.0.iter().any(|net| net.contains(&address))
-    }
-
-    /// The CIDRs, as text.
-    pub fn cidrs(&self) -> Vec<String> {
-        self.0.iter().map(ToString::to_string).collect()
-    }
-
-    pub fn len(&self) -> usize {
-        self.0.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.0.is_empty()
+        Ok(Ranges::parse(&entries)?)
     }
 }
 
@@ -695,21 +587,21 @@ mod tests {
 
     #[test]
     fn a_list_that_is_empty_too_long_or_holds_anything_else_is_refused() {
-        assert_eq!(Ranges::parse::<&str>(&[]), Err(RangesError::Empty));
+        assert_eq!(Ranges::parse::<&str>(&[]), Err(AddressListError::Empty));
         assert_eq!(
             Ranges::parse(&["192.0.2.0/24", "192.0.2.0/33"]),
-            Err(RangesError::Invalid {
+            Err(AddressListError::Invalid {
                 entry: "192.0.2.0/33".into()
             })
         );
         assert!(matches!(
             Ranges::parse(&["example.com"]),
-            Err(RangesError::Invalid { .. })
+            Err(AddressListError::Invalid { .. })
         ));
         let many = vec!["192.0.2.1"; MAX_ENTRIES + 1];
         assert!(matches!(
             Ranges::parse(&many),
-            Err(RangesError::TooMany { .. })
+            Err(AddressListError::TooMany { .. })
         ));
     }
 
@@ -740,7 +632,7 @@ mod tests {
         }
         assert_eq!(
             Ranges::from_document(br#"{"hooks":[]}"#, "/hooks"),
-            Err(RangesError::Empty)
+            Err(RangesError::List(AddressListError::Empty))
         );
     }
 

@@ -2,6 +2,7 @@
 //! Postgres store and the ingest path. It knows nothing about Lambda event types; the crates
 //! under `functions/` adapt Lambda events to the calls made here.
 
+pub mod address_lists;
 pub mod address_ranges;
 pub mod anomaly;
 pub mod aws;

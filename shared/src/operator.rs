@@ -1232,13 +1232,19 @@ pub async fn handle_invoked(
             external_id,
         } => {
             let mut conn = pool.acquire().await.map_err(StoreError::from)?;
-            let history = crate::store::event_history::of(&mut conn, &tenant_id, &external_id)
+            let mut history = crate::store::event_history::of(&mut conn, &tenant_id, &external_id)
                 .await?
                 .ok_or_else(|| {
                     OperatorError::BadRequest(format!(
                         "tenant {tenant_id} has no event {external_id}"
                     ))
                 })?;
+            if let Some(entity_id) = &history.filing.entity_id {
+                let (entity_type, _) = crate::effects::entity::classify(&history.filing.event_type);
+                history.entity =
+                    crate::store::entities::current(&mut *conn, &tenant_id, entity_type, entity_id)
+                        .await?;
+            }
             Ok(OperatorResponse::History {
                 history: Box::new(history),
             })

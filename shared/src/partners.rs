@@ -185,29 +185,18 @@ pub fn parse_fingerprint(text: &str) -> Result<[u8; 32], PartnerConfigError> {
     Ok(out)
 }
 
-/// A CIDR, or a bare address as one host.
-fn parse_cidr(text: &str) -> Result<ipnet::IpNet, PartnerConfigError> {
-    let text = text.trim();
-    text.parse::<ipnet::IpNet>()
-        .or_else(|_| text.parse::<IpAddr>().map(ipnet::IpNet::from))
-        .map_err(|_| PartnerConfigError::BadCidr(text.to_owned()))
-}
-
 /// [`PartnerAuth`] checked once, when a source is read: what ingest compares against.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PartnerRules {
     pub auth: PartnerAuth,
     pins: Vec<[u8; 32]>,
-    cidrs: Vec<ipnet::IpNet>,
+    cidrs: crate::address_lists::Ranges,
 }
 
 impl PartnerRules {
     pub fn new(auth: PartnerAuth) -> Result<Self, PartnerConfigError> {
         if auth.client_certificates.is_empty() {
             return Err(PartnerConfigError::NoPins);
-        }
-        if auth.cidrs.is_empty() {
-            return Err(PartnerConfigError::NoCidrs);
         }
         if auth.client_certificates.len() > MAX_PINS || auth.cidrs.len() > MAX_CIDRS {
             return Err(PartnerConfigError::TooMany);
@@ -231,11 +220,12 @@ impl PartnerRules {
         // Kept as lowercase hex, as the certificates' table and the expiry check read them.
         let mut auth = auth;
         auth.client_certificates = pins.iter().map(hex::encode).collect();
-        let cidrs = auth
-            .cidrs
-            .iter()
-            .map(|c| parse_cidr(c))
-            .collect::<Result<_, _>>()?;
+        use crate::address_lists::{AddressListError, Ranges};
+        let cidrs = Ranges::parse(&auth.cidrs).map_err(|e| match e {
+            AddressListError::Empty => PartnerConfigError::NoCidrs,
+            AddressListError::Invalid { entry } => PartnerConfigError::BadCidr(entry),
+            AddressListError::TooMany { .. } => PartnerConfigError::TooMany,
+        })?;
         Ok(PartnerRules { auth, pins, cidrs })
     }
 
@@ -260,12 +250,9 @@ impl PartnerRules {
             });
         }
         let address = address.ok_or(PartnerRefusal::NoAddress)?;
-        // An IPv4 client reaching an IPv6 socket shows as ::ffff:a.b.c.d.
-        let address = match address {
-            IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(address, IpAddr::V4),
-            v4 => v4,
-        };
-        if !self.cidrs.iter().any(|net| net.contains(&address)) {
+        // An IPv4 client reaching an IPv6 socket shows as ::ffff:a.b.c.d: read as IPv4.
+        let address = address.to_canonical();
+        if !self.cidrs.contains(address) {
             return Err(PartnerRefusal::AddressNotAllowed {
                 address: address.to_string(),
             });

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use serde::Deserialize;
 use sqlx::{PgExecutor, PgPool};
 
-use crate::address_ranges::AddressCheck;
+use crate::address_lists::AddressCheck;
 use crate::catalogue::{self, SignatureSpec};
 use crate::domain::{FieldLocator, Scheme, SourceId, TenantId};
 use crate::extract::{EventFields, FieldMap};
@@ -352,6 +352,18 @@ impl From<&Source> for SourceRow {
                 .partner
                 .as_ref()
                 .and_then(|rules| serde_json::to_value(&rules.auth).ok()),
+        }
+    }
+}
+
+impl AddressCheck {
+    /// A source's check when it sets none: `observe` for a provider that publishes its
+    /// ranges, `off` otherwise.
+    pub fn default_for(scheme: Scheme) -> Self {
+        if scheme.provider().address_ranges.is_some() {
+            AddressCheck::Observe
+        } else {
+            AddressCheck::Off
         }
     }
 }

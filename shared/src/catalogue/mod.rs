@@ -251,7 +251,7 @@ fn address_ranges(spec: &AddressRangesSpec) -> Result<(), SpecError> {
             }
             json_pointer("address_ranges.pointer", pointer)
         }
-        (None, None, false) => crate::address_ranges::Ranges::parse(&spec.cidrs)
+        (None, None, false) => crate::address_lists::Ranges::parse(&spec.cidrs)
             .map(|_| ())
             .map_err(|e| spec_error("address_ranges.cidrs", e.to_string())),
         (Some(_), None, _) => Err(spec_error(

@@ -180,3 +180,32 @@ pub async fn ensure_announced(
         .await?;
     Ok(done.rows_affected() == 1)
 }
+
+/// An entity as the projection holds it now.
+#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
+pub struct Entity {
+    pub entity_type: String,
+    pub entity_id: String,
+    pub version: i64,
+    pub deleted: bool,
+    /// The event whose version it holds.
+    pub last_event_id: String,
+    pub updated_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The entity `(tenant_id, entity_type, entity_id)`, if the projection holds it.
+pub async fn current(
+    executor: impl PgExecutor<'_>,
+    tenant_id: &str,
+    entity_type: &str,
+    entity_id: &str,
+) -> Result<Option<Entity>, StoreError> {
+    const SQL: &str = "SELECT entity_type, entity_id, version, deleted, last_event_id, updated_at \
+         FROM entities WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3";
+    Ok(sqlx::query_as(SQL)
+        .bind(tenant_id)
+        .bind(entity_type)
+        .bind(entity_id)
+        .fetch_optional(executor)
+        .await?)
+}

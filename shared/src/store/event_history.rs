@@ -36,20 +36,7 @@ pub struct Filing {
     /// The entity it names, and the version it carries.
     pub entity_id: Option<String>,
     pub entity_version: Option<i64>,
-    #[serde(skip)]
     pub event_type: String,
-}
-
-/// The entity an event names, as the projection holds it now.
-#[derive(Debug, Clone, sqlx::FromRow, serde::Serialize, serde::Deserialize)]
-pub struct Entity {
-    pub entity_type: String,
-    pub entity_id: String,
-    pub version: i64,
-    pub deleted: bool,
-    /// The event whose version it holds.
-    pub last_event_id: String,
-    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The event waiting in the queue.
@@ -107,9 +94,10 @@ pub struct Anomaly {
 pub struct EventHistory {
     pub filing: Filing,
     /// The entity the event names, as projected now (`None`: it names none, or the projection
-    /// holds no such entity).
+    /// holds no such entity). Read by the caller, which knows the entity's type
+    /// ([`super::entities::current`]).
     #[serde(default)]
-    pub entity: Option<Entity>,
+    pub entity: Option<super::entities::Entity>,
     pub queued: Option<Queued>,
     pub outbox: Vec<Message>,
     pub dead_letters: Vec<Letter>,
@@ -129,8 +117,6 @@ pub async fn of(
          FROM webhook_events AS e JOIN sources AS s USING (source_id) \
          LEFT JOIN event_filings AS f ON f.tenant_id = e.tenant_id AND f.external_id = e.external_id \
          WHERE e.tenant_id = $1 AND e.external_id = $2";
-    const ENTITY: &str = "SELECT entity_type, entity_id, version, deleted, last_event_id, updated_at \
-         FROM entities WHERE tenant_id = $1 AND entity_type = $2 AND entity_id = $3";
     const QUEUED: &str = "SELECT enqueued_at, ready_at FROM event_queue \
          WHERE tenant_id = $1 AND external_id = $2";
     const OUTBOX: &str = "SELECT o.outbox_id, o.action, o.status, o.attempts, o.last_error, o.created_at, \
@@ -152,18 +138,6 @@ pub async fn of(
         .await?
     else {
         return Ok(None);
-    };
-    let entity = match &filing.entity_id {
-        Some(entity_id) => {
-            let (entity_type, _) = crate::effects::entity::classify(&filing.event_type);
-            sqlx::query_as(ENTITY)
-                .bind(tenant_id)
-                .bind(entity_type)
-                .bind(entity_id)
-                .fetch_optional(&mut *conn)
-                .await?
-        }
-        None => None,
     };
     let queued = sqlx::query_as(QUEUED)
         .bind(tenant_id)
@@ -187,7 +161,7 @@ pub async fn of(
         .await?;
     Ok(Some(EventHistory {
         filing,
-        entity,
+        entity: None,
         queued,
         outbox,
         dead_letters,
