@@ -8,7 +8,6 @@
 //! context API Gateway builds: the TCP peer as `http.sourceIp`, the certificate as
 //! `authentication.clientCert` (its PEM and `validity.notAfter`).
 
-use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,11 +17,10 @@ use axum::Router;
 use axum::body::Bytes;
 use axum::extract::connect_info::Connected;
 use axum::extract::{ConnectInfo, DefaultBodyLimit, Path as RoutePath, State};
-use axum::http::{HeaderMap, StatusCode, Uri};
-use axum::response::{IntoResponse, Response};
+use axum::http::{HeaderMap, Uri};
+use axum::response::Response;
 use axum::routing::post;
 use axum::serve::{IncomingStream, Listener};
-use lambda_http::RequestExt;
 use lambda_http::aws_lambda_events::apigw::{
     ApiGatewayV2httpRequestContext, ApiGatewayV2httpRequestContextAuthentication,
     ApiGatewayV2httpRequestContextAuthenticationClientCert,
@@ -195,26 +193,12 @@ async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
-    let mut request = lambda_http::http::Request::new(lambda_http::Body::Binary(body.to_vec()));
-    *request.method_mut() = lambda_http::http::Method::POST;
-    *request.uri_mut() = uri;
-    *request.headers_mut() = headers;
     let mut context = ApiGatewayV2httpRequestContext::default();
-    context.http.method = lambda_http::http::Method::POST;
     context.http.source_ip = Some(peer.address.ip().to_string());
     context.authentication = peer.certificate.as_deref().map(|der| {
         let mut authentication = ApiGatewayV2httpRequestContextAuthentication::default();
         authentication.client_cert = Some(client_cert(der));
         authentication
     });
-    let request = request
-        .with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]))
-        .with_request_context(lambda_http::request::RequestContext::ApiGatewayV2(context));
-    match ingest::handler(request, &runner.ingestor).await {
-        Ok(response) => {
-            let (parts, body) = response.into_parts();
-            (parts.status, parts.headers, body.to_vec()).into_response()
-        }
-        Err(error) => (StatusCode::INTERNAL_SERVER_ERROR, error.to_string()).into_response(),
-    }
+    crate::serve::to_ingest(&runner, source_id, uri, headers, body, context).await
 }

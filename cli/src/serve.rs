@@ -390,14 +390,28 @@ async fn receive(
     headers: HeaderMap,
     body: Bytes,
 ) -> Response {
+    let mut context =
+        lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
+    context.http.source_ip = peer.map(|axum::Extension(ConnectInfo(peer))| peer.ip().to_string());
+    to_ingest(&runner, source_id, uri, headers, body, context).await
+}
+
+/// A POST to the ingest handler, as API Gateway hands it one: the request's URI and headers,
+/// the route's `{source_id}`, and `context` (the caller's `http.sourceIp`, a client
+/// certificate); its answer as the client gets it.
+pub async fn to_ingest(
+    runner: &Runner,
+    source_id: String,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+    mut context: lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext,
+) -> Response {
     let mut request = lambda_http::http::Request::new(lambda_http::Body::Binary(body.to_vec()));
     *request.method_mut() = lambda_http::http::Method::POST;
     *request.uri_mut() = uri;
     *request.headers_mut() = headers;
-    let mut context =
-        lambda_http::aws_lambda_events::apigw::ApiGatewayV2httpRequestContext::default();
     context.http.method = lambda_http::http::Method::POST;
-    context.http.source_ip = peer.map(|axum::Extension(ConnectInfo(peer))| peer.ip().to_string());
     let request = request
         .with_path_parameters(HashMap::from([("source_id".to_owned(), source_id)]))
         .with_request_context(lambda_http::request::RequestContext::ApiGatewayV2(context));
