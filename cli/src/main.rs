@@ -748,10 +748,20 @@ async fn run_serve(args: ServeArgs) -> CmdResult {
         .map_err(|e| format!("migrations failed: {e}"))?;
     if let Some(file) = &args.sources {
         for s in apply_sources(ingestor.pool(), file, false).await? {
-            eprintln!(
-                "source {} (tenant {}, {}) → POST http://{}/webhooks/{}",
-                s.source_id, s.tenant_id, s.scheme, args.listen, s.source_id
-            );
+            match (&s.partner, &args.partner_listen) {
+                (Some(_), Some(partners)) => eprintln!(
+                    "source {} (tenant {}, partner) → POST https://{partners}/partners/{} with its client certificate",
+                    s.source_id, s.tenant_id, s.source_id
+                ),
+                (Some(_), None) => eprintln!(
+                    "source {} (tenant {}, partner) is not served: a partner is admitted only over TLS with its client certificate; start with --partner-listen ADDRESS --partner-tls-cert PEM --partner-tls-key PEM --partner-client-ca PEM (docs/running-locally.md)",
+                    s.source_id, s.tenant_id
+                ),
+                (None, _) => eprintln!(
+                    "source {} (tenant {}, {}) → POST http://{}/webhooks/{}",
+                    s.source_id, s.tenant_id, s.scheme, args.listen, s.source_id
+                ),
+            }
         }
     }
     let listener = tokio::net::TcpListener::bind(args.listen)
