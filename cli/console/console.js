@@ -314,7 +314,9 @@ async function event(tenant, externalId) {
     const now = n ? `${n.entity_type} ${n.entity_id} holds version ${n.version}${n.deleted ? " (deleted)" : ""}, from event ${n.last_event_id}` : "the projection holds no such entity";
     entity = el("p", { id: "entity" }, announced
       ? `Changed ${announced.change.entity_type} ${announced.change.entity_id} from version ${announced.change.previous_version ?? "none (new)"} to ${announced.change.version}${announced.change.deleted ? " (deleted)" : ""}. Now: ${now}.`
-      : `This event carries version ${f.entity_version ?? "–"} and changed nothing (yet, if pending). Now: ${now}.`);
+      : f.entity_version === null || f.entity_version === undefined
+        ? `This event names the entity without a version: the projection takes no change from it. Now: ${now}.`
+        : `This event carries version ${f.entity_version} and changed nothing${{ pending: " yet (it waits in the queue)", processed: ": the projection held a later version", dead_lettered: " (it was dead-lettered)" }[e.status] || ""}. Now: ${now}.`);
   }
   const outbox = history.outbox.map((m) => el("tr", {},
     el("td", {}, m.action), el("td", {}, m.status), el("td", { class: "num" }, m.attempts),
@@ -348,9 +350,11 @@ async function change(question, request) {
   const reason = prompt(question);
   if (!reason) return;
   const outcome = document.getElementById("action-outcome");
+  const shown = location.hash;
   try {
     outcome.textContent = JSON.stringify(await ask({ ...request, reason }));
-    setTimeout(route, 500);
+    // Read again what changed, unless the operator has gone to another page meanwhile.
+    setTimeout(() => { if (location.hash === shown) route(); }, 500);
   } catch (err) {
     outcome.textContent = err.message;
   }

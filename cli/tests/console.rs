@@ -586,6 +586,10 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     let shop = Shop::new(pool.clone()).await;
     // Someone forges a request before the provider's own deliveries arrive.
     shop.forge("evt_forged").await;
+    // A customer changed twice, both changes processed.
+    shop.deliver_version("evt_v1", "cus_v", 1).await;
+    shop.deliver_version("evt_v2", "cus_v", 2).await;
+    shop.drain().await;
     for (id, customer) in [
         ("evt_ok", "cus_7"),
         ("evt_dl1", "cus_8"),
@@ -628,7 +632,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .script("const bars = document.querySelectorAll('#sources svg rect title'); return bars[bars.length - 1].textContent;")
         .await;
     assert!(
-        now.as_str().unwrap().contains(": 3 (usually unknown)"),
+        now.as_str().unwrap().contains(": 5 (usually unknown)"),
         "{now}"
     );
     browser.screenshot("overview").await;
@@ -649,6 +653,18 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .await;
     browser
         .text_containing("[data-fact='came through the SQS buffer']", "no")
+        .await;
+    browser
+        .text_containing("#entity", "names the entity without a version")
+        .await;
+    browser
+        .go(&format!(
+            "{}#/event/acme/evt_v2",
+            url.split('#').next().unwrap()
+        ))
+        .await;
+    browser
+        .text_containing("#entity", "Changed customer cus_v from version 1 to 2")
         .await;
     browser.screenshot("event").await;
 
