@@ -215,7 +215,7 @@ async fn a_partner_is_admitted_by_its_pinned_certificate_and_addresses_only(pool
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_partners_id_header_timestamp_and_token_are_checked(pool: PgPool) {
     let source = partner_source(
-        &[b"cert-globex"],
+        &[b"cert-globex", b"cert-globex-next"],
         "secret_ref = \"partners/globex\"\n",
         "token_header = \"authorization\"\nevent_id_header = \"x-partner-event-id\"\n\
          timestamp_header = \"x-partner-timestamp\"\n",
@@ -223,7 +223,11 @@ async fn a_partners_id_header_timestamp_and_token_are_checked(pool: PgPool) {
     let app = TestApp::with_limits(
         pool.clone(),
         std::slice::from_ref(&source),
-        SecretStore::memory([("partners/globex".to_owned(), SecretSet::new("tok-1", None))]),
+        // The token is being rotated: tok-1 is the new one, tok-0 still accepted.
+        SecretStore::memory([(
+            "partners/globex".to_owned(),
+            SecretSet::new("tok-1", Some("tok-0".into())),
+        )]),
         Duration::ZERO,
         MAX_BODY,
     )
@@ -248,9 +252,32 @@ async fn a_partners_id_header_timestamp_and_token_are_checked(pool: PgPool) {
         401
     );
     assert_eq!(send(headers(Some("inv-3"), now, "tok-2")).await.status, 401);
+    assert_eq!(
+        send(headers(Some("inv-4"), now, "tok-0")).await.status,
+        200,
+        "during a rotation"
+    );
+    // A pinned certificate whose request is refused (a wrong token) is not recorded as seen.
+    let refused = post(
+        &app,
+        Some(b"cert-globex-next"),
+        Some("203.0.113.7"),
+        headers(Some("inv-5"), now, "tok-2"),
+        body,
+    )
+    .await;
+    assert_eq!(refused.status, 401);
+    let recorded: Vec<Vec<u8>> = sqlx::query_scalar("SELECT sha256 FROM partner_certificates")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, [sha2::Sha256::digest(b"cert-globex").to_vec()]);
     let no_id = send(headers(None, now, "tok-1")).await;
     assert_eq!(no_id.status, 400, "{:?}", no_id.json);
-    assert_eq!(stored(&pool).await, [("inv-1".to_owned(), 1)]);
+    assert_eq!(
+        stored(&pool).await,
+        [("inv-1".to_owned(), 1), ("inv-4".to_owned(), 1)]
+    );
 
     let dir = tempfile::tempdir().unwrap();
     let refused = |text: &str| {

@@ -814,55 +814,64 @@ impl Ingestor {
                     unix_now(),
                 )
                 .map_err(IngestError::Partner)?;
-            if let Some(certificate) = delivery.client_certificate {
-                self.partner_certificate_seen(&source, certificate).await;
-            }
         }
-        let secrets = match (&source.partner, source.signature) {
-            // A partner without a token: nothing is signed, and no secret is read.
-            (Some(_), None) => Arc::new(crate::secrets::SecretSet::new(String::new(), None)),
-            _ => self
-                .secrets
-                .secrets(&source.secret_ref)
-                .await
-                .map_err(IngestError::Secret)?,
-        };
         let request = signature::Request {
             headers: delivery.headers,
             body: delivery.body,
             method: delivery.method,
             url: source.signed_url.as_deref().or(delivery.url),
         };
-        let verified = match (source.signature, &source.partner) {
-            (Some(declared), _) => {
-                signature::verify_with(declared, &request, &secrets, source.tolerance, unix_now())
+        // A partner without a token signs nothing: no secret is read, none verifies, and it
+        // has no handshake.
+        let (verified, secrets) = match (source.signature, &source.partner) {
+            (None, Some(_)) => (crate::partners::admitted_without_signature(), None),
+            (layout, _) => {
+                let secrets = self
+                    .secrets
+                    .secrets(&source.secret_ref)
+                    .await
+                    .map_err(IngestError::Secret)?;
+                let verified = match layout {
+                    Some(declared) => signature::verify_with(
+                        declared,
+                        &request,
+                        &secrets,
+                        source.tolerance,
+                        unix_now(),
+                    ),
+                    None => signature::verify_accepting(
+                        source.scheme,
+                        source.layouts.as_deref(),
+                        &request,
+                        &secrets,
+                        source.tolerance,
+                        unix_now(),
+                    ),
+                }
+                .map_err(IngestError::Signature)?;
+                (verified, Some(secrets))
             }
-            (None, Some(_)) => Ok(crate::partners::admitted_without_signature()),
-            (None, None) => signature::verify_accepting(
-                source.scheme,
-                source.layouts.as_deref(),
-                &request,
-                &secrets,
-                source.tolerance,
-                unix_now(),
-            ),
-        }
-        .map_err(IngestError::Signature)?;
+        };
         span.record("verified_with", verified.secret.as_str());
+        if let (Some(_), Some(certificate)) = (&source.partner, delivery.client_certificate) {
+            self.partner_certificate_seen(&source, certificate).await;
+        }
         let outside_ranges = self.check_address(&source, delivery.source_ip).await?;
 
-        let secret = match verified.secret {
-            SecretVersion::Previous => secrets.previous.as_ref().unwrap_or(&secrets.current),
-            SecretVersion::Current => &secrets.current,
-        };
-        if let Some(reply) = protocol::handshake(
-            source.scheme,
-            delivery.method,
-            delivery.headers,
-            delivery.body,
-            secret,
-        ) {
-            return Ok(Admission::Handshake(reply));
+        if let Some(secrets) = &secrets {
+            let secret = match verified.secret {
+                SecretVersion::Previous => secrets.previous.as_ref().unwrap_or(&secrets.current),
+                SecretVersion::Current => &secrets.current,
+            };
+            if let Some(reply) = protocol::handshake(
+                source.scheme,
+                delivery.method,
+                delivery.headers,
+                delivery.body,
+                secret,
+            ) {
+                return Ok(Admission::Handshake(reply));
+            }
         }
         if delivery.method != "POST" {
             return Err(IngestError::MethodNotAllowed);
@@ -892,13 +901,13 @@ impl Ingestor {
         );
         // A batch whose elements each carry their own signature (Adyen's items): every one is
         // checked with the layout that verified the request, not only the first it reads.
-        if let (Ok(p), Some(at)) = (&mut prepared, &source.fields.elements)
+        if let (Ok(p), Some(at), Some(secrets)) = (&mut prepared, &source.fields.elements, &secrets)
             && p.batch
             && let Some(digests) = crate::batches::verify_each_element(
                 verified.layout,
                 &request,
                 at,
-                &secrets,
+                secrets,
                 source.tolerance,
                 unix_now(),
             )
