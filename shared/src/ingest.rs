@@ -215,54 +215,37 @@ pub struct Ingestor {
     /// The second buffer (`BUFFER_MODE` spillover or queue); `None` in database mode.
     buffer: Option<Buffer>,
     /// When a refusal of each source and check was last kept.
-    refusals: RefusalPace,
+    refusals: Pace<(String, &'static str)>,
     /// The providers' published address ranges, cached.
     ranges: RangeCache,
     /// When each partner certificate was last recorded as seen.
-    certificates_seen: CertificatePace,
+    certificates_seen: Pace<(String, [u8; 32])>,
 }
 
-/// A partner's certificate is recorded as seen (`partner_certificates`) at most once a minute
-/// per source and certificate by each ingest environment: its expiry is what the record is
-/// for, not each request.
-#[derive(Default)]
-struct CertificatePace(
-    std::sync::Mutex<std::collections::HashMap<(String, [u8; 32]), std::time::Instant>>,
-);
+/// At most one write an interval for each key, the others counted into the next one written:
+/// refusals (a source and the check its delivery failed, a second: a flood of forgeries costs
+/// a write a second) and partners' certificates seen (a source and a certificate, a minute: its
+/// expiry is what the record is for, not each request).
+struct Pace<K> {
+    every: Duration,
+    /// When each key was last written, and how many were skipped since.
+    last: std::sync::Mutex<std::collections::HashMap<K, (std::time::Instant, u32)>>,
+}
 
-impl CertificatePace {
-    fn due(&self, source_id: &str, sha256: &[u8; 32]) -> bool {
-        let now = std::time::Instant::now();
-        let Ok(mut seen) = self.0.lock() else {
-            return false;
-        };
-        match seen.get(&(source_id.to_owned(), *sha256)) {
-            Some(at) if now.duration_since(*at) < Duration::from_secs(60) => false,
-            _ => {
-                seen.insert((source_id.to_owned(), *sha256), now);
-                true
-            }
+impl<K: std::hash::Hash + Eq> Pace<K> {
+    fn every(every: Duration) -> Self {
+        Pace {
+            every,
+            last: Default::default(),
         }
     }
-}
 
-/// At most one refusal kept a second for each source and check: a flood of forgeries costs a
-/// write a second, the rest counted into the next one kept.
-#[derive(Default)]
-struct RefusalPace(std::sync::Mutex<std::collections::HashMap<RefusalKey, LastKept>>);
-
-/// A source and the check its delivery failed.
-type RefusalKey = (String, &'static str);
-/// When one was last kept, and how many were refused since without being kept.
-type LastKept = (std::time::Instant, u32);
-
-impl RefusalPace {
-    /// `Some(refusals skipped since the last kept)` when this one is to be kept.
-    fn admit(&self, source_id: &str, check: &'static str) -> Option<u32> {
+    /// `Some(skipped since the last written)` when this one is to be written.
+    fn admit(&self, key: K) -> Option<u32> {
         let now = std::time::Instant::now();
-        let mut last = self.0.lock().ok()?;
-        match last.get_mut(&(source_id.to_owned(), check)) {
-            Some((at, skipped)) if now.duration_since(*at) < Duration::from_secs(1) => {
+        let mut last = self.last.lock().ok()?;
+        match last.get_mut(&key) {
+            Some((at, skipped)) if now.duration_since(*at) < self.every => {
                 *skipped = skipped.saturating_add(1);
                 None
             }
@@ -271,7 +254,7 @@ impl RefusalPace {
                 Some(std::mem::take(skipped))
             }
             None => {
-                last.insert((source_id.to_owned(), check), (now, 0));
+                last.insert(key, (now, 0));
                 Some(0)
             }
         }
@@ -362,8 +345,8 @@ impl Ingestor {
             secrets,
             limits,
             buffer: None,
-            refusals: RefusalPace::default(),
-            certificates_seen: CertificatePace::default(),
+            refusals: Pace::every(Duration::from_secs(1)),
+            certificates_seen: Pace::every(Duration::from_secs(60)),
         }
     }
 
@@ -414,8 +397,8 @@ impl Ingestor {
                 max_body_bytes: settings.max_body_bytes,
             },
             buffer,
-            refusals: RefusalPace::default(),
-            certificates_seen: CertificatePace::default(),
+            refusals: Pace::every(Duration::from_secs(1)),
+            certificates_seen: Pace::every(Duration::from_secs(60)),
         })
     }
 
@@ -487,10 +470,8 @@ impl Ingestor {
         source: &crate::sources::Source,
         certificate: &crate::partners::ClientCertificate,
     ) {
-        if !self
-            .certificates_seen
-            .due(source.source_id.as_str(), &certificate.sha256)
-        {
+        let key = (source.source_id.as_str().to_owned(), certificate.sha256);
+        if self.certificates_seen.admit(key).is_none() {
             return;
         }
         let seen = crate::store::partner_certificates::Seen {
@@ -520,7 +501,10 @@ impl Ingestor {
             return;
         };
         let check = error.reason_code();
-        let Some(also_refused) = self.refusals.admit(source.source_id.as_str(), check) else {
+        let Some(also_refused) = self
+            .refusals
+            .admit((source.source_id.as_str().to_owned(), check))
+        else {
             return;
         };
         let header = |name: http::HeaderName| {
