@@ -306,3 +306,30 @@ async fn latency_records_past_two_hours_are_purged_without_the_anomaly_pass(pool
     assert_eq!(run.latency_records_purged, 25, "{run:?}");
     assert!(run.cut_short.is_empty(), "{run:?}");
 }
+
+/// Day 60: what an event's page says of its filing (the layout that verified it, the
+/// deliveries the buffer filed) goes with its identity, and stays for the events kept.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn an_events_filing_is_purged_with_its_identity(pool: PgPool) {
+    source(&pool).await;
+    processed(&pool, "old", 3, "40 days", false).await;
+    processed(&pool, "fresh", 2, "1 hour", true).await;
+    sqlx::query(
+        "INSERT INTO event_filings (tenant_id, external_id, verified_layout, buffered_deliveries) \
+         SELECT tenant_id, external_id, 'v3', 1 FROM webhook_events",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let run = shared::retention::run_once(&pool, &small_batches(), "test")
+        .await
+        .unwrap();
+    assert_eq!(run.identities_purged, 3, "{run:?}");
+    let kept: Vec<String> =
+        sqlx::query_scalar("SELECT external_id FROM event_filings ORDER BY external_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(kept, ["fresh-1", "fresh-2"]);
+}
