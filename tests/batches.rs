@@ -85,6 +85,41 @@ async fn hubspot_app(pool: &PgPool) -> TestApp {
     .await
 }
 
+/// `body`, signed by HubSpot now, as ingest buffers it (delivery `delivery_id`, verified by
+/// `layout`): one SQS message for the consumer.
+fn buffered_hubspot(
+    hubspot: &shared::sources::Source,
+    delivery_id: &str,
+    body: &[u8],
+    layout: Option<&str>,
+) -> shared::buffer::filing::Message {
+    let kept: std::collections::BTreeMap<String, String> =
+        shared::ingest::kept_headers(hubspot, &hubspot_signed(body))
+            .as_object()
+            .unwrap()
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
+            .collect();
+    shared::buffer::filing::Message {
+        message_id: delivery_id.to_owned(),
+        delivery: Ok(shared::buffer::BufferedDelivery {
+            envelope: shared::buffer::Envelope {
+                v: shared::buffer::ENVELOPE_VERSION,
+                delivery_id: delivery_id.to_owned(),
+                verified_layout: layout.map(str::to_owned),
+                source_id: "hubspot".to_owned(),
+                received_at_micros: shared::ingest::unix_now_micros(),
+                verified_with: "current".to_owned(),
+                signed_headers: vec!["x-hubspot-request-timestamp".to_owned()],
+                headers: kept,
+                signed_digest: None,
+                element_digests: Vec::new(),
+            },
+            body: body.to_vec(),
+        }),
+    }
+}
+
 async fn scalar(pool: &PgPool, sql: &'static str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
@@ -481,34 +516,7 @@ async fn the_buffer_files_a_batch_element_by_element(pool: PgPool) {
         hubspot_event(1, 1, 0),
     ]))
     .unwrap();
-    let headers = hubspot_signed(&body);
-    let buffered = |delivery_id: &str| {
-        let kept: std::collections::BTreeMap<String, String> =
-            shared::ingest::kept_headers(&hubspot, &headers)
-                .as_object()
-                .unwrap()
-                .iter()
-                .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-                .collect();
-        shared::buffer::filing::Message {
-            message_id: delivery_id.to_owned(),
-            delivery: Ok(shared::buffer::BufferedDelivery {
-                envelope: shared::buffer::Envelope {
-                    v: shared::buffer::ENVELOPE_VERSION,
-                    delivery_id: delivery_id.to_owned(),
-                    verified_layout: None,
-                    source_id: "hubspot".to_owned(),
-                    received_at_micros: shared::ingest::unix_now_micros(),
-                    verified_with: "current".to_owned(),
-                    signed_headers: vec!["x-hubspot-request-timestamp".to_owned()],
-                    headers: kept,
-                    signed_digest: None,
-                    element_digests: Vec::new(),
-                },
-                body: body.clone(),
-            }),
-        }
-    };
+    let buffered = |delivery_id: &str| buffered_hubspot(&hubspot, delivery_id, &body, None);
     let consumed = shared::buffer::consumer::consume(&pool, &[buffered("d-1"), buffered("d-2")])
         .await
         .unwrap();
@@ -1040,31 +1048,7 @@ async fn an_event_records_the_layout_that_verified_it_and_the_deliveries_the_buf
     ]))
     .unwrap();
     let hubspot = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
-    let kept: std::collections::BTreeMap<String, String> =
-        shared::ingest::kept_headers(&hubspot, &hubspot_signed(&body))
-            .as_object()
-            .unwrap()
-            .iter()
-            .map(|(k, v)| (k.clone(), v.as_str().unwrap().to_owned()))
-            .collect();
-    let message = shared::buffer::filing::Message {
-        message_id: "m-1".to_owned(),
-        delivery: Ok(shared::buffer::BufferedDelivery {
-            envelope: shared::buffer::Envelope {
-                v: shared::buffer::ENVELOPE_VERSION,
-                delivery_id: "d-1".to_owned(),
-                verified_layout: Some("v3".to_owned()),
-                source_id: "hubspot".to_owned(),
-                received_at_micros: shared::ingest::unix_now_micros(),
-                verified_with: "current".to_owned(),
-                signed_headers: vec!["x-hubspot-request-timestamp".to_owned()],
-                headers: kept,
-                signed_digest: None,
-                element_digests: Vec::new(),
-            },
-            body,
-        }),
-    };
+    let message = buffered_hubspot(&hubspot, "d-1", &body, Some("v3"));
     let consumed = shared::buffer::consumer::consume(&pool, &[message])
         .await
         .unwrap();
