@@ -613,6 +613,8 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     shared::store::delivery_hours::roll(&pool).await.unwrap();
     let (url, _) = start(&pool, true).await;
     let browser = Browser::start().await;
+    // A page of the console by its fragment, once the session is open.
+    let page = |fragment: &str| format!("{}#{fragment}", url.split('#').next().unwrap());
 
     browser.go(&url).await;
     browser.text_containing("#verdict", "Needs attention").await;
@@ -657,12 +659,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser
         .text_containing("#entity", "names the entity without a version")
         .await;
-    browser
-        .go(&format!(
-            "{}#/event/acme/evt_v2",
-            url.split('#').next().unwrap()
-        ))
-        .await;
+    browser.go(&page("/event/acme/evt_v2")).await;
     browser
         .text_containing("#entity", "Changed customer cus_v from version 1 to 2")
         .await;
@@ -699,12 +696,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.screenshot("job").await;
 
     // A replayed event's page tells its story: dead-lettered once, replayed, processed.
-    browser
-        .go(&format!(
-            "{}#/event/acme/evt_dl1",
-            url.split('#').next().unwrap()
-        ))
-        .await;
+    browser.go(&page("/event/acme/evt_dl1")).await;
     browser.text_containing("#letters", "replayed").await;
     browser
         .text_containing("#letters", "retryable: CRM timed out")
@@ -714,12 +706,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
         .await;
     browser.screenshot("event-history").await;
     // The live tail: an event delivered while the page is open shows up on its own.
-    browser
-        .go(&format!(
-            "{}#/events?live=1",
-            url.split('#').next().unwrap()
-        ))
-        .await;
+    browser.go(&page("/events?live=1")).await;
     browser.text_containing("#events-shown", "live").await;
     shop.deliver("evt_live", "cus_live").await;
     browser.text_containing("#events", "evt_live").await;
