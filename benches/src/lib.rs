@@ -178,6 +178,8 @@ pub fn pgbench_upsert_script(level: usize) -> String {
         "NULL::bigint".to_owned(),
         // The body's claim key: its digest, as for every layout that signs the body.
         format!("'\\x{digest}'::bytea"),
+        // No layout name: Stripe has one layout, so ingest records none (`event_filings`).
+        "NULL::text".to_owned(),
     ];
     let sql = shared::store::webhook_events::upsert_sql();
     let mut out = String::new();
@@ -421,4 +423,16 @@ pub fn declared_sha512() -> &'static shared::catalogue::SignatureSpec {
     )
     .expect("the bench layout parses");
     shared::catalogue::declare(layout).expect("the bench layout is valid")
+}
+
+#[cfg(test)]
+mod tests {
+    /// The pgbench limit runs the direct path's statement as it stands: every placeholder it
+    /// has is given a value (a new one added to the statement must be given one here too).
+    #[test]
+    fn the_pgbench_script_gives_every_placeholder_of_the_upsert_a_value() {
+        let script = super::pgbench_upsert_script(1);
+        assert!(!script.contains('$'), "{script}");
+        assert!(script.contains("INSERT INTO webhook_events"), "{script}");
+    }
 }
