@@ -1014,15 +1014,40 @@ async fn every_graph_notification_is_checked_and_its_client_state_never_kept(poo
     assert_eq!(events(&pool).await.len(), 2);
 }
 
-/// An event's row says which of its provider's layouts verified it and how many of its
-/// deliveries came through the SQS buffer (what its page in the console shows): HubSpot's v3
-/// for a direct delivery, none buffered; a buffered copy of the same request counts one more
+/// An event's filing says which of its provider's layouts verified it, when its source accepts
+/// several, and how many of its deliveries came through the SQS buffer (what its page in the
+/// console shows): HubSpot's v3 for a direct delivery, none buffered; a buffered copy of the same request counts one more
 /// buffered delivery for each element, and a new element filed from the buffer starts at one.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_event_records_the_layout_that_verified_it_and_the_deliveries_the_buffer_filed(
     pool: PgPool,
 ) {
+    // By default a HubSpot source accepts v3 alone: nothing to tell apart, nothing recorded.
     let app = hubspot_app(&pool).await;
+    let only = serde_json::to_vec(&serde_json::json!([hubspot_event(9, 9, 0)])).unwrap();
+    let reply = app.post("hubspot", hubspot_signed(&only), &only).await;
+    assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);
+    assert_eq!(scalar(&pool, "SELECT count(*) FROM event_filings").await, 0);
+    sqlx::query("DELETE FROM event_queue")
+        .execute(&pool)
+        .await
+        .unwrap();
+    sqlx::query("DELETE FROM webhook_events")
+        .execute(&pool)
+        .await
+        .unwrap();
+
+    // One that also accepts the legacy v1 records which of the two verified each event.
+    let mut both = source("hubspot", TENANT, Scheme::Hubspot, "secret/hubspot");
+    both.layouts = Some(vec!["v3".to_owned(), "v1".to_owned()]);
+    let app = TestApp::with_limits(
+        pool.clone(),
+        std::slice::from_ref(&both),
+        secrets(),
+        Duration::ZERO,
+        shared::config::DEFAULT_MAX_BODY_BYTES,
+    )
+    .await;
     let direct = serde_json::to_vec(&serde_json::json!([hubspot_event(1, 1, 0)])).unwrap();
     let reply = app.post("hubspot", hubspot_signed(&direct), &direct).await;
     assert_eq!(reply.status, StatusCode::OK, "{:?}", reply.json);

@@ -959,7 +959,7 @@ impl Ingestor {
             &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
-            admitted.verified.layout.name.as_deref(),
+            recorded_layout(source, admitted.verified.layout),
         );
         let (Some(event), Some(fields)) = (events.first(), prepared.first()) else {
             return Err(IngestError::Store(StoreError::Corrupt {
@@ -1011,7 +1011,7 @@ impl Ingestor {
             &admitted.body,
             admitted.verified.secret.as_str(),
             admitted.verified.signed_digest,
-            admitted.verified.layout.name.as_deref(),
+            recorded_layout(source, admitted.verified.layout),
         );
         let received_at = chrono::DateTime::from_timestamp_micros(admitted.received_at_micros)
             .unwrap_or_else(chrono::Utc::now);
@@ -1143,7 +1143,8 @@ impl Admitted<'_> {
             envelope: Envelope {
                 v: ENVELOPE_VERSION,
                 delivery_id: format!("{:032x}", rand::random::<u128>()),
-                verified_layout: self.verified.layout.name.clone(),
+                verified_layout: recorded_layout(&self.source, self.verified.layout)
+                    .map(str::to_owned),
                 source_id: self.source.source_id.as_str().to_owned(),
                 received_at_micros: self.received_at_micros,
                 verified_with: self.verified.secret.as_str().to_owned(),
@@ -1189,6 +1190,28 @@ impl Ingestor {
 }
 
 /// Microseconds since the Unix epoch, as versions read from timestamps count time.
+/// The name of the layout that verified a delivery, when its source accepts several: which one
+/// did is then worth recording (`event_filings`, shown on the event's page). `None` when the
+/// source accepts one layout (HubSpot's v3 by default, every declared source): nothing to tell
+/// apart, and no row written per event.
+fn recorded_layout(
+    source: &crate::sources::Source,
+    layout: &'static crate::catalogue::SignatureSpec,
+) -> Option<&'static str> {
+    let accepted = match (&source.signature, &source.layouts) {
+        (Some(_), _) => 1,
+        (None, Some(names)) => names.len(),
+        (None, None) => source
+            .scheme
+            .provider()
+            .signatures
+            .iter()
+            .filter(|l| !l.legacy)
+            .count(),
+    };
+    (accepted > 1).then_some(layout.name.as_deref()).flatten()
+}
+
 pub fn unix_now_micros() -> i64 {
     let since = SystemTime::now()
         .duration_since(UNIX_EPOCH)
