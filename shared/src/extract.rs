@@ -158,6 +158,7 @@ pub fn extract_delivery(
         body,
         json: json.as_ref(),
         envelope: json.as_ref(),
+        element_index: None,
         digested: body,
         unsigned,
     }
@@ -168,11 +169,15 @@ pub fn extract_delivery(
 /// locators read `element`, `envelope:` locators the request's JSON, `form:` locators and
 /// headers the request, and `digest:sha256` is the digest of `digested` (the element's
 /// canonical bytes).
+///
+/// A sequence read from the envelope numbers the batch's first element (Xero's
+/// `firstEventSequence`, "the sequence number of the first event in this payload"): the
+/// element at `index` (counting from 0, in the order sent) is that number plus `index`.
 pub fn extract_element(
     fields: &FieldMap,
     headers: &HeaderMap,
     body: &[u8],
-    element: &Value,
+    (element, index): (&Value, usize),
     envelope: &Value,
     digested: &[u8],
     unsigned: Option<&UnsignedHeaders<'_>>,
@@ -182,6 +187,7 @@ pub fn extract_element(
         body,
         json: Some(element),
         envelope: Some(envelope),
+        element_index: Some(index),
         digested,
         unsigned,
     }
@@ -211,8 +217,17 @@ impl Reader<'_> {
             Some(locator) => reader
                 .optional("sequence", Some(locator))?
                 .map(|raw| {
-                    raw.parse::<i64>()
-                        .map_err(|_| invalid("sequence", locator, "not an integer"))
+                    let first = raw
+                        .parse::<i64>()
+                        .map_err(|_| invalid("sequence", locator, "not an integer"))?;
+                    // An envelope's number is the first element's; the others follow in order.
+                    match (locator, reader.element_index) {
+                        (FieldLocator::Envelope(_), Some(index)) => i64::try_from(index)
+                            .ok()
+                            .and_then(|index| first.checked_add(index))
+                            .ok_or_else(|| invalid("sequence", locator, "out of range")),
+                        _ => Ok(first),
+                    }
                 })
                 .transpose()?,
             None => None,
@@ -236,6 +251,8 @@ struct Reader<'a> {
     json: Option<&'a Value>,
     /// What `envelope:` locators read: the request's JSON.
     envelope: Option<&'a Value>,
+    /// A batch element's place in its batch (from 0); `None` for a delivery read whole.
+    element_index: Option<usize>,
     /// What `digest:sha256` digests: the body, or an element's canonical bytes.
     digested: &'a [u8],
     unsigned: Option<&'a UnsignedHeaders<'a>>,
@@ -410,6 +427,45 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// A batch's envelope number is its first element's (Xero's `firstEventSequence`): each
+    /// element's is that number plus its place in the batch; one read from the element itself is
+    /// the element's own. A delivery read whole takes the number as it is.
+    #[test]
+    fn an_envelope_sequence_numbers_a_batch_from_its_first_element() {
+        let mut fields = FieldMap::defaults_for(Scheme::Stripe);
+        fields.external_id = FieldLocator::parse("json:/id").unwrap();
+        fields.event_type = FieldLocator::parse("json:/type").unwrap();
+        fields.sequence = Some(FieldLocator::parse("envelope:/firstEventSequence").unwrap());
+        let envelope = serde_json::json!({"firstEventSequence": 41, "events": []});
+        let element = serde_json::json!({"id": "e", "type": "t", "seq": 7});
+        let read = |fields: &FieldMap, index| {
+            extract_element(
+                fields,
+                &HeaderMap::new(),
+                b"",
+                (&element, index),
+                &envelope,
+                b"",
+                None,
+            )
+            .unwrap()
+            .sequence
+        };
+        assert_eq!([read(&fields, 0), read(&fields, 2)], [Some(41), Some(43)]);
+        let mut own = fields.clone();
+        own.sequence = Some(FieldLocator::parse("json:/seq").unwrap());
+        assert_eq!(read(&own, 3), Some(7));
+        let delivery = serde_json::json!({"id": "d", "type": "t", "firstEventSequence": 41});
+        let whole = extract_delivery(
+            &fields,
+            &HeaderMap::new(),
+            delivery.to_string().as_bytes(),
+            None,
+        )
+        .unwrap();
+        assert_eq!(whole.sequence, Some(41));
     }
 
     /// A joined id: each value as read, joined with ':', a ':' or backslash in a value escaped, so

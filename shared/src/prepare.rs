@@ -139,7 +139,7 @@ pub fn prepare(
                     &source.fields,
                     headers,
                     body,
-                    steady_element,
+                    (steady_element, i),
                     &steady,
                     &canonical,
                     Some(&unsigned),
