@@ -122,8 +122,8 @@ fn provider_source(api_base_url: &str) -> Source {
         strategy: GapStrategy::Sequence {
             id_template: "evt_{seq}".into(),
         },
-        api_base_url: api_base_url.to_owned(),
-        api_secret_ref: "provider-api".into(),
+        api_base_url: Some(api_base_url.to_owned()),
+        api_secret_ref: Some("provider-api".into()),
         grace: Duration::from_secs(600),
         window: 100,
         event_types: None,

@@ -926,6 +926,158 @@ async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
     assert_eq!(events(&pool).await.len(), 1);
 }
 
+/// Xero numbers a webhook subscription's events: a request's `firstEventSequence` is its first
+/// element's number, the others following in order. Each element is stored with its own
+/// number, and a source with `[source.gaps] strategy = "sequence"` and no provider API (Xero
+/// serves no event by its number) has its missing numbers found per element by the backfill
+/// pass: never fetched (nothing to fetch from, and "backfill now" says so), closed when the
+/// number arrives, or settled by a tombstone, the watermark then passing them.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_api(pool: PgPool) {
+    use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
+    use shared::store::gaps;
+    let file = std::env::temp_dir().join(format!("xero-gaps-{}.toml", std::process::id()));
+    std::fs::write(
+        &file,
+        format!(
+            "[[source]]\nid = 'xero'\ntenant = '{TENANT}'\nscheme = 'xero'\nsecret_ref = 'secret/xero'\n\
+             [source.gaps]\nstrategy = 'sequence'\nid_template = 'xero-seq-{{seq}}'\ngrace_seconds = 0\n"
+        ),
+    )
+    .unwrap();
+    let sources = shared::sources::read_sources_file(&file);
+    std::fs::remove_file(&file).ok();
+    let sources = sources.unwrap();
+    let secrets = || {
+        SecretStore::memory([(
+            "secret/xero".to_owned(),
+            SecretSet::new("xero-webhooks-key", None),
+        )])
+    };
+    let app = TestApp::new(pool.clone(), &sources, secrets()).await;
+    let post = |first: i64, resources: &[&str]| {
+        let events: Vec<serde_json::Value> = resources
+            .iter()
+            .map(|r| {
+                serde_json::json!({"resourceUrl": format!("https://api.xero.com/api.xro/2.0/Contacts/{r}"),
+                    "resourceId": r, "eventDateUtc": "2026-12-06T08:00:00.000", "eventType": "UPDATE",
+                    "eventCategory": "CONTACT", "tenantId": "t1", "tenantType": "ORGANISATION"})
+            })
+            .collect();
+        let last = first + resources.len() as i64 - 1;
+        let body = serde_json::to_vec(&serde_json::json!({"events": events,
+            "firstEventSequence": first, "lastEventSequence": last, "entropy": format!("E{first}")}))
+        .unwrap();
+        let headers = signed(Scheme::Xero, "xero-webhooks-key", "", &body);
+        let app = &app;
+        async move { app.post("xero", headers, &body).await }
+    };
+    let numbered = |pool: PgPool| async move {
+        sqlx::query_as::<_, (String, Option<i64>)>(
+            "SELECT entity_id, provider_sequence FROM webhook_events WHERE source_id = 'xero' \
+             ORDER BY provider_sequence",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let open = |pool: PgPool| async move {
+        sqlx::query_as::<_, (String, Option<i64>)>(
+            "SELECT external_id, sequence FROM gap_candidates WHERE source_id = 'xero' \
+             AND status = 'open' ORDER BY sequence",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let backfiller = Backfiller::new(
+        pool.clone(),
+        std::sync::Arc::new(secrets()),
+        BackfillSettings::default(),
+    );
+    let pass = || async {
+        match backfiller.run_once("test").await.unwrap() {
+            BackfillRun::Completed { outcome, .. } => outcome,
+            other => panic!("{other:?}"),
+        }
+    };
+
+    // 5, 6, 7 in one request; 10, 11 in the next: 8 and 9 never came.
+    assert_eq!(post(5, &["c5", "c6", "c7"]).await.outcome(), "accepted");
+    assert_eq!(post(10, &["c10", "c11"]).await.outcome(), "accepted");
+    let stored = numbered(pool.clone()).await;
+    let expected: Vec<(String, Option<i64>)> = [5, 6, 7, 10, 11]
+        .iter()
+        .map(|n| (format!("c{n}"), Some(*n)))
+        .collect();
+    assert_eq!(stored, expected, "each element its own number, in order");
+
+    // The first pass numbers the missing ones; nothing is fetched and nothing fails.
+    let first = pass().await;
+    assert_eq!(
+        (first.new_candidates, first.fetched, first.errors),
+        (2, 0, 0),
+        "{first:?}"
+    );
+    assert_eq!(
+        open(pool.clone()).await,
+        vec![
+            ("xero-seq-8".to_owned(), Some(8)),
+            ("xero-seq-9".to_owned(), Some(9))
+        ]
+    );
+    assert_eq!(
+        gaps::request_backfill(&pool, TENANT, "xero", "xero-seq-8")
+            .await
+            .unwrap(),
+        gaps::BackfillAsk::NoProviderApi,
+        "nothing to fetch it from"
+    );
+
+    // Number 8 comes late (with a redelivered 7 beside it): its gap closes as arrived.
+    assert_eq!(post(7, &["c7", "c8"]).await.outcome(), "accepted");
+    let second = pass().await;
+    assert_eq!(
+        (second.arrived_late, second.new_candidates),
+        (1, 0),
+        "{second:?}"
+    );
+    assert_eq!(
+        open(pool.clone()).await,
+        vec![("xero-seq-9".to_owned(), Some(9))]
+    );
+    let stored: i64 =
+        sqlx::query_scalar("SELECT count(*) FROM webhook_events WHERE source_id = 'xero'")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, 6, "7 stored once");
+
+    // Number 9 never comes: an operator tombstones it, and the watermark passes it.
+    assert!(
+        gaps::tombstone(
+            &pool,
+            TENANT,
+            "xero",
+            "xero-seq-9",
+            Some(9),
+            "re-read contacts from Xero",
+            "operator:test"
+        )
+        .await
+        .unwrap()
+    );
+    pass().await;
+    assert!(open(pool.clone()).await.is_empty());
+    assert_eq!(
+        gaps::watermark(&pool, "xero")
+            .await
+            .unwrap()
+            .map(|w| w.contiguous_through),
+        Some(11)
+    );
+}
+
 /// Okta's admin names the header an event hook sends its secret in; a source whose hook uses
 /// another than `authorization` names it in its sources file, and that header alone admits its
 /// deliveries and its verification GET: the catalogue's `authorization` does not, for this

@@ -730,8 +730,8 @@ fn drill_sources(api_base_url: &str) -> Result<Vec<Source>> {
                 strategy: GapStrategy::Sequence {
                     id_template: "evt_{seq}".into(),
                 },
-                api_base_url: api_base_url.to_owned(),
-                api_secret_ref: "drill/provider-api".into(),
+                api_base_url: Some(api_base_url.to_owned()),
+                api_secret_ref: Some("drill/provider-api".into()),
                 grace: Duration::from_secs(60),
                 window: 1000,
                 event_types: None,

@@ -223,9 +223,14 @@ impl Backfiller {
         outcome: &mut BackfillOutcome,
     ) -> Result<(), SourceFailure> {
         let (tenant, source_id) = (source.tenant_id.as_str(), source.source_id.as_str());
+        let (Some(api_base_url), Some(api_secret_ref)) =
+            (&config.api_base_url, &config.api_secret_ref)
+        else {
+            return self.unfetchable_source(source, config, outcome).await;
+        };
         let key = self
             .secrets
-            .secrets(&config.api_secret_ref)
+            .secrets(api_secret_ref)
             .await
             .map_err(|e| SourceFailure::Provider(e.to_string()))?;
         if let GapStrategy::GithubDeliveries { hook, app_id } = &config.strategy {
@@ -235,7 +240,7 @@ impl Backfiller {
                 None => github_api::Credential::Token(key.current.expose().to_owned().into()),
             };
             let api = GithubApi::new(
-                &config.api_base_url,
+                api_base_url,
                 hook,
                 credential,
                 self.settings.request_timeout,
@@ -244,7 +249,7 @@ impl Backfiller {
             return self.github_source(source, config, &api, outcome).await;
         }
         let api = ProviderApi::new(
-            &config.api_base_url,
+            api_base_url,
             key.current.expose(),
             self.settings.request_timeout,
         )
@@ -344,6 +349,38 @@ impl Backfiller {
 }
 
 impl Backfiller {
+    /// A sequence the provider offers no way to fetch from (Xero numbers its deliveries'
+    /// events, and has no API that serves an event by its number): its pass finds the missing
+    /// numbers and closes those that arrived by themselves; what stays open is shown by
+    /// `hookctl status` and alarmed (`stale_gap_candidates`, `stalled_gap_watermarks`), for an
+    /// operator to settle: the resources re-read from the provider, then the number tombstoned.
+    async fn unfetchable_source(
+        &self,
+        source: &Source,
+        config: &GapConfig,
+        outcome: &mut BackfillOutcome,
+    ) -> Result<(), SourceFailure> {
+        let source_id = source.source_id.as_str();
+        let GapStrategy::Sequence { id_template } = &config.strategy else {
+            return Err(SourceFailure::Provider(format!(
+                "gap strategy {} needs the provider's API (api_base_url, api_secret_ref)",
+                config.strategy.as_str()
+            )));
+        };
+        outcome.arrived_late += gaps::close_arrived(&self.pool, source_id).await?;
+        outcome.new_candidates += detect_sequence_gaps(
+            &self.pool,
+            source,
+            id_template,
+            config.window,
+            self.settings.max_windows,
+        )
+        .await?;
+        let grace = config.grace.as_secs_f64();
+        outcome.waiting_grace += gaps::waiting_candidates(&self.pool, source_id, grace).await?;
+        Ok(())
+    }
+
     /// A GitHub hook's pass: list the deliveries of the window; an event (GUID) neither stored
     /// nor tombstoned becomes a candidate with its newest delivery; past the grace period GitHub
     /// is asked to redeliver it (at most once per grace period), and it arrives through ingest,

@@ -941,10 +941,20 @@ pub async fn handle_invoked(
                 &external_id,
             )
             .await?;
-            if !open {
-                return Err(OperatorError::BadRequest(format!(
-                    "no open gap {external_id} of source {source_id} (tenant {tenant_id}): it arrived, was backfilled or tombstoned"
-                )));
+            match open {
+                crate::store::gaps::BackfillAsk::Requested => {}
+                crate::store::gaps::BackfillAsk::NotOpen => {
+                    return Err(OperatorError::BadRequest(format!(
+                        "no open gap {external_id} of source {source_id} (tenant {tenant_id}): it arrived, was backfilled or tombstoned"
+                    )));
+                }
+                crate::store::gaps::BackfillAsk::NoProviderApi => {
+                    return Err(OperatorError::BadRequest(format!(
+                        "source {source_id} has no provider API to fetch gap {external_id} from \
+                         (its [source.gaps] names no api_base_url): re-read what the provider \
+                         holds, then tombstone the number (hookctl tombstones add)"
+                    )));
+                }
             }
             let request = serde_json::json!({
                 "tenant_id": tenant_id, "source_id": source_id, "external_id": external_id,

@@ -82,9 +82,12 @@ pub struct Source {
 pub struct GapConfig {
     pub strategy: GapStrategy,
     /// Provider API base (`https://api.stripe.com`); events are fetched at `/v1/events/{id}`.
-    pub api_base_url: String,
-    /// Secret holding the API key, sent as a bearer token.
-    pub api_secret_ref: String,
+    /// `None`: the provider numbers its events but offers no way to fetch one (Xero): a gap is
+    /// found, counted and alarmed, and closed when its number arrives or an operator
+    /// tombstones it (sequence only).
+    pub api_base_url: Option<String>,
+    /// Secret holding the API key, sent as a bearer token; `None` with `api_base_url`.
+    pub api_secret_ref: Option<String>,
     /// A gap younger than this is left alone.
     pub grace: Duration,
     /// Sequence: numbers examined per window (a pass examines up to `BACKFILL_MAX_WINDOWS` of
@@ -266,31 +269,40 @@ impl TryFrom<SourceRow> for Source {
                 row.api_secret_ref,
             ) {
                 (None, _, _) => None,
-                (Some(strategy), Some(api_base_url), Some(api_secret_ref)) => Some(GapConfig {
-                    strategy: match (strategy, row.id_template) {
-                        ("sequence", Some(id_template)) => GapStrategy::Sequence { id_template },
-                        ("list_api", _) => GapStrategy::ListApi,
-                        ("github_deliveries", _) => GapStrategy::github_deliveries(
-                            row.github_hook.as_deref().unwrap_or_default(),
-                            row.github_app_id,
-                        )
-                        .map_err(|reason| StoreError::Corrupt {
-                            what: "source",
-                            reason: format!("{}: {reason}", row.source_id),
-                        })?,
-                        (other, _) => {
-                            return Err(StoreError::Corrupt {
+                (Some(strategy), api_base_url, api_secret_ref)
+                    if api_base_url.is_some() == api_secret_ref.is_some()
+                        && (api_base_url.is_some() || strategy == "sequence") =>
+                {
+                    Some(GapConfig {
+                        strategy: match (strategy, row.id_template) {
+                            ("sequence", Some(id_template)) => {
+                                GapStrategy::Sequence { id_template }
+                            }
+                            ("list_api", _) => GapStrategy::ListApi,
+                            ("github_deliveries", _) => GapStrategy::github_deliveries(
+                                row.github_hook.as_deref().unwrap_or_default(),
+                                row.github_app_id,
+                            )
+                            .map_err(|reason| StoreError::Corrupt {
                                 what: "source",
-                                reason: format!("{}: gap strategy {other}", row.source_id),
-                            });
-                        }
-                    },
-                    api_base_url,
-                    api_secret_ref,
-                    grace: Duration::from_secs(u64::try_from(row.gap_grace_seconds).unwrap_or(0)),
-                    window: row.gap_window,
-                    event_types: row.gap_event_types,
-                }),
+                                reason: format!("{}: {reason}", row.source_id),
+                            })?,
+                            (other, _) => {
+                                return Err(StoreError::Corrupt {
+                                    what: "source",
+                                    reason: format!("{}: gap strategy {other}", row.source_id),
+                                });
+                            }
+                        },
+                        api_base_url,
+                        api_secret_ref,
+                        grace: Duration::from_secs(
+                            u64::try_from(row.gap_grace_seconds).unwrap_or(0),
+                        ),
+                        window: row.gap_window,
+                        event_types: row.gap_event_types,
+                    })
+                }
                 _ => {
                     return Err(StoreError::Corrupt {
                         what: "source",
@@ -325,8 +337,8 @@ impl From<&Source> for SourceRow {
                 GapStrategy::Sequence { id_template } => Some(id_template.clone()),
                 GapStrategy::ListApi | GapStrategy::GithubDeliveries { .. } => None,
             }),
-            api_base_url: gaps.map(|g| g.api_base_url.clone()),
-            api_secret_ref: gaps.map(|g| g.api_secret_ref.clone()),
+            api_base_url: gaps.and_then(|g| g.api_base_url.clone()),
+            api_secret_ref: gaps.and_then(|g| g.api_secret_ref.clone()),
             gap_grace_seconds: gaps.map_or(600, |g| {
                 i32::try_from(g.grace.as_secs()).unwrap_or(i32::MAX)
             }),
@@ -426,8 +438,8 @@ impl Source {
 /// [source.gaps]                  # optional: gap detection and backfill
 /// strategy = "sequence"          # or "list_api"
 /// id_template = "evt_{seq}"      # sequence only
-/// api_base_url = "https://api.example.com"
-/// api_secret_ref = "webhooks/example-api-key"
+/// api_base_url = "https://api.example.com"     # a sequence without an API (Xero): both
+/// api_secret_ref = "webhooks/example-api-key"  # omitted, gaps are found and alarmed only
 /// grace_seconds = 600            # optional, default 600
 /// window = 100000                # optional: numbers per window examined, or seconds listed back
 /// event_types = ["invoice.paid"] # list_api: the types the endpoint subscribes to, or ["*"]
@@ -495,8 +507,8 @@ pub struct SourceSpec {
 pub struct GapSpec {
     strategy: String,
     id_template: Option<String>,
-    api_base_url: String,
-    api_secret_ref: String,
+    api_base_url: Option<String>,
+    api_secret_ref: Option<String>,
     grace_seconds: Option<u32>,
     window: Option<i64>,
     event_types: Option<Vec<String>>,
@@ -582,13 +594,30 @@ impl GapSpec {
             return Err("gaps.hook is for strategy = \"github_deliveries\" only".into());
         }
         let event_types_given = self.event_types;
-        if !(self.api_base_url.starts_with("http://") || self.api_base_url.starts_with("https://"))
-        {
-            return Err(format!(
-                "gaps.api_base_url {:?} is not an http(s) URL",
-                self.api_base_url
-            ));
-        }
+        let api = match (self.api_base_url, self.api_secret_ref) {
+            (Some(url), Some(secret)) => {
+                if !(url.starts_with("http://") || url.starts_with("https://")) {
+                    return Err(format!("gaps.api_base_url {url:?} is not an http(s) URL"));
+                }
+                Some((url.trim_end_matches('/').to_owned(), secret))
+            }
+            (None, None) if matches!(strategy, GapStrategy::Sequence { .. }) => None,
+            (None, None) => {
+                return Err(format!(
+                    "gaps.strategy = \"{}\" needs api_base_url and api_secret_ref: it lists or \
+                     fetches through the provider's API (only a sequence may go without, its \
+                     gaps then found and alarmed, never fetched)",
+                    strategy.as_str()
+                ));
+            }
+            (Some(_), None) | (None, Some(_)) => {
+                return Err(
+                    "gaps.api_base_url and gaps.api_secret_ref go together: both, or (a sequence \
+                     the provider offers no API for) neither"
+                        .into(),
+                );
+            }
+        };
         let window = self.window.unwrap_or(100_000);
         if window <= 0 {
             return Err("gaps.window must be positive".into());
@@ -596,8 +625,8 @@ impl GapSpec {
         let event_types = event_types(&strategy, event_types_given)?;
         Ok(GapConfig {
             strategy,
-            api_base_url: self.api_base_url.trim_end_matches('/').to_owned(),
-            api_secret_ref: self.api_secret_ref,
+            api_base_url: api.as_ref().map(|(url, _)| url.clone()),
+            api_secret_ref: api.map(|(_, secret)| secret),
             grace: Duration::from_secs(self.grace_seconds.unwrap_or(600).into()),
             window,
             event_types,
@@ -1444,8 +1473,31 @@ mod tests {
             }
         );
         assert_eq!(
-            (gaps.api_base_url.as_str(), gaps.grace, gaps.window),
-            ("http://127.0.0.1:9", Duration::from_secs(600), 100_000)
+            (gaps.api_base_url.as_deref(), gaps.grace, gaps.window),
+            (
+                Some("http://127.0.0.1:9"),
+                Duration::from_secs(600),
+                100_000
+            )
+        );
+        // A sequence the provider offers no API for (Xero): found and alarmed, never fetched.
+        let unfetchable = spec("strategy='sequence'\nid_template='xero-seq-{seq}'")
+            .unwrap()
+            .gaps
+            .unwrap();
+        assert_eq!(
+            (unfetchable.api_base_url, unfetchable.api_secret_ref),
+            (None, None)
+        );
+        assert!(
+            spec("strategy='list_api'\nevent_types=['*']")
+                .unwrap_err()
+                .contains("needs api_base_url and api_secret_ref")
+        );
+        assert!(
+            spec("strategy='sequence'\nid_template='evt_{seq}'\napi_base_url='http://x'")
+                .unwrap_err()
+                .contains("go together")
         );
         assert!(
             spec("strategy='sequence'\napi_base_url='http://x'\napi_secret_ref='k'")

@@ -762,8 +762,8 @@ pub mod gaps {
         s.fields.sequence = Some(FieldLocator::json("/sequence"));
         s.gaps = Some(GapConfig {
             strategy,
-            api_base_url: api_base_url.to_owned(),
-            api_secret_ref: "secret/provider-api".into(),
+            api_base_url: Some(api_base_url.to_owned()),
+            api_secret_ref: Some("secret/provider-api".into()),
             grace,
             window: 100_000,
             event_types: None,

@@ -357,6 +357,8 @@ pub async fn close_arrived(
              last_checked_at = now() \
          WHERE c.source_id = $1 AND c.status = 'open' \
            AND (EXISTS (SELECT 1 FROM webhook_events AS e WHERE e.tenant_id = c.tenant_id AND e.external_id = c.external_id) \
+                OR (c.sequence IS NOT NULL AND EXISTS (SELECT 1 FROM webhook_events AS e \
+                    WHERE e.source_id = c.source_id AND e.provider_sequence = c.sequence)) \
                 OR EXISTS (SELECT 1 FROM ingest_anomalies AS a WHERE a.tenant_id = c.tenant_id \
                            AND a.external_id = c.external_id AND a.kind IN ('replayed_body', 'source_collision')))";
     Ok(sqlx::query(SQL)
@@ -420,17 +422,38 @@ pub async fn request_backfill(
     tenant_id: &str,
     source_id: &str,
     external_id: &str,
-) -> Result<bool, StoreError> {
-    const SQL: &str = "UPDATE gap_candidates SET backfill_requested_at = now() \
-         WHERE tenant_id = $1 AND source_id = $2 AND external_id = $3 AND status = 'open'";
-    Ok(sqlx::query(SQL)
+) -> Result<BackfillAsk, StoreError> {
+    // Refused for a source whose gaps have no API to be fetched from (a sequence without one,
+    // Xero's): its gap is settled by an operator instead.
+    const SQL: &str = "WITH candidate AS (SELECT c.tenant_id, c.external_id, \
+                 NOT (s.gap_strategy IS NOT NULL AND s.api_base_url IS NULL) AS fetchable \
+             FROM gap_candidates AS c JOIN sources AS s USING (source_id) \
+             WHERE c.tenant_id = $1 AND c.source_id = $2 AND c.external_id = $3 AND c.status = 'open'), \
+         asked AS (UPDATE gap_candidates AS c SET backfill_requested_at = now() FROM candidate AS k \
+             WHERE k.fetchable AND c.tenant_id = k.tenant_id AND c.external_id = k.external_id RETURNING 1) \
+         SELECT (SELECT fetchable FROM candidate), EXISTS (SELECT 1 FROM asked)";
+    let (fetchable, asked): (Option<bool>, bool) = sqlx::query_as(SQL)
         .bind(tenant_id)
         .bind(source_id)
         .bind(external_id)
-        .execute(executor)
-        .await?
-        .rows_affected()
-        == 1)
+        .fetch_one(executor)
+        .await?;
+    Ok(match (fetchable, asked) {
+        (_, true) => BackfillAsk::Requested,
+        (Some(false), _) => BackfillAsk::NoProviderApi,
+        _ => BackfillAsk::NotOpen,
+    })
+}
+
+/// What asking for a gap to be fetched now came to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum BackfillAsk {
+    /// The next backfill pass fetches it.
+    Requested,
+    /// No open gap of that id and source.
+    NotOpen,
+    /// Its source has no provider API to fetch it from (a sequence only found and alarmed).
+    NoProviderApi,
 }
 
 pub async fn mark_backfilled(
