@@ -389,6 +389,15 @@ async fn a_handshake_signed_with_the_previous_secret_is_answered_with_it(pool: P
     assert!(events(&app.pool).await.is_empty());
 }
 
+/// The sources a sources file with `toml` gives, read as `hookctl sources apply` reads one.
+fn sources_file(name: &str, toml: &str) -> Vec<shared::sources::Source> {
+    let file = std::env::temp_dir().join(format!("{name}-{}.toml", std::process::id()));
+    std::fs::write(&file, toml).unwrap();
+    let sources = shared::sources::read_sources_file(&file);
+    std::fs::remove_file(&file).ok();
+    sources.unwrap()
+}
+
 /// An app with one source of `scheme`, under `id`, signing with `secret`.
 async fn one_source(pool: PgPool, id: &str, scheme: Scheme, secret: &str) -> TestApp {
     let secret_ref = format!("secret/{id}");
@@ -936,18 +945,13 @@ async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
 async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_api(pool: PgPool) {
     use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
     use shared::store::gaps;
-    let file = std::env::temp_dir().join(format!("xero-gaps-{}.toml", std::process::id()));
-    std::fs::write(
-        &file,
-        format!(
+    let sources = sources_file(
+        "xero-gaps",
+        &format!(
             "[[source]]\nid = 'xero'\ntenant = '{TENANT}'\nscheme = 'xero'\nsecret_ref = 'secret/xero'\n\
              [source.gaps]\nstrategy = 'sequence'\nid_template = 'xero-seq-{{seq}}'\ngrace_seconds = 0\n"
         ),
-    )
-    .unwrap();
-    let sources = shared::sources::read_sources_file(&file);
-    std::fs::remove_file(&file).ok();
-    let sources = sources.unwrap();
+    );
     let secrets = || {
         SecretStore::memory([(
             "secret/xero".to_owned(),
@@ -1084,18 +1088,13 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
 /// source (stored and read back as the source's own layout).
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn an_okta_source_reads_its_secret_from_the_header_its_admin_named(pool: PgPool) {
-    let file = std::env::temp_dir().join(format!("okta-named-{}.toml", std::process::id()));
-    std::fs::write(
-        &file,
-        format!(
+    let sources = sources_file(
+        "okta-named",
+        &format!(
             "[[source]]\nid = 'okta-named'\ntenant = '{TENANT}'\nscheme = 'okta'\n\
              secret_ref = 'secret/okta'\nsignature_header = 'X-Okta-Hook-Secret'\n"
         ),
-    )
-    .unwrap();
-    let sources = shared::sources::read_sources_file(&file);
-    std::fs::remove_file(&file).ok();
-    let sources = sources.unwrap();
+    );
     let secrets =
         SecretStore::memory([("secret/okta".to_owned(), SecretSet::new("okta-token", None))]);
     let app = TestApp::new(pool, &sources, secrets).await;
