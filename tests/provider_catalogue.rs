@@ -943,7 +943,7 @@ async fn a_xero_retry_with_new_entropy_is_the_same_event(pool: PgPool) {
 /// number arrives, or settled by a tombstone, the watermark then passing them.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]
 async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_api(pool: PgPool) {
-    use shared::backfill::{BackfillRun, BackfillSettings, Backfiller};
+    use shared::backfill::{BackfillSettings, Backfiller};
     use shared::store::gaps;
     let sources = sources_file(
         "xero-gaps",
@@ -999,12 +999,6 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
         std::sync::Arc::new(secrets()),
         BackfillSettings::default(),
     );
-    let pass = || async {
-        match backfiller.run_once("test").await.unwrap() {
-            BackfillRun::Completed { outcome, .. } => outcome,
-            other => panic!("{other:?}"),
-        }
-    };
 
     // 5, 6, 7 in one request; 10, 11 in the next: 8 and 9 never came.
     assert_eq!(post(5, &["c5", "c6", "c7"]).await.outcome(), "accepted");
@@ -1017,7 +1011,7 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
     assert_eq!(stored, expected, "each element its own number, in order");
 
     // The first pass numbers the missing ones; nothing is fetched and nothing fails.
-    let first = pass().await;
+    let first = backfill_pass(&backfiller).await;
     assert_eq!(
         (first.new_candidates, first.fetched, first.errors),
         (2, 0, 0),
@@ -1040,7 +1034,7 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
 
     // Number 8 comes late (with a redelivered 7 beside it): its gap closes as arrived.
     assert_eq!(post(7, &["c7", "c8"]).await.outcome(), "accepted");
-    let second = pass().await;
+    let second = backfill_pass(&backfiller).await;
     assert_eq!(
         (second.arrived_late, second.new_candidates),
         (1, 0),
@@ -1071,7 +1065,7 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
         .await
         .unwrap()
     );
-    pass().await;
+    backfill_pass(&backfiller).await;
     assert!(open(pool.clone()).await.is_empty());
     assert_eq!(
         gaps::watermark(&pool, "xero")

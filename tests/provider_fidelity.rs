@@ -1463,7 +1463,7 @@ mod github {
 
     use chrono::TimeDelta;
     use pipeline_tests::*;
-    use shared::backfill::{BackfillOutcome, BackfillRun, BackfillSettings, Backfiller};
+    use shared::backfill::{BackfillSettings, Backfiller};
     use shared::domain::Scheme;
     use shared::secrets::{SecretSet, SecretStore};
     use simulator::github::{GithubHook, HookAuth, HookConfig, guid};
@@ -1506,13 +1506,6 @@ mod github {
              [source.gaps]\nstrategy = 'github_deliveries'\nhook = '{hook}'\napi_base_url = '{base}'\n\
              api_secret_ref = '{id}-api'\ngrace_seconds = 0\nwindow = 86400\n{extra}\n"
         )
-    }
-
-    async fn pass(backfiller: &Backfiller) -> BackfillOutcome {
-        match backfiller.run_once("test").await.unwrap() {
-            BackfillRun::Completed { outcome, .. } => outcome,
-            other => panic!("{other:?}"),
-        }
     }
 
     async fn stored_guids(pool: &PgPool, source_id: &str) -> Vec<String> {
@@ -1566,8 +1559,8 @@ mod github {
             BackfillSettings::default(),
         );
 
-        let first = pass(&backfiller).await;
-        let second = pass(&backfiller).await;
+        let first = backfill_pass(&backfiller).await;
+        let second = backfill_pass(&backfiller).await;
 
         assert_eq!(
             (
@@ -1747,7 +1740,7 @@ mod github {
             BackfillSettings::default(),
         );
 
-        let outcome = pass(&backfiller).await;
+        let outcome = backfill_pass(&backfiller).await;
 
         assert_eq!(
             (

@@ -27,13 +27,6 @@ fn plan(drop_rate: f64, seed: u64) -> DeliveryPlan {
     }
 }
 
-async fn completed(run: BackfillRun) -> shared::backfill::BackfillOutcome {
-    match run {
-        BackfillRun::Completed { outcome, .. } => outcome,
-        other => panic!("expected a completed pass, got {other:?}"),
-    }
-}
-
 /// Runs one scheduled reconcile pass with default settings; it must complete.
 async fn reconciled(pool: &PgPool, drainer: &Drainer) -> (reconcile::Found, reconcile::Repaired) {
     match reconcile::run_once(pool, drainer, &ReconcileSettings::default(), "schedule")
@@ -92,7 +85,7 @@ async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(po
         );
 
         deliver_all(&app, source_id, deliveries).await;
-        let outcome = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+        let outcome = backfill_pass(&backfiller(&pool)).await;
         drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(60)).await;
 
         assert_eq!(
@@ -152,22 +145,13 @@ async fn dropped_deliveries_are_backfilled_and_the_state_matches_the_provider(po
 async fn a_legitimately_missing_id_is_tombstoned_once_and_never_reflagged(pool: PgPool) {
     let provider = provider(300, vec![150]);
     let base = Arc::clone(&provider).serve().await;
-    let app = app(
-        pool.clone(),
-        &[provider_source(
-            "seq",
-            sequence_strategy(),
-            &base,
-            Duration::ZERO,
-        )],
-    )
-    .await;
+    let app = sequence_app(&pool, &base, Duration::ZERO).await;
     let (deliveries, _) = provider.deliveries(plan(0.0, 3));
     deliver_all(&app, "seq", deliveries).await;
 
-    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
-    let second = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
-    let third = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let first = backfill_pass(&backfiller(&pool)).await;
+    let second = backfill_pass(&backfiller(&pool)).await;
+    let third = backfill_pass(&backfiller(&pool)).await;
 
     assert_eq!(
         (first.new_candidates, first.fetched, first.tombstoned),
@@ -203,27 +187,18 @@ async fn a_legitimately_missing_id_is_tombstoned_once_and_never_reflagged(pool: 
 async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
     let provider = provider(100, vec![]);
     let base = Arc::clone(&provider).serve().await;
-    let app = app(
-        pool.clone(),
-        &[provider_source(
-            "seq",
-            sequence_strategy(),
-            &base,
-            Duration::from_secs(3600),
-        )],
-    )
-    .await;
+    let app = sequence_app(&pool, &base, Duration::from_secs(3600)).await;
     let (deliveries, _) = provider.deliveries(plan(0.0, 4));
     let (late, on_time): (Vec<_>, Vec<_>) = deliveries.into_iter().partition(|d| d.id == "evt_40");
     deliver_all(&app, "seq", on_time).await;
 
-    let before = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let before = backfill_pass(&backfiller(&pool)).await;
     assert_eq!(
         (before.new_candidates, before.waiting_grace, before.fetched),
         (1, 1, 0)
     );
     deliver_all(&app, "seq", late).await;
-    let after = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let after = backfill_pass(&backfiller(&pool)).await;
 
     assert_eq!((after.arrived_late, after.fetched), (1, 0));
     assert!(provider.fetched().is_empty());
@@ -241,16 +216,7 @@ async fn a_late_event_inside_the_grace_period_is_not_fetched(pool: PgPool) {
 async fn a_gap_an_operator_asks_for_is_fetched_by_the_next_pass_despite_its_grace(pool: PgPool) {
     let provider = provider(100, vec![]);
     let base = Arc::clone(&provider).serve().await;
-    let app = app(
-        pool.clone(),
-        &[provider_source(
-            "seq",
-            sequence_strategy(),
-            &base,
-            Duration::from_secs(3600),
-        )],
-    )
-    .await;
+    let app = sequence_app(&pool, &base, Duration::from_secs(3600)).await;
     let (deliveries, _) = provider.deliveries(plan(0.0, 4));
     deliver_all(
         &app,
@@ -261,7 +227,7 @@ async fn a_gap_an_operator_asks_for_is_fetched_by_the_next_pass_despite_its_grac
             .collect(),
     )
     .await;
-    let found = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let found = backfill_pass(&backfiller(&pool)).await;
     assert_eq!((found.waiting_grace, found.fetched), (1, 0));
 
     let registry = shared::effects::EffectRegistry::standard();
@@ -281,7 +247,7 @@ async fn a_gap_an_operator_asks_for_is_fetched_by_the_next_pass_despite_its_grac
     .unwrap();
     assert_eq!(asked["next_pass_within_seconds"], 300, "{asked}");
 
-    let next = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let next = backfill_pass(&backfiller(&pool)).await;
     assert_eq!(
         (next.fetched, next.backfilled, next.waiting_grace),
         (1, 1, 0)
@@ -319,16 +285,7 @@ async fn a_gap_an_operator_asks_for_is_fetched_by_the_next_pass_despite_its_grac
 async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
     let provider = provider(50, vec![]);
     let base = Arc::clone(&provider).serve().await;
-    let app = app(
-        pool.clone(),
-        &[provider_source(
-            "seq",
-            sequence_strategy(),
-            &base,
-            Duration::ZERO,
-        )],
-    )
-    .await;
+    let app = sequence_app(&pool, &base, Duration::ZERO).await;
     let (deliveries, _) = provider.deliveries(plan(0.0, 5));
     deliver_all(
         &app,
@@ -348,7 +305,7 @@ async fn an_operator_tombstone_is_never_flagged(pool: PgPool) {
         .await
         .unwrap();
 
-    let outcome = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let outcome = backfill_pass(&backfiller(&pool)).await;
 
     assert_eq!((outcome.new_candidates, outcome.fetched), (0, 0));
     let by: String = sqlx::query_scalar("SELECT created_by FROM tombstones")
@@ -1035,6 +992,15 @@ async fn a_lost_effect_whose_payload_was_purged_is_reported_not_requeued(pool: P
     assert_eq!(scalar(&pool, "SELECT count(*) FROM dead_letters").await, 0);
 }
 
+/// The app with one sequence source, `seq`, over the simulated provider at `base`.
+async fn sequence_app(pool: &PgPool, base: &str, grace: Duration) -> TestApp {
+    app(
+        pool.clone(),
+        &[provider_source("seq", sequence_strategy(), base, grace)],
+    )
+    .await
+}
+
 /// A sequence source for the simulated provider examining `window` numbers at a time.
 fn windowed_source(base: &str, window: i64, grace: Duration) -> shared::sources::Source {
     let mut s = provider_source("seq", sequence_strategy(), base, grace);
@@ -1070,8 +1036,8 @@ async fn an_operator_tombstone_without_a_sequence_lets_the_watermark_pass(pool: 
         .await
         .unwrap();
 
-    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
-    let second = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let first = backfill_pass(&backfiller(&pool)).await;
+    let second = backfill_pass(&backfiller(&pool)).await;
 
     assert_eq!(
         (
@@ -1125,7 +1091,7 @@ async fn a_window_without_rows_does_not_stall_the_watermark(pool: PgPool) {
     deliver_all(&app, "seq", arrived).await;
 
     for _ in 0..5 {
-        completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+        backfill_pass(&backfiller(&pool)).await;
     }
     drain_all(&standard_drainer(&pool), &pool, Duration::from_secs(30)).await;
 
@@ -1167,7 +1133,7 @@ async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool
     )
     .await;
 
-    let first = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let first = backfill_pass(&backfiller(&pool)).await;
     let candidates: Vec<String> =
         sqlx::query_scalar("SELECT external_id FROM gap_candidates ORDER BY sequence")
             .fetch_all(&pool)
@@ -1181,7 +1147,7 @@ async fn gaps_beyond_the_window_are_found_while_the_watermark_waits(pool: PgPool
         .execute(&pool)
         .await
         .unwrap();
-    let later = completed(backfiller(&pool).run_once("test").await.unwrap()).await;
+    let later = backfill_pass(&backfiller(&pool)).await;
     assert_eq!((later.backfilled, later.errors), (2, 0), "{later:?}");
     assert_eq!(watermark(&pool).await, 40);
 }
@@ -1680,7 +1646,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
     buffer.send(held).await.unwrap();
 
     let holding = backfiller(&pool).with_buffer(buffer.clone());
-    let outcome = completed(holding.run_once("test").await.unwrap()).await;
+    let outcome = backfill_pass(&holding).await;
     assert_eq!(outcome.buffered_deliveries, 1);
     assert_eq!(outcome.new_candidates, 1, "the gap is seen: {outcome:?}");
     assert_eq!(
@@ -1695,7 +1661,7 @@ async fn a_gap_waits_while_the_buffer_holds_deliveries(pool: PgPool) {
     for m in buffer.receive_from(&url, 10, 30, 1).await.unwrap() {
         buffer.delete_from(&url, &m.receipt_handle).await.unwrap();
     }
-    let outcome = completed(holding.run_once("test").await.unwrap()).await;
+    let outcome = backfill_pass(&holding).await;
     assert_eq!(outcome.buffered_deliveries, 0);
     assert_eq!((outcome.fetched, outcome.backfilled), (1, 1), "{outcome:?}");
 }

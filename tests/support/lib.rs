@@ -999,3 +999,13 @@ pub async fn age(pool: &PgPool, interval: &str) {
         sqlx::query(sql).bind(interval).execute(pool).await.unwrap();
     }
 }
+
+/// One backfill pass as the schedule runs it (trigger `test`); it must complete.
+pub async fn backfill_pass(
+    backfiller: &shared::backfill::Backfiller,
+) -> shared::backfill::BackfillOutcome {
+    match backfiller.run_once("test").await.unwrap() {
+        shared::backfill::BackfillRun::Completed { outcome, .. } => outcome,
+        other => panic!("expected a completed pass, got {other:?}"),
+    }
+}
