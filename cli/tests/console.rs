@@ -735,12 +735,7 @@ async fn an_operator_finds_an_event_and_replays_dead_letters_in_a_browser(pool: 
     browser.screenshot("check").await;
     browser.quit().await;
 
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM dead_letters WHERE status IN ('new', 'investigating')",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let open = open_dead_letters(&pool).await.len();
     assert_eq!(open, 0, "the group was replayed whole");
     let processed: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM webhook_events \
@@ -840,12 +835,7 @@ async fn a_job_replays_what_a_filter_matches_and_an_abort_stops_it(pool: PgPool)
         (job["done"].as_i64(), job["failed"].as_i64()),
         (Some(3), Some(0))
     );
-    let open: Vec<String> = sqlx::query_scalar(
-        "SELECT external_id FROM dead_letters WHERE status IN ('new', 'investigating')",
-    )
-    .fetch_all(&pool)
-    .await
-    .unwrap();
+    let open = open_dead_letters(&pool).await;
     assert_eq!(
         open,
         ["evt_y1"],
@@ -1015,12 +1005,7 @@ async fn a_rebound_name_a_page_without_the_token_and_a_write_to_a_read_only_cons
     assert!(write[1].as_str().unwrap().contains("read-only"), "{write}");
     browser.quit().await;
 
-    let open: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM dead_letters WHERE status IN ('new', 'investigating')",
-    )
-    .fetch_one(&pool)
-    .await
-    .unwrap();
+    let open = open_dead_letters(&pool).await.len();
     let actions: i64 = sqlx::query_scalar("SELECT count(*) FROM operator_actions")
         .fetch_one(&pool)
         .await
@@ -1135,4 +1120,15 @@ fn every_check_has_its_meaning_and_what_to_do_in_the_manual() {
         )),
         "docs/operating.md's count of checks is not {count}"
     );
+}
+
+/// The events of the dead letters still open (`new` or `investigating`).
+async fn open_dead_letters(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT external_id FROM dead_letters WHERE status IN ('new', 'investigating') \
+         ORDER BY external_id",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }

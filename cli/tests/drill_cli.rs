@@ -5,17 +5,9 @@
 //! buffer's two faults run against moto's SQS (`MOTO_ENDPOINT`, as `scripts/test` starts it) and
 //! are skipped, not failed, when there is no SQS.
 
-use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+mod test_database;
 
-fn url(connect: &PgConnectOptions) -> String {
-    format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    )
-}
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 
 #[sqlx::test(migrations = false)]
 async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs(
@@ -25,7 +17,7 @@ async fn the_short_drill_notices_every_fault_and_repairs_what_the_design_repairs
     let started = std::time::Instant::now();
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_hookctl"))
         .args(["drill", "--short", "--json"])
-        .env("DATABASE_URL", url(&connect))
+        .env("DATABASE_URL", test_database::url(&connect))
         .env_remove("RUST_LOG")
         .output()
         .await
@@ -226,7 +218,7 @@ async fn buffer_drill(
             "--fault",
             "poison_buffer_message",
         ])
-        .env("DATABASE_URL", url(connect))
+        .env("DATABASE_URL", test_database::url(connect))
         .env_remove("RUST_LOG")
         .env_remove("SQS_ENDPOINT")
         .env_remove("MOTO_ENDPOINT");

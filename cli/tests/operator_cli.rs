@@ -5,6 +5,7 @@
 //! handler.
 
 mod support;
+mod test_database;
 
 use std::process::Output;
 use std::sync::{Arc, Mutex};
@@ -40,13 +41,7 @@ async fn db(pool_options: PgPoolOptions, connect: PgConnectOptions) -> Db {
     .unwrap();
     let sources = shared::sources::read_sources_file(&file).unwrap();
     shared::sources::apply(&pool, &sources).await.unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    );
+    let url = test_database::url(&connect);
     let ingestor = Ingestor::new(
         pool.clone(),
         Arc::new(SourceRegistry::new(

@@ -6,6 +6,8 @@
 //! from an address outside the source's CIDRs (127.0.0.2), and no token. What `hookctl
 //! refused` and `hookctl sources certificates` then show is printed, and asserted.
 
+mod test_database;
+
 use std::net::IpAddr;
 use std::path::Path;
 use std::process::Command;
@@ -134,13 +136,7 @@ async fn the_local_runner_admits_a_pinned_partner_and_refuses_each_bad_case(
     connect: PgConnectOptions,
 ) {
     let pool: PgPool = pool_options.connect_with(connect.clone()).await.unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    );
+    let url = test_database::url(&connect);
     let dir = tempfile::tempdir().unwrap();
     let dir = dir.path();
     // The partner's certificate expires in 20 days: the expiry check warns 30 days ahead.

@@ -1,6 +1,8 @@
 //! `hookctl serve` as a developer runs it, its log read as they would read it: a pass that did
 //! nothing says nothing at info, and a pass that did something says what in `key=value` fields.
 
+mod test_database;
+
 use std::time::{Duration, Instant};
 
 use shared::domain::Scheme;
@@ -29,13 +31,7 @@ async fn an_idle_runner_is_quiet_and_work_is_logged_as_key_value_fields(
     connect: PgConnectOptions,
 ) {
     let pool = pool_options.connect_with(connect.clone()).await.unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    );
+    let url = test_database::url(&connect);
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()

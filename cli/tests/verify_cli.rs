@@ -1,6 +1,8 @@
 //! `hookctl verify` as an operator runs it: captured headers and a raw body on disk, a scheme
 //! and secret in the environment, the verdict on standard output and in the exit code.
 
+mod test_database;
+
 use std::path::Path;
 use std::process::{Command, Output};
 
@@ -198,13 +200,7 @@ async fn verify_against_a_configured_source(
     .unwrap();
     let sources = shared::sources::read_sources_file(&dir.path().join("sources.toml")).unwrap();
     shared::sources::apply(&pool, &sources).await.unwrap();
-    let url = format!(
-        "postgres://{}@{}:{}/{}",
-        connect.get_username(),
-        connect.get_host(),
-        connect.get_port(),
-        connect.get_database().unwrap()
-    );
+    let url = test_database::url(&connect);
     let run = |body: &str| {
         capture(dir.path(), "stripe", "whsec_pay", body, 1_700_000_000);
         Command::new(env!("CARGO_BIN_EXE_hookctl"))
