@@ -220,17 +220,24 @@ pub enum BufferAction {
     },
 }
 
+/// One event of a tenant's source, by its external id: what a tombstone or a gap names.
+#[derive(Args, Debug)]
+pub struct SourceEvent {
+    #[arg(long)]
+    pub tenant: String,
+    #[arg(long)]
+    pub source: String,
+    /// The event's external id.
+    #[arg(long = "id")]
+    pub external_id: String,
+}
+
 #[derive(Subcommand, Debug)]
 pub enum TombstonesAction {
     /// Declare an event ID that will never arrive: gap detection stops waiting for it.
     Add {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        source: String,
-        /// The event's external id.
-        #[arg(long = "id")]
-        external_id: String,
+        #[command(flatten)]
+        event: SourceEvent,
         /// Who decided is recorded on the tombstone as operator:<actor>.
         #[command(flatten)]
         decision: Decision,
@@ -277,13 +284,8 @@ pub enum GapsAction {
     /// Ask for an open gap to be fetched by the next backfill pass (every 5 minutes in AWS;
     /// `hookctl backfill` runs one here), without waiting out its source's grace period.
     Backfill {
-        #[arg(long)]
-        tenant: String,
-        #[arg(long)]
-        source: String,
-        /// The missing event's external id.
-        #[arg(long = "id")]
-        external_id: String,
+        #[command(flatten)]
+        event: SourceEvent,
         #[command(flatten)]
         decision: Decision,
     },
@@ -721,9 +723,12 @@ struct Tombstones {
 pub async fn tombstones(backend: &Backend, json: bool, action: TombstonesAction) -> Exit {
     let result = match action {
         TombstonesAction::Add {
-            tenant,
-            source,
-            external_id,
+            event:
+                SourceEvent {
+                    tenant,
+                    source,
+                    external_id,
+                },
             decision,
             sequence,
         } => match decision.actor() {
@@ -778,9 +783,12 @@ pub async fn gaps(backend: &Backend, json: bool, action: GapsAction) -> Exit {
             answer(backend, json, request, |g: &Gaps| render::gaps(&g.gaps)).await
         }
         GapsAction::Backfill {
-            tenant,
-            source,
-            external_id,
+            event:
+                SourceEvent {
+                    tenant,
+                    source,
+                    external_id,
+                },
             decision,
         } => {
             let result = match decision.actor() {
