@@ -1074,6 +1074,43 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
             .map(|w| w.contiguous_through),
         Some(11)
     );
+
+    // Day 60: the events drained, and retention past the identity horizon takes all six. The
+    // numbers it took are not gaps again; the sequence goes on from the watermark, and a number
+    // missing after it is found as before.
+    let drainer = drain::standard_drainer(&pool);
+    drain::drain_all(&drainer, &pool, std::time::Duration::from_secs(10)).await;
+    sqlx::query(
+        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
+         last_seen_at = now() - interval '40 days'",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
+        .execute(&pool)
+        .await
+        .unwrap();
+    let retention = shared::retention::RetentionSettings {
+        payload_after: std::time::Duration::from_secs(24 * 3600),
+        identity_after: std::time::Duration::from_secs(30 * 24 * 3600),
+        ..Default::default()
+    };
+    let purged = shared::retention::run_once(&pool, &retention, "test")
+        .await
+        .unwrap();
+    assert_eq!(purged.identities_purged, 6, "{purged:?}");
+    let after = backfill_pass(&backfiller).await;
+    assert_eq!(after.new_candidates, 0, "{after:?}");
+    assert!(open(pool.clone()).await.is_empty());
+    assert_eq!(post(12, &["c12"]).await.outcome(), "accepted");
+    assert_eq!(post(14, &["c14"]).await.outcome(), "accepted");
+    let later = backfill_pass(&backfiller).await;
+    assert_eq!(later.new_candidates, 1, "{later:?}");
+    assert_eq!(
+        open(pool.clone()).await,
+        vec![("xero-seq-13".to_owned(), Some(13))]
+    );
 }
 
 /// Okta's admin names the header an event hook sends its secret in; a source whose hook uses
