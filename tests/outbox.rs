@@ -443,22 +443,6 @@ async fn a_redirecting_target_is_a_failure_not_a_delivery(pool: PgPool) {
     );
 }
 
-/// Ages every stored event past the identity horizon and runs one retention pass: what it
-/// purged.
-async fn retention_past_the_horizon(pool: &PgPool) -> u64 {
-    sqlx::query(
-        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
-         last_seen_at = now() - interval '40 days'",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    shared::retention::run_once(pool, &Default::default(), "test")
-        .await
-        .unwrap()
-        .identities_purged
-}
-
 /// A message that failed for good is an effect that never happened: retention must not forget
 /// it (nor its event) when the event passes the identity horizon, weeks after the failure.
 #[sqlx::test(migrator = "shared::store::MIGRATOR")]

@@ -643,17 +643,7 @@ async fn retention_takes_a_message_destination_with_it(pool: PgPool) {
         2
     );
 
-    sqlx::query(
-        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
-         last_seen_at = now() - interval '40 days'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
-    let pass = shared::retention::run_once(&pool, &Default::default(), "test")
-        .await
-        .unwrap();
-    assert_eq!(pass.identities_purged, 2);
+    assert_eq!(retention_past_the_horizon(&pool).await, 2);
     assert_eq!(scalar(&pool, "SELECT count(*) FROM outbox").await, 0);
     assert_eq!(
         scalar(&pool, "SELECT count(*) FROM outbox_destinations").await,

@@ -1080,26 +1080,11 @@ async fn a_xero_sequence_is_numbered_per_element_and_its_gaps_found_without_an_a
     // missing after it is found as before.
     let drainer = drain::standard_drainer(&pool);
     drain::drain_all(&drainer, &pool, std::time::Duration::from_secs(10)).await;
-    sqlx::query(
-        "UPDATE webhook_events SET first_received_at = now() - interval '40 days', \
-         last_seen_at = now() - interval '40 days'",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
     sqlx::query("UPDATE outbox SET status = 'delivered', delivered_at = now()")
         .execute(&pool)
         .await
         .unwrap();
-    let retention = shared::retention::RetentionSettings {
-        payload_after: std::time::Duration::from_secs(24 * 3600),
-        identity_after: std::time::Duration::from_secs(30 * 24 * 3600),
-        ..Default::default()
-    };
-    let purged = shared::retention::run_once(&pool, &retention, "test")
-        .await
-        .unwrap();
-    assert_eq!(purged.identities_purged, 6, "{purged:?}");
+    assert_eq!(retention_past_the_horizon(&pool).await, 6);
     let after = backfill_pass(&backfiller).await;
     assert_eq!(after.new_candidates, 0, "{after:?}");
     assert!(open(pool.clone()).await.is_empty());

@@ -1009,3 +1009,13 @@ pub async fn backfill_pass(
         other => panic!("expected a completed pass, got {other:?}"),
     }
 }
+
+/// Forty days go by ([`age`]; the default identity horizon is 30) and one retention pass runs
+/// with the default settings: the identities it purged.
+pub async fn retention_past_the_horizon(pool: &PgPool) -> u64 {
+    age(pool, "40 days").await;
+    shared::retention::run_once(pool, &Default::default(), "test")
+        .await
+        .unwrap()
+        .identities_purged
+}
