@@ -333,3 +333,78 @@ async fn an_events_filing_is_purged_with_its_identity(pool: PgPool) {
             .unwrap();
     assert_eq!(kept, ["fresh-1", "fresh-2"]);
 }
+
+/// What only describes the past goes once it is older than the history horizon (90 days):
+/// maintenance runs started, and operator jobs and replays to a subscription finished, before
+/// it (their operator actions keep what they did). A job or a replay still running stays
+/// whatever its age, and so does everything younger.
+#[sqlx::test(migrator = "shared::store::MIGRATOR")]
+async fn finished_jobs_and_runs_past_the_history_horizon_are_purged_and_running_ones_stay(
+    pool: PgPool,
+) {
+    sqlx::query(
+        "INSERT INTO maintenance_runs (job, trigger, status, started_at, finished_at) VALUES \
+         ('reconcile', 'schedule', 'completed', now() - interval '100 days', now() - interval '100 days'), \
+         ('reconcile', 'schedule', 'completed', now() - interval '10 days', now() - interval '10 days')",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO operator_jobs (kind, filter, actor, reason, action_id, estimate, status, \
+             created_at, updated_at, finished_at) \
+         SELECT kind, '{}', 'ops@example.com', reason, 1, 0, status, \
+                now() - created, now() - created, now() - finished \
+         FROM (VALUES ('replay_dead_letters', 'old, finished', 'finished', interval '100 days', interval '100 days'), \
+                      ('discard_dead_letters', 'old, aborted', 'aborted', interval '100 days', interval '99 days'), \
+                      ('replay_dead_letters', 'recent', 'finished', interval '10 days', interval '10 days'), \
+                      ('replay_dead_letters', 'old, running', 'running', interval '100 days', NULL)) \
+              AS j(kind, reason, status, created, finished)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO subscription_replays (tenant_id, name, since, until, rate, status, actor, \
+             reason, started_at, updated_at, finished_at) \
+         SELECT 'acme', 'crm', now() - interval '200 days', now() - interval '150 days', 10, status, \
+                'ops@example.com', reason, now() - started, now() - started, now() - finished \
+         FROM (VALUES ('old, finished', 'finished', interval '100 days', interval '100 days'), \
+                      ('recent', 'finished', interval '10 days', interval '10 days'), \
+                      ('old, running', 'running', interval '100 days', NULL::interval)) \
+              AS r(reason, status, started, finished)",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+
+    let outcome = run_with_time_to_spare(&pool).await;
+
+    let runs: Vec<String> = sqlx::query_scalar(
+        "SELECT to_char(now() - started_at, 'DD') FROM maintenance_runs \
+         WHERE job = 'reconcile' ORDER BY started_at",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        runs,
+        ["10"],
+        "the run of 100 days ago is gone, the recent one stays"
+    );
+    let jobs: Vec<String> = sqlx::query_scalar("SELECT reason FROM operator_jobs ORDER BY job_id")
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(jobs, ["recent", "old, running"]);
+    let replays: Vec<String> =
+        sqlx::query_scalar("SELECT reason FROM subscription_replays ORDER BY replay_id")
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    assert_eq!(replays, ["recent", "old, running"]);
+    assert_eq!(
+        outcome.history_purged, 4,
+        "one run, two operator jobs and one replay past the horizon"
+    );
+}

@@ -272,9 +272,10 @@ pub async fn purge_closed_dead_letter_payloads(
         .rows_affected())
 }
 
-/// Deletes records that only describe the past: anomalies last seen and run rows started before
-/// the horizon. (An anomaly row counts every delivery of one body under one id: it stays while
-/// they keep coming.)
+/// Deletes records that only describe the past: anomalies last seen, run rows started, and
+/// operator jobs and replays to a subscription finished, before the horizon. (An anomaly row
+/// counts every delivery of one body under one id: it stays while they keep coming. A job or a
+/// replay still running stays whatever its age; one finished is told by its operator action.)
 pub async fn purge_history(
     executor: impl PgExecutor<'_>,
     horizon_seconds: f64,
@@ -288,8 +289,19 @@ pub async fn purge_history(
          r AS ( \
              DELETE FROM maintenance_runs WHERE run_id IN ( \
                  SELECT run_id FROM maintenance_runs WHERE started_at < now() - make_interval(secs => $1) \
-                 ORDER BY run_id LIMIT $2) RETURNING 1) \
-         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM r)";
+                 ORDER BY run_id LIMIT $2) RETURNING 1), \
+         j AS ( \
+             DELETE FROM operator_jobs WHERE job_id IN ( \
+                 SELECT job_id FROM operator_jobs \
+                 WHERE status <> 'running' AND finished_at < now() - make_interval(secs => $1) \
+                 ORDER BY job_id LIMIT $2) RETURNING 1), \
+         s AS ( \
+             DELETE FROM subscription_replays WHERE replay_id IN ( \
+                 SELECT replay_id FROM subscription_replays \
+                 WHERE status <> 'running' AND finished_at < now() - make_interval(secs => $1) \
+                 ORDER BY replay_id LIMIT $2) RETURNING 1) \
+         SELECT (SELECT count(*) FROM a) + (SELECT count(*) FROM r) + (SELECT count(*) FROM j) \
+              + (SELECT count(*) FROM s)";
     let deleted: i64 = sqlx::query_scalar(SQL)
         .bind(horizon_seconds)
         .bind(limit)
