@@ -16,6 +16,9 @@
 //! send into a fresh queue of their own: both meet the same depths in the same order.
 //!
 //! Run: `./scripts/bench outbox` (DATABASE_URL with the right to create a database, and moto).
+//! It runs this twice: every kind on cores shared with PostgreSQL, then the HTTP rows again
+//! with PostgreSQL on a core of its own (`BENCH_TOPOLOGY` names the arrangement), which is how
+//! the sender meets its database when deployed: RDS is a machine of its own.
 
 use std::time::{Duration, Instant};
 
@@ -39,6 +42,15 @@ const HTTP_PAIRS: usize = 5;
 /// measure a sender that leases and commits in batches of 200, so it sends many more.
 fn http_messages() -> usize {
     env_or("BENCH_HTTP_MESSAGES", 20_000)
+}
+
+/// Where the run and PostgreSQL take their CPU: `BENCH_TOPOLOGY`, set by `./scripts/bench
+/// outbox` for its second run (PostgreSQL on a core of its own, as RDS is a machine of its own),
+/// else every core shared by the database, the sender, the sink and the bare loop.
+fn topology() -> String {
+    std::env::var("BENCH_TOPOLOGY").unwrap_or_else(|_| {
+        "every core shared by PostgreSQL, the sender, the sink and the bare loop".into()
+    })
 }
 
 /// A setting the run may override (BENCH_OUTBOX_BATCH, BENCH_OUTBOX_WORKERS), else the default.
@@ -196,6 +208,7 @@ async fn main() {
         "outbox deliveries/s per destination kind vs a bare loop of the same call on the same endpoint, {n} messages each (HTTP: a local sink, more messages; AWS: moto at {})",
         endpoint().endpoint_url.unwrap_or_default()
     );
+    println!("CPUs: {}", topology());
     println!(
         "{:>12} {:>22} {:>14} {:>14} {:>7}",
         "destination", "call", "sender msg/s", "bare msg/s", "ratio"
