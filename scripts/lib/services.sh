@@ -208,9 +208,6 @@ ensure_cfn_lint() {
   CFN_LINT=("$STATE_DIR/moto-venv/bin/cfn-lint")
 }
 
-# The Standard Webhooks reference library (PyPI `standardwebhooks`): the tests verify the
-# outbox's signed deliveries with it, independently of this code. From python3 when it has the
-# library, else from PyPI into a venv under $STATE_DIR. Exports STANDARD_WEBHOOKS_PYTHON.
 # Debian's chromium and chromium-driver, for the console's browser test (cli/tests/console.rs
 # drives a headless Chromium through chromedriver). Exports CHROMEDRIVER and CHROMIUM.
 ensure_chromium() {
@@ -223,6 +220,9 @@ ensure_chromium() {
   export CHROMIUM="$chromium" CHROMEDRIVER="$(command -v chromedriver)"
 }
 
+# The Standard Webhooks reference library (PyPI `standardwebhooks`): the tests verify the
+# outbox's signed deliveries with it, independently of this code. From python3 when it has the
+# library, else from PyPI into a venv under $STATE_DIR. Exports STANDARD_WEBHOOKS_PYTHON.
 ensure_standard_webhooks() {
   local py
   for py in "${STANDARD_WEBHOOKS_PYTHON:-}" python3 "$STATE_DIR/verifier-venv/bin/python"; do
