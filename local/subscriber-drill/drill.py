@@ -1,35 +1,56 @@
 """`./scripts/subscriber-drill`'s provider and judge.
 
-post URL RUN: 300 GitHub events of four types (issues, pull_request, push, star, in turn), signed
-with local/github-demo's secret, every seventh posted twice; prints the answers.
+post URL RUN HOOKCTL: 300 GitHub events of four types (issues, pull_request, push, star, in turn),
+each signed by `hookctl sign --scheme github` with local/github-demo's secret (read from
+local/secrets.toml), every seventh posted twice; prints the answers.
 verdict LOG: reads the subscriber's log and prints what it received; exits 1 unless each of the
 150 subscribed events (issues and pull_request) was accepted exactly once by webhook-id, every
 request verified, and no other type arrived.
 """
 import collections
 import concurrent.futures
-import hashlib
-import hmac
 import json
+import subprocess
 import sys
+import tempfile
+import tomllib
 import urllib.error
 import urllib.request
 
 TYPES = ["issues", "pull_request", "push", "star"]
 SUBSCRIBED = {"issues", "pull_request"}
 EVENTS = 300
-SECRET = b"local-github-secret"
+SECRETS_FILE = "local/secrets.toml"
 
 
-def post(url, run):
+def secret(ref):
+    """A secret's current value as the local runner reads it (`local/secrets.toml`)."""
+    with open(SECRETS_FILE, "rb") as file:
+        return tomllib.load(file)["secrets"][ref]["current"]
+
+
+def signed_headers(hookctl, github_secret, body):
+    """The headers GitHub would sign `body` with, as `hookctl sign` prints them."""
+    with tempfile.NamedTemporaryFile() as file:
+        file.write(body)
+        file.flush()
+        printed = subprocess.run(
+            [hookctl, "sign", "--scheme", "github", "--secret", github_secret, "--body", file.name],
+            check=True, capture_output=True, text=True).stdout
+    return dict(line.split(": ", 1) for line in printed.splitlines() if ": " in line)
+
+
+def post(url, run, hookctl):
+    github_secret = secret("local/github-demo")
+
     def one(n):
         body = json.dumps({"action": "opened", "number": n,
                            "repository": {"full_name": "demo/drill"},
                            "sender": {"login": "octocat"}}).encode()
-        signature = "sha256=" + hmac.new(SECRET, body, hashlib.sha256).hexdigest()
-        request = urllib.request.Request(url, data=body, method="POST", headers={
-            "content-type": "application/json", "x-github-event": TYPES[n % len(TYPES)],
-            "x-github-delivery": f"{run}-{n:04d}", "x-hub-signature-256": signature})
+        headers = signed_headers(hookctl, github_secret, body)
+        headers.update({"content-type": "application/json", "x-github-event": TYPES[n % len(TYPES)],
+                        "x-github-delivery": f"{run}-{n:04d}"})
+        request = urllib.request.Request(url, data=body, method="POST", headers=headers)
         try:
             with urllib.request.urlopen(request, timeout=30) as answer:
                 return answer.status, json.loads(answer.read() or b"{}").get("status")

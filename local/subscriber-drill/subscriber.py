@@ -6,7 +6,8 @@ Every request is verified with the Standard Webhooks reference library (PyPI sta
 not with the receiver's code, and logged to the file named by the first argument as a JSON
 line: webhook-id, the envelope's type, whether it verified, the status answered.
 
-Usage: subscriber.py LOG  (PORT, default 9099; DOWN_SECONDS; SECRET, default local/subscriber's)
+Usage: subscriber.py LOG  (PORT, default 9099; DOWN_SECONDS). The signing secret is
+local/subscriber's, read from local/secrets.toml as the local runner reads it.
 """
 import hashlib
 import json
@@ -14,11 +15,13 @@ import os
 import sys
 import threading
 import time
+import tomllib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from standardwebhooks import Webhook
 
-SECRET = os.environ.get("SECRET", "whsec_bG9jYWwtc3Vic2NyaWJlci1zaWduaW5nLXNlY3JldCE=")
+with open("local/secrets.toml", "rb") as secrets:
+    SECRET = tomllib.load(secrets)["secrets"]["local/subscriber"]["current"]
 PORT = int(os.environ.get("PORT", "9099"))
 DOWN_SECONDS = float(os.environ.get("DOWN_SECONDS", "10"))
 DOWN_AFTER = 60
