@@ -461,8 +461,8 @@ async fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Routes { action } => run_routes(action).await,
-        Command::Verify(args) => return run_verify(args).await,
-        Command::Sign(args) => run_sign(args),
+        Command::Verify(args) => return run_verify(args, json).await,
+        Command::Sign(args) => run_sign(args, json),
         Command::Providers {
             action: ProvidersAction::Ranges { action },
         } => match run_ranges(action, json).await {
@@ -929,11 +929,18 @@ fn read_body(path: &Path) -> Result<Vec<u8>, String> {
     }
 }
 
-async fn run_verify(args: VerifyArgs) -> ExitCode {
+async fn run_verify(args: VerifyArgs, json: bool) -> ExitCode {
     match verify_command(args).await {
         Ok(report) => {
-            for line in &report.lines {
-                println!("{line}");
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"valid": report.valid, "lines": report.lines})
+                );
+            } else {
+                for line in &report.lines {
+                    println!("{line}");
+                }
             }
             if report.valid {
                 ExitCode::SUCCESS
@@ -1321,7 +1328,8 @@ async fn run_ranges(action: Option<RangesAction>, json: bool) -> Result<u8, Stri
     })
 }
 
-fn run_sign(args: SignArgs) -> CmdResult {
+/// Prints the headers, `Name: value` a line, or with `--json` one object of them by name.
+fn run_sign(args: SignArgs, json: bool) -> CmdResult {
     let body = read_body(&args.body)?;
     let at = args.at.unwrap_or_else(unix_now);
     let id = args.id.unwrap_or_else(|| format!("msg_{at}"));
@@ -1337,8 +1345,21 @@ fn run_sign(args: SignArgs) -> CmdResult {
         },
     )
     .map_err(|e| e.to_string())?;
-    for (name, value) in headers {
-        println!("{name}: {}", value.to_str().unwrap_or_default());
+    if json {
+        let object: serde_json::Map<String, serde_json::Value> = headers
+            .iter()
+            .map(|(name, value)| {
+                (
+                    name.as_str().to_owned(),
+                    value.to_str().unwrap_or_default().into(),
+                )
+            })
+            .collect();
+        println!("{}", serde_json::Value::Object(object));
+    } else {
+        for (name, value) in headers {
+            println!("{name}: {}", value.to_str().unwrap_or_default());
+        }
     }
     Ok(())
 }

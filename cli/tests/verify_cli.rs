@@ -242,3 +242,71 @@ async fn verify_against_a_configured_source(
         stdout(&unfileable)
     );
 }
+
+/// `--json`, which every other command honours, gives a script what it can read without
+/// parsing text: `sign` an object of the headers it would send, `verify` the verdict and its
+/// lines (the exit codes unchanged). The headers `sign --json` gives verify.
+#[test]
+fn sign_and_verify_answer_json_when_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("body.json"), BODY).unwrap();
+    let signed = hookctl(
+        &[
+            "--json",
+            "sign",
+            "--scheme",
+            "stripe",
+            "--body",
+            "body.json",
+            "--at",
+            "1700000000",
+        ],
+        "whsec_abc",
+        dir.path(),
+    );
+    assert_eq!(signed.status.code(), Some(0), "{}", stdout(&signed));
+    let headers: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(&stdout(&signed)).expect("sign --json prints one JSON object");
+    let signature = headers
+        .get("stripe-signature")
+        .and_then(|v| v.as_str())
+        .expect("the Stripe-Signature header, by its name");
+    assert!(signature.starts_with("t=1700000000,v1="), "{signature}");
+
+    let verify = |secret: &str| {
+        hookctl(
+            &[
+                "--json",
+                "verify",
+                "--scheme",
+                "stripe",
+                "-H",
+                &format!("Stripe-Signature: {signature}"),
+                "--body",
+                "body.json",
+                "--at",
+                "1700000030",
+            ],
+            secret,
+            dir.path(),
+        )
+    };
+    let valid = verify("whsec_abc");
+    assert_eq!(valid.status.code(), Some(0), "{}", stdout(&valid));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&valid)).unwrap();
+    assert_eq!(report["valid"], true);
+    assert!(
+        report["lines"]
+            .as_array()
+            .is_some_and(|lines| lines.iter().any(|l| {
+                l.as_str().is_some_and(|l| {
+                    l.starts_with("VALID: the signature matches the current secret")
+                })
+            })),
+        "{report}"
+    );
+    let invalid = verify("whsec_other");
+    assert_eq!(invalid.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&invalid)).unwrap();
+    assert_eq!(report["valid"], false, "{report}");
+}
