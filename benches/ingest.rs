@@ -350,6 +350,44 @@ fn levels() -> Vec<usize> {
         .unwrap_or_else(|| vec![1, 4, 16])
 }
 
+/// The parts of the bench a run takes: every one, or those BENCH_INGEST_PARTS lists
+/// (`singles`, `batches`, `largest`, comma-separated), as the run with the database on its own
+/// core takes the batches alone.
+struct Parts {
+    singles: bool,
+    batches: bool,
+    largest: bool,
+}
+
+fn parts() -> Parts {
+    match std::env::var("BENCH_INGEST_PARTS") {
+        Ok(list) => {
+            let has = |name: &str| list.split(',').any(|p| p.trim() == name);
+            Parts {
+                singles: has("singles"),
+                batches: has("batches"),
+                largest: has("largest"),
+            }
+        }
+        Err(_) => Parts {
+            singles: true,
+            batches: true,
+            largest: true,
+        },
+    }
+}
+
+/// Where the run's processes are: BENCH_TOPOLOGY, which `./scripts/bench` sets when it puts
+/// PostgreSQL on a core of its own (as RDS is a machine of its own), else every core shared.
+fn topology() -> String {
+    format!(
+        "CPUs: {}",
+        std::env::var("BENCH_TOPOLOGY").unwrap_or_else(|_| {
+            "every core shared by PostgreSQL, the handler and pgbench's client".into()
+        })
+    )
+}
+
 #[tokio::main]
 async fn main() {
     let seconds: u64 = std::env::var("BENCH_SECONDS")
@@ -363,67 +401,77 @@ async fn main() {
         .await
         .unwrap();
 
-    println!(
-        "ingest handler vs pgbench, same upsert statement, same table, {seconds} s per run, {PAYLOAD_BYTES} B payloads"
-    );
-    println!("(sqlx upsert/s: the same statement through the driver alone, no verification)");
-    println!(
-        "{:>11} {:>15} {:>17} {:>8} {:>15}",
-        "concurrency", "handler req/s", "pgbench upsert/s", "ratio", "sqlx upsert/s"
-    );
-    for (level, concurrency) in levels().into_iter().enumerate() {
-        let handler = run_handler(&options, concurrency, seconds, level).await;
-        let raw = run_pgbench(&options, concurrency, seconds, level);
-        let store_only = run_store_only(&options, concurrency, seconds, level).await;
-        let ratio = handler / raw;
-        println!("{concurrency:>11} {handler:>15.0} {raw:>17.0} {ratio:>7.2}x {store_only:>15.0}");
-    }
-    println!();
-    println!(
-        "batches: HubSpot requests of {BATCH_ELEMENTS} events, each stored as its own event, vs pgbench inserting {BATCH_ELEMENTS} rows in one statement (goal 0.70x)"
-    );
-    println!(
-        "(then pgbench adding, one at a time, what filing each element as its own event writes; each row's ratio is to the insert of the same concurrency)"
-    );
-    sqlx::query(BENCH_BATCH_QUEUE)
-        .execute(&setup)
-        .await
-        .unwrap();
-    println!(
-        "{:>11} {:<52} {:>11} {:>8}",
-        "concurrency", "what", "rows/s", "ratio"
-    );
-    for concurrency in [1, 4] {
-        let handler = run_batch_handler(&options, concurrency, seconds).await;
-        let ladder: Vec<(PgbenchBatch, f64)> = PgbenchBatch::LADDER
-            .into_iter()
-            .map(|what| {
-                (
-                    what,
-                    run_pgbench_batch(&options, concurrency, seconds, what),
-                )
-            })
-            .collect();
-        let limit = ladder[0].1;
-        for (what, rows) in &ladder {
+    let parts = parts();
+    println!("{}", topology());
+    if parts.singles {
+        println!(
+            "ingest handler vs pgbench, same upsert statement, same table, {seconds} s per run, {PAYLOAD_BYTES} B payloads"
+        );
+        println!("(sqlx upsert/s: the same statement through the driver alone, no verification)");
+        println!(
+            "{:>11} {:>15} {:>17} {:>8} {:>15}",
+            "concurrency", "handler req/s", "pgbench upsert/s", "ratio", "sqlx upsert/s"
+        );
+        for (level, concurrency) in levels().into_iter().enumerate() {
+            let handler = run_handler(&options, concurrency, seconds, level).await;
+            let raw = run_pgbench(&options, concurrency, seconds, level);
+            let store_only = run_store_only(&options, concurrency, seconds, level).await;
+            let ratio = handler / raw;
             println!(
-                "{concurrency:>11} {:<52} {rows:>11.0} {:>7.2}x",
-                what.label(),
-                rows / limit
+                "{concurrency:>11} {handler:>15.0} {raw:>17.0} {ratio:>7.2}x {store_only:>15.0}"
             );
         }
-        let filed = ladder
-            .iter()
-            .find(|(what, _)| matches!(what, PgbenchBatch::Filed))
-            .map_or(f64::NAN, |(_, rows)| *rows);
-        println!(
-            "{concurrency:>11} {:<52} {handler:>11.0} {:>7.2}x (goal 0.70x; {:.2}x of what filing writes)",
-            "handler: elements stored",
-            handler / limit,
-            handler / filed
-        );
+        println!();
     }
-    run_largest_batches(&options).await;
+    if parts.batches {
+        println!(
+            "batches: HubSpot requests of {BATCH_ELEMENTS} events, each stored as its own event, vs pgbench inserting {BATCH_ELEMENTS} rows in one statement (goal 0.70x)"
+        );
+        println!(
+            "(then pgbench adding, one at a time, what filing each element as its own event writes; each row's ratio is to the insert of the same concurrency)"
+        );
+        sqlx::query(BENCH_BATCH_QUEUE)
+            .execute(&setup)
+            .await
+            .unwrap();
+        println!(
+            "{:>11} {:<52} {:>11} {:>8}",
+            "concurrency", "what", "rows/s", "ratio"
+        );
+        for concurrency in [1, 4] {
+            let handler = run_batch_handler(&options, concurrency, seconds).await;
+            let ladder: Vec<(PgbenchBatch, f64)> = PgbenchBatch::LADDER
+                .into_iter()
+                .map(|what| {
+                    (
+                        what,
+                        run_pgbench_batch(&options, concurrency, seconds, what),
+                    )
+                })
+                .collect();
+            let limit = ladder[0].1;
+            for (what, rows) in &ladder {
+                println!(
+                    "{concurrency:>11} {:<52} {rows:>11.0} {:>7.2}x",
+                    what.label(),
+                    rows / limit
+                );
+            }
+            let filed = ladder
+                .iter()
+                .find(|(what, _)| matches!(what, PgbenchBatch::Filed))
+                .map_or(f64::NAN, |(_, rows)| *rows);
+            println!(
+                "{concurrency:>11} {:<52} {handler:>11.0} {:>7.2}x (goal 0.70x; {:.2}x of what filing writes)",
+                "handler: elements stored",
+                handler / limit,
+                handler / filed
+            );
+        }
+    }
+    if parts.largest {
+        run_largest_batches(&options).await;
+    }
     let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM webhook_events")
         .fetch_one(&setup)
         .await
