@@ -460,7 +460,7 @@ async fn main() -> ExitCode {
             Ok(b) => return exit(commands::events(&b, json, action).await),
             Err(e) => Err(e),
         },
-        Command::Routes { action } => run_routes(action).await,
+        Command::Routes { action } => run_routes(action, json).await,
         Command::Verify(args) => return run_verify(args, json).await,
         Command::Sign(args) => run_sign(args, json),
         Command::Providers {
@@ -469,7 +469,7 @@ async fn main() -> ExitCode {
             Ok(code) => return exit(code),
             Err(e) => Err(e),
         },
-        Command::Providers { action } => return providers(action),
+        Command::Providers { action } => return providers(action, json),
         Command::Operator { request } => match operator_backend().await {
             Ok(b) => run_operator(&b, &request).await,
             Err(e) => Err(e),
@@ -667,13 +667,55 @@ fn print_routes(routes: &[shared::outbox::routes::Route]) {
     }
 }
 
-async fn run_routes(action: RoutesAction) -> CmdResult {
+/// A route as `--json` prints it: its destination by kind, a subscription's selection.
+fn route_json(r: &shared::outbox::routes::Route) -> serde_json::Value {
+    use shared::outbox::destinations::Destination;
+    let destination = match &r.destination {
+        Destination::Http { url } => serde_json::json!({"kind": "http", "url": url}),
+        Destination::EventBridge { bus, event_source } => {
+            serde_json::json!({"kind": "eventbridge", "bus": bus, "event_source": event_source})
+        }
+        Destination::Sqs { queue_url } => {
+            serde_json::json!({"kind": "sqs", "queue_url": queue_url})
+        }
+        Destination::Sns { topic_arn } => {
+            serde_json::json!({"kind": "sns", "topic_arn": topic_arn})
+        }
+    };
+    serde_json::json!({
+        "tenant_id": r.tenant_id,
+        "source_id": r.source_id,
+        "action": r.action,
+        "message_action": r.message_action(),
+        "destination": destination,
+        "signing_secret_ref": r.signing_secret_ref,
+        "subscription": r.subscription.as_ref().map(|s| serde_json::json!({
+            "name": s.name,
+            "event_types": s.selection.event_types,
+            "filter": s.selection.filter,
+            "rate_limit": s.rate_limit,
+        })),
+    })
+}
+
+fn routes_json(list: &[shared::outbox::routes::Route]) -> serde_json::Value {
+    list.iter().map(route_json).collect()
+}
+
+async fn run_routes(action: RoutesAction, json: bool) -> CmdResult {
     use shared::outbox::routes;
     match action {
         RoutesAction::Check { file } => {
             let list = routes::read_routes_file(&file).map_err(|e| e.to_string())?;
-            print_routes(&list);
-            println!("{}: {} route(s), valid", file.display(), list.len());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"valid": true, "routes": routes_json(&list)})
+                );
+            } else {
+                print_routes(&list);
+                println!("{}: {} route(s), valid", file.display(), list.len());
+            }
         }
         RoutesAction::Apply { file } => {
             let list = routes::read_routes_file(&file).map_err(|e| e.to_string())?;
@@ -681,14 +723,25 @@ async fn run_routes(action: RoutesAction) -> CmdResult {
             routes::apply(&pool, &list)
                 .await
                 .map_err(|e| e.to_string())?;
-            print_routes(&list);
-            println!("applied {} route(s)", list.len());
+            if json {
+                println!(
+                    "{}",
+                    serde_json::json!({"applied": list.len(), "routes": routes_json(&list)})
+                );
+            } else {
+                print_routes(&list);
+                println!("applied {} route(s)", list.len());
+            }
         }
         RoutesAction::List => {
             let pool = pool().await?;
             let mut conn = pool.acquire().await.map_err(|e| e.to_string())?;
             let list = routes::list(&mut conn).await.map_err(|e| e.to_string())?;
-            print_routes(&list);
+            if json {
+                println!("{}", serde_json::json!({"routes": routes_json(&list)}));
+            } else {
+                print_routes(&list);
+            }
         }
         RoutesAction::Subscriptions | RoutesAction::Pause { .. } | RoutesAction::Resume { .. } => {
             return Err("answered through the operator backend".into());
@@ -1223,9 +1276,23 @@ fn check_provider(file: &std::path::Path) -> ExitCode {
     }
 }
 
-fn providers(action: ProvidersAction) -> ExitCode {
+fn providers(action: ProvidersAction, json: bool) -> ExitCode {
     use shared::catalogue;
     let text: String = match action {
+        ProvidersAction::List if json => {
+            let list: Vec<serde_json::Value> = catalogue::providers()
+                .map(|(scheme, p)| {
+                    let signatures: Vec<String> =
+                        p.signatures.iter().map(catalogue::describe).collect();
+                    serde_json::json!({
+                        "scheme": scheme.as_str(),
+                        "title": p.title,
+                        "signatures": signatures,
+                    })
+                })
+                .collect();
+            format!("{}\n", serde_json::Value::Array(list))
+        }
         ProvidersAction::List => catalogue::providers()
             .map(|(scheme, p)| {
                 let signature: Vec<String> = p.signatures.iter().map(catalogue::describe).collect();
