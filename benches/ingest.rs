@@ -362,7 +362,16 @@ struct Parts {
 fn parts() -> Parts {
     match std::env::var("BENCH_INGEST_PARTS") {
         Ok(list) => {
-            let has = |name: &str| list.split(',').any(|p| p.trim() == name);
+            let named: Vec<&str> = list.split(',').map(str::trim).collect();
+            if let Some(unknown) = named
+                .iter()
+                .find(|p| !["singles", "batches", "largest"].contains(p))
+            {
+                panic!(
+                    "BENCH_INGEST_PARTS names {unknown:?}: the parts are singles, batches, largest"
+                );
+            }
+            let has = |name: &str| named.contains(&name);
             Parts {
                 singles: has("singles"),
                 batches: has("batches"),
@@ -377,19 +386,9 @@ fn parts() -> Parts {
     }
 }
 
-/// Where the run's processes are: BENCH_TOPOLOGY, which `./scripts/bench` sets when it puts
-/// PostgreSQL on a core of its own (as RDS is a machine of its own), else every core shared.
-fn topology() -> String {
-    format!(
-        "CPUs: {}",
-        std::env::var("BENCH_TOPOLOGY").unwrap_or_else(|_| {
-            "every core shared by PostgreSQL, the handler and pgbench's client".into()
-        })
-    )
-}
-
 #[tokio::main]
 async fn main() {
+    let parts = parts();
     let seconds: u64 = std::env::var("BENCH_SECONDS")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -401,8 +400,10 @@ async fn main() {
         .await
         .unwrap();
 
-    let parts = parts();
-    println!("{}", topology());
+    println!(
+        "{}",
+        benchmarks::cpus_line("the handler and pgbench's client")
+    );
     if parts.singles {
         println!(
             "ingest handler vs pgbench, same upsert statement, same table, {seconds} s per run, {PAYLOAD_BYTES} B payloads"

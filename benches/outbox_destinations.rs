@@ -44,15 +44,6 @@ fn http_messages() -> usize {
     env_or("BENCH_HTTP_MESSAGES", 20_000)
 }
 
-/// Where the run and PostgreSQL take their CPU: `BENCH_TOPOLOGY`, set by `./scripts/bench
-/// outbox` for its second run (PostgreSQL on a core of its own, as RDS is a machine of its own),
-/// else every core shared by the database, the sender, the sink and the bare loop.
-fn topology() -> String {
-    std::env::var("BENCH_TOPOLOGY").unwrap_or_else(|_| {
-        "every core shared by PostgreSQL, the sender, the sink and the bare loop".into()
-    })
-}
-
 /// A setting the run may override (BENCH_OUTBOX_BATCH, BENCH_OUTBOX_WORKERS), else the default.
 fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
@@ -208,7 +199,10 @@ async fn main() {
         "outbox deliveries/s per destination kind vs a bare loop of the same call on the same endpoint, {n} messages each (HTTP: a local sink, more messages; AWS: moto at {})",
         endpoint().endpoint_url.unwrap_or_default()
     );
-    println!("CPUs: {}", topology());
+    println!(
+        "{}",
+        benchmarks::cpus_line("the sender, the sink and the bare loop")
+    );
     println!(
         "{:>12} {:>22} {:>14} {:>14} {:>7}",
         "destination", "call", "sender msg/s", "bare msg/s", "ratio"

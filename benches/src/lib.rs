@@ -425,6 +425,15 @@ pub fn declared_sha512() -> &'static shared::catalogue::SignatureSpec {
     shared::catalogue::declare(layout).expect("the bench layout is valid")
 }
 
+/// The line a bench prints to say where its processes ran: `CPUs: ` and BENCH_TOPOLOGY, which
+/// `./scripts/bench` sets when it puts PostgreSQL on a core of its own (as RDS is a machine of
+/// its own), else every core shared by PostgreSQL and `shared_with`.
+pub fn cpus_line(shared_with: &str) -> String {
+    let topology = std::env::var("BENCH_TOPOLOGY")
+        .unwrap_or_else(|_| format!("every core shared by PostgreSQL, {shared_with}"));
+    format!("CPUs: {topology}")
+}
+
 #[cfg(test)]
 mod tests {
     /// The pgbench limit runs the direct path's statement as it stands: every placeholder it
