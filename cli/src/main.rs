@@ -670,18 +670,15 @@ fn print_routes(routes: &[shared::outbox::routes::Route]) {
 /// A route as `--json` prints it: its destination by kind, a subscription's selection.
 fn route_json(r: &shared::outbox::routes::Route) -> serde_json::Value {
     use shared::outbox::destinations::Destination;
-    let destination = match &r.destination {
-        Destination::Http { url } => serde_json::json!({"kind": "http", "url": url}),
+    let mut destination = match &r.destination {
+        Destination::Http { url } => serde_json::json!({"url": url}),
         Destination::EventBridge { bus, event_source } => {
-            serde_json::json!({"kind": "eventbridge", "bus": bus, "event_source": event_source})
+            serde_json::json!({"bus": bus, "event_source": event_source})
         }
-        Destination::Sqs { queue_url } => {
-            serde_json::json!({"kind": "sqs", "queue_url": queue_url})
-        }
-        Destination::Sns { topic_arn } => {
-            serde_json::json!({"kind": "sns", "topic_arn": topic_arn})
-        }
+        Destination::Sqs { queue_url } => serde_json::json!({"queue_url": queue_url}),
+        Destination::Sns { topic_arn } => serde_json::json!({"topic_arn": topic_arn}),
     };
+    destination["kind"] = r.destination.kind().as_str().into();
     serde_json::json!({
         "tenant_id": r.tenant_id,
         "source_id": r.source_id,
